@@ -1,0 +1,423 @@
+//! Configuration: what each directive stores, and one `cmd_*` handler per
+//! directive. Every refusal is an `[emerg]` line that names the directive and
+//! the bad value (`nginx -t` fails on it).
+
+use std::ffi::{c_char, c_void};
+use std::fmt::Display;
+use std::ptr;
+
+use nginx_sys::{
+    ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
+    ngx_http_complex_value_t, ngx_pagesize, ngx_shared_memory_add, ngx_str_t, ngx_uint_t,
+    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
+};
+use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
+use ngx::http::{HttpModuleMainConf, Merge, MergeConfigError};
+use ngx::ngx_conf_log_error;
+
+use crate::params::{self, ZoneParams};
+use crate::rate::Rate;
+use crate::zone::Shared;
+use crate::Module;
+
+/// One `redis_ratelimit_zone`. Boxed in `MainConf::zones` so that the shared
+/// memory zone can point at it while the list grows.
+pub struct ZoneConf {
+    pub name: String,
+    /// False while only `redis_ratelimit` lines have named it.
+    pub declared: bool,
+    /// Where it was first used, for the "unknown zone" error.
+    pub used_at: String,
+    /// The parsed parameters; the Redis backend reads them.
+    #[allow(dead_code)]
+    pub params: Option<ZoneParams>,
+    pub key: *mut ngx_http_complex_value_t,
+    /// Set when nginx has mapped and initialised the shared memory.
+    pub shared: Option<Shared>,
+}
+
+#[derive(Default)]
+pub struct MainConf {
+    /// Boxed: each shared memory zone keeps a pointer to its `ZoneConf`,
+    /// which must not move when the list grows.
+    #[allow(clippy::vec_box)]
+    pub zones: Vec<Box<ZoneConf>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit {
+    pub zone: usize,
+    pub rate: Rate,
+}
+
+/// http, server and location level settings; `None` means "not set here".
+#[derive(Default)]
+pub struct LocConf {
+    /// `Some(empty)` after `redis_ratelimit off`.
+    pub limits: Option<Vec<Limit>>,
+    pub off: bool,
+    pub status: Option<u16>,
+    pub dry_run: Option<bool>,
+    pub log_level: Option<ngx_uint_t>,
+    pub headers: Option<bool>,
+}
+
+pub const DEFAULT_STATUS: u16 = 429;
+pub const DEFAULT_LOG_LEVEL: ngx_uint_t = NGX_LOG_ERR as ngx_uint_t;
+
+impl Merge for LocConf {
+    fn merge(&mut self, prev: &LocConf) -> Result<(), MergeConfigError> {
+        if self.limits.is_none() {
+            self.limits = prev.limits.clone();
+        }
+        self.status = self.status.or(prev.status);
+        self.dry_run = self.dry_run.or(prev.dry_run);
+        self.log_level = self.log_level.or(prev.log_level);
+        self.headers = self.headers.or(prev.headers);
+        Ok(())
+    }
+}
+
+/// The directive's arguments (the directive name first).
+///
+/// # Safety
+/// `cf` must be the configuration being parsed, as nginx passes it to a
+/// directive handler.
+unsafe fn args<'a>(cf: *mut ngx_conf_t) -> &'a [ngx_str_t] {
+    // SAFETY: nginx fills `cf->args` with at least the directive name before
+    // calling a handler; the array lives in the configuration pool.
+    unsafe { (*(*cf).args).as_slice() }
+}
+
+fn refuse(cf: *mut ngx_conf_t, directive: &str, msg: impl Display) -> *mut c_char {
+    ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{directive}: {msg}");
+    NGX_CONF_ERROR
+}
+
+fn show(s: &ngx_str_t) -> String {
+    String::from_utf8_lossy(s.as_bytes()).into_owned()
+}
+
+/// "file:line" of the directive being parsed.
+fn position(cf: *mut ngx_conf_t) -> String {
+    // SAFETY: `cf` is valid during parsing; `conf_file` is set while a file
+    // is read (it is null only for `-g` directives).
+    unsafe {
+        let file = (*cf).conf_file;
+        if file.is_null() {
+            return "command line".to_string();
+        }
+        format!("{}:{}", show(&(*file).file.name), (*file).line)
+    }
+}
+
+fn main_conf(cf: *mut ngx_conf_t) -> Option<&'static mut MainConf> {
+    // SAFETY: called from directive handlers inside the http block, where the
+    // module's main configuration exists.
+    Module::main_conf_mut(unsafe { &*cf })
+}
+
+/// `redis_ratelimit_zone key zone=name:size [redis=URL,...] [cluster] ...`
+pub extern "C" fn cmd_zone(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    const D: &str = "redis_ratelimit_zone";
+    // SAFETY: `conf` is this module's main configuration (NGX_HTTP_MAIN_CONF_OFFSET).
+    let mcf = unsafe { &mut *conf.cast::<MainConf>() };
+    // SAFETY: see `args`.
+    let args = unsafe { args(cf) };
+    let rest: Vec<&[u8]> = args[2..].iter().map(|a| a.as_bytes()).collect();
+    // SAFETY: ngx_pagesize is set by nginx before any configuration is read.
+    let min_size = 8 * unsafe { ngx_pagesize };
+    let params = match params::parse_zone_params(&rest, min_size) {
+        Ok(p) => p,
+        Err(e) => return refuse(cf, D, e),
+    };
+    let existing = mcf.zones.iter().position(|z| z.name == params.name);
+    if let Some(i) = existing {
+        if mcf.zones[i].declared {
+            return refuse(
+                cf,
+                D,
+                format!("zone \"{}\" is already declared", params.name),
+            );
+        }
+    }
+
+    // SAFETY: `cf->pool` is the configuration pool, alive as long as the cycle.
+    let pool = unsafe { Pool::from_ngx_pool((*cf).pool) };
+    let key = pool.calloc_type::<ngx_http_complex_value_t>();
+    if key.is_null() {
+        return NGX_CONF_ERROR;
+    }
+    let mut key_src = args[1];
+    // SAFETY: a zeroed compile context is how nginx modules start one; the
+    // pointers set below outlive the call.
+    let mut ccv: ngx_http_compile_complex_value_t = unsafe { std::mem::zeroed() };
+    ccv.cf = cf;
+    ccv.value = &mut key_src;
+    ccv.complex_value = key;
+    // SAFETY: `ccv` is fully set up as nginx expects.
+    if unsafe { ngx_http_compile_complex_value(&mut ccv) } != NGX_OK as isize {
+        return NGX_CONF_ERROR;
+    }
+
+    // SAFETY: copies the name into the configuration pool, which outlives
+    // the shared memory zone's use of it.
+    let Some(mut shm_name) = (unsafe { ngx_str_t::from_bytes((*cf).pool, params.name.as_bytes()) })
+    else {
+        return NGX_CONF_ERROR;
+    };
+    // SAFETY: `cf` is valid; the tag is this module's static, unique to it.
+    let shm_zone = unsafe {
+        ngx_shared_memory_add(
+            cf,
+            &mut shm_name,
+            params.size,
+            ptr::addr_of_mut!(crate::ngx_http_redis_ratelimit_module).cast(),
+        )
+    };
+    if shm_zone.is_null() {
+        return NGX_CONF_ERROR;
+    }
+    // SAFETY: just returned by nginx, non-null.
+    let shm = unsafe { &mut *shm_zone };
+    if !shm.data.is_null() {
+        return refuse(
+            cf,
+            D,
+            format!("zone \"{}\" is already declared", params.name),
+        );
+    }
+
+    let zone = Box::new(ZoneConf {
+        name: params.name.clone(),
+        declared: true,
+        used_at: String::new(),
+        params: Some(params),
+        key,
+        shared: None,
+    });
+    let slot = match existing {
+        Some(i) => {
+            mcf.zones[i] = zone;
+            i
+        }
+        None => {
+            mcf.zones.push(zone);
+            mcf.zones.len() - 1
+        }
+    };
+    shm.init = Some(crate::zone::init);
+    shm.data = ptr::from_mut::<ZoneConf>(&mut mcf.zones[slot]).cast();
+    NGX_CONF_OK
+}
+
+/// `redis_ratelimit zone rate` or `redis_ratelimit off`
+pub extern "C" fn cmd_limit(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    const D: &str = "redis_ratelimit";
+    // SAFETY: `conf` is this module's configuration at the current level.
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: see `args`.
+    let args = unsafe { args(cf) };
+
+    if args.len() == 2 {
+        if args[1].as_bytes() != b"off" {
+            return refuse(
+                cf,
+                D,
+                format!(
+                    "\"{}\" needs a rate (zone rate, e.g. {} 10r/s) or is \"off\"",
+                    show(&args[1]),
+                    show(&args[1])
+                ),
+            );
+        }
+        if lcf.limits.as_ref().is_some_and(|l| !l.is_empty()) {
+            return refuse(
+                cf,
+                D,
+                "\"off\" cannot be combined with limits at the same level",
+            );
+        }
+        lcf.off = true;
+        lcf.limits = Some(Vec::new());
+        return NGX_CONF_OK;
+    }
+    if lcf.off {
+        return refuse(
+            cf,
+            D,
+            "\"off\" cannot be combined with limits at the same level",
+        );
+    }
+
+    let rate = match Rate::parse(args[2].as_bytes()) {
+        Ok(r) => r,
+        Err(e) => return refuse(cf, D, format!("invalid rate \"{}\": {e}", show(&args[2]))),
+    };
+    let Some(mcf) = main_conf(cf) else {
+        return NGX_CONF_ERROR;
+    };
+    let name = show(&args[1]);
+    let zone = match mcf.zones.iter().position(|z| z.name == name) {
+        Some(i) => i,
+        None => {
+            mcf.zones.push(Box::new(ZoneConf {
+                name,
+                declared: false,
+                used_at: position(cf),
+                params: None,
+                key: ptr::null_mut(),
+                shared: None,
+            }));
+            mcf.zones.len() - 1
+        }
+    };
+    let limit = Limit { zone, rate };
+    let limits = lcf.limits.get_or_insert_with(Vec::new);
+    if limits.contains(&limit) {
+        return refuse(
+            cf,
+            D,
+            format!("duplicate limit \"{} {}\"", show(&args[1]), rate),
+        );
+    }
+    limits.push(limit);
+    NGX_CONF_OK
+}
+
+/// Checks, once the http block is read, that every zone used was declared.
+pub unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) -> *mut c_char {
+    // SAFETY: `conf` is this module's main configuration.
+    let mcf = unsafe { &*conf.cast::<MainConf>() };
+    for z in &mcf.zones {
+        if !z.declared {
+            return refuse(
+                cf,
+                "redis_ratelimit",
+                format!(
+                    "unknown zone \"{}\" (used at {}): declare it with redis_ratelimit_zone",
+                    z.name, z.used_at
+                ),
+            );
+        }
+    }
+    NGX_CONF_OK
+}
+
+fn flag(cf: *mut ngx_conf_t, directive: &str, slot: &mut Option<bool>) -> *mut c_char {
+    // SAFETY: see `args`.
+    let args = unsafe { args(cf) };
+    if slot.is_some() {
+        return refuse(cf, directive, "is duplicate");
+    }
+    *slot = Some(match args[1].as_bytes() {
+        b"on" => true,
+        b"off" => false,
+        _ => {
+            return refuse(
+                cf,
+                directive,
+                format!(
+                    "invalid value \"{}\": \"on\" or \"off\" expected",
+                    show(&args[1])
+                ),
+            )
+        }
+    });
+    NGX_CONF_OK
+}
+
+/// `redis_ratelimit_status code`
+pub extern "C" fn cmd_status(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    const D: &str = "redis_ratelimit_status";
+    // SAFETY: `conf` is this module's configuration at the current level.
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: see `args`.
+    let args = unsafe { args(cf) };
+    if lcf.status.is_some() {
+        return refuse(cf, D, "is duplicate");
+    }
+    let code = std::str::from_utf8(args[1].as_bytes())
+        .ok()
+        .filter(|s| s.len() == 3 && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<u16>().ok());
+    match code {
+        Some(c) if (400..=599).contains(&c) => {
+            lcf.status = Some(c);
+            NGX_CONF_OK
+        }
+        _ => refuse(
+            cf,
+            D,
+            format!("invalid status \"{}\": 400 to 599 expected", show(&args[1])),
+        ),
+    }
+}
+
+/// `redis_ratelimit_dry_run on|off`
+pub extern "C" fn cmd_dry_run(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: `conf` is this module's configuration at the current level.
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    flag(cf, "redis_ratelimit_dry_run", &mut lcf.dry_run)
+}
+
+/// `redis_ratelimit_headers on|off`
+pub extern "C" fn cmd_headers(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: `conf` is this module's configuration at the current level.
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    flag(cf, "redis_ratelimit_headers", &mut lcf.headers)
+}
+
+/// `redis_ratelimit_log_level info|notice|warn|error`
+pub extern "C" fn cmd_log_level(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    const D: &str = "redis_ratelimit_log_level";
+    // SAFETY: `conf` is this module's configuration at the current level.
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: see `args`.
+    let args = unsafe { args(cf) };
+    if lcf.log_level.is_some() {
+        return refuse(cf, D, "is duplicate");
+    }
+    let level = match args[1].as_bytes() {
+        b"info" => NGX_LOG_INFO,
+        b"notice" => NGX_LOG_NOTICE,
+        b"warn" => NGX_LOG_WARN,
+        b"error" => NGX_LOG_ERR,
+        _ => {
+            return refuse(
+                cf,
+                D,
+                format!(
+                    "invalid level \"{}\": info, notice, warn or error expected",
+                    show(&args[1])
+                ),
+            )
+        }
+    };
+    lcf.log_level = Some(level as ngx_uint_t);
+    NGX_CONF_OK
+}

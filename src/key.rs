@@ -1,0 +1,102 @@
+//! Key handling: the identity of a (namespace, key, period) counter in a
+//! zone's table, and the Redis key it is stored under.
+
+use std::hash::Hasher;
+
+use sha2::{Digest, Sha256};
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+/// Keys longer than this are replaced by a digest in Redis key names.
+pub const MAX_KEY_BYTES: usize = 256;
+
+/// 128-bit keyed hash of (namespace, period, key). The seed is random per
+/// zone, so clients cannot aim keys at one hash bucket.
+pub fn entry_id(seed: [u64; 2], namespace: &[u8], period: u32, key: &[u8]) -> [u64; 2] {
+    let mut h = SipHasher13::new_with_keys(seed[0], seed[1]);
+    h.write_usize(namespace.len());
+    h.write(namespace);
+    h.write_u32(period);
+    h.write(key);
+    let out = h.finish128();
+    [out.h1, out.h2]
+}
+
+/// The key bytes as they appear inside a Redis key name: as given, or
+/// `sha256:<hex>` when longer than `MAX_KEY_BYTES`.
+pub fn redis_key_part(key: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if key.len() <= MAX_KEY_BYTES {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    let digest = Sha256::digest(key);
+    let mut out = Vec::with_capacity(7 + 64);
+    out.extend_from_slice(b"sha256:");
+    for b in digest {
+        out.extend_from_slice(format!("{b:02x}").as_bytes());
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// `<prefix>{<namespace>:<key>}:<period>:<window start>`: the hash tag keeps
+/// both windows of one key on one cluster slot.
+pub fn redis_key(
+    prefix: &[u8],
+    namespace: &[u8],
+    key: &[u8],
+    period: u32,
+    window_start: u64,
+) -> Vec<u8> {
+    let part = redis_key_part(key);
+    let mut out = Vec::with_capacity(prefix.len() + namespace.len() + part.len() + 32);
+    out.extend_from_slice(prefix);
+    out.push(b'{');
+    out.extend_from_slice(namespace);
+    out.push(b':');
+    out.extend_from_slice(&part);
+    out.push(b'}');
+    out.extend_from_slice(format!(":{period}:{window_start}").as_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_separate_namespace_period_and_key() {
+        let s = [1, 2];
+        let a = entry_id(s, b"login", 1, b"k");
+        assert_eq!(a, entry_id(s, b"login", 1, b"k"));
+        assert_ne!(a, entry_id(s, b"login", 60, b"k"));
+        assert_ne!(a, entry_id(s, b"api", 1, b"k"));
+        assert_ne!(a, entry_id(s, b"login", 1, b"k2"));
+        assert_ne!(a, entry_id([3, 4], b"login", 1, b"k"));
+        // the namespace length is hashed, so bytes cannot move across it
+        assert_ne!(entry_id(s, b"ab", 1, b"c"), entry_id(s, b"a", 1, b"bc"));
+        // binary keys are fine
+        assert_ne!(
+            entry_id(s, b"z", 1, &[0, 255]),
+            entry_id(s, b"z", 1, &[0, 254])
+        );
+    }
+
+    #[test]
+    fn redis_key_format() {
+        assert_eq!(
+            redis_key(b"rl:", b"login", b"1.2.3.4", 60, 1_700_000_040),
+            b"rl:{login:1.2.3.4}:60:1700000040".to_vec()
+        );
+        let bin = redis_key(b"rl:", b"z", &[0, 10, 13, 255], 1, 5);
+        assert_eq!(bin, [&b"rl:{z:"[..], &[0, 10, 13, 255], b"}:1:5"].concat());
+    }
+
+    #[test]
+    fn long_keys_become_a_digest() {
+        let k256 = vec![b'a'; 256];
+        assert_eq!(redis_key_part(&k256).as_ref(), &k256[..]);
+        let k257 = vec![b'a'; 257];
+        let d = redis_key_part(&k257);
+        assert!(d.starts_with(b"sha256:"));
+        assert_eq!(d.len(), 7 + 64);
+        assert_ne!(redis_key_part(&vec![b'b'; 257]), d);
+    }
+}

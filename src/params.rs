@@ -1,0 +1,388 @@
+//! Parsing of the `redis_ratelimit_zone` parameters, apart from nginx so that
+//! every accepted and refused form is unit-tested. Messages name the bad
+//! value; the caller prefixes the directive name.
+
+use redis::IntoConnectionInfo;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnError {
+    /// Keep limiting from this node's own counts.
+    Local,
+    /// Let every request through.
+    Allow,
+    /// Reject every request.
+    Deny,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backend {
+    /// As written (they may hold a password: never log them, see `redact`).
+    pub urls: Vec<String>,
+    pub cluster: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZoneParams {
+    pub name: String,
+    pub size: usize,
+    pub backend: Option<Backend>,
+    pub prefix: Vec<u8>,
+    pub timeout_ms: u64,
+    pub on_error: OnError,
+}
+
+pub const DEFAULT_PREFIX: &[u8] = b"rl:";
+pub const DEFAULT_TIMEOUT_MS: u64 = 500;
+
+fn show(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `1024`, `10k`, `32m`, `1g` (nginx's `ngx_parse_size`).
+pub fn parse_size(s: &[u8]) -> Option<usize> {
+    let (num, scale) = match s.last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 1usize << 10),
+        b'm' | b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'g' | b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    if num.is_empty() || !num.iter().all(u8::is_ascii_digit) || num.len() > 12 {
+        return None;
+    }
+    std::str::from_utf8(num)
+        .ok()?
+        .parse::<usize>()
+        .ok()?
+        .checked_mul(scale)
+}
+
+/// nginx time syntax in milliseconds: `100ms`, `2s`, `1m30s`, `1h`, `1d`; a
+/// bare number is seconds, as everywhere in nginx.
+pub fn parse_time_ms(s: &[u8]) -> Option<u64> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut total: u64 = 0;
+    let mut i = 0;
+    while i < s.len() {
+        let start = i;
+        while i < s.len() && s[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start || i - start > 12 {
+            return None;
+        }
+        let n: u64 = std::str::from_utf8(&s[start..i]).ok()?.parse().ok()?;
+        let scale = if s[i..].starts_with(b"ms") {
+            i += 2;
+            1
+        } else {
+            let unit = s.get(i).copied();
+            if unit.is_some() {
+                i += 1;
+            }
+            match unit {
+                None | Some(b's') => 1000,
+                Some(b'm') => 60_000,
+                Some(b'h') => 3_600_000,
+                Some(b'd') => 86_400_000,
+                _ => return None,
+            }
+        };
+        total = total.checked_add(n.checked_mul(scale)?)?;
+    }
+    Some(total)
+}
+
+/// The URL with any password replaced by `***`, for messages.
+pub fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..auth_end].rfind('@') else {
+        return url.to_string();
+    };
+    let userinfo = &rest[..at];
+    let user = match userinfo.find(':') {
+        Some(c) => format!("{}:***", &userinfo[..c]),
+        None => "***".to_string(),
+    };
+    format!("{}{}{}", &url[..scheme_end + 3], user, &rest[at..])
+}
+
+fn check_url(url: &str) -> Result<(), String> {
+    let shown = redact(url);
+    let lower = url.to_ascii_lowercase();
+    if ![
+        "redis://",
+        "rediss://",
+        "redis+unix://",
+        "unix://",
+        "valkey://",
+        "valkeys://",
+    ]
+    .iter()
+    .any(|s| lower.starts_with(s))
+    {
+        return Err(format!(
+            "invalid Redis URL \"{shown}\": expected redis://[user:pass@]host:port[/db], rediss://... or redis+unix:///path"
+        ));
+    }
+    match url.into_connection_info() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(format!(
+            "invalid Redis URL \"{shown}\": expected redis://[user:pass@]host:port[/db], rediss://... or redis+unix:///path"
+        )),
+    }
+}
+
+/// Parses the parameters after the key: `zone=name:size` (required),
+/// `redis=URL[,URL...]`, `cluster`, `prefix=str`, `timeout=time`,
+/// `on_error=allow|deny|local`. `min_size` is the smallest zone accepted.
+pub fn parse_zone_params(args: &[&[u8]], min_size: usize) -> Result<ZoneParams, String> {
+    let mut zone: Option<(String, usize)> = None;
+    let mut urls: Option<Vec<String>> = None;
+    let mut cluster = false;
+    let mut prefix: Option<Vec<u8>> = None;
+    let mut timeout_ms: Option<u64> = None;
+    let mut on_error: Option<OnError> = None;
+
+    for &arg in args {
+        let (name, value) = match arg.iter().position(|&b| b == b'=') {
+            Some(eq) => (&arg[..eq], Some(&arg[eq + 1..])),
+            None => (arg, None),
+        };
+        let dup = || format!("duplicate parameter \"{}\"", show(name));
+        match (name, value) {
+            (b"zone", Some(v)) => {
+                if zone.is_some() {
+                    return Err(dup());
+                }
+                let colon = v.iter().rposition(|&b| b == b':').ok_or_else(|| {
+                    format!("invalid zone \"{}\": expected zone=name:size", show(arg))
+                })?;
+                let (n, sz) = (&v[..colon], &v[colon + 1..]);
+                if n.is_empty()
+                    || !n
+                        .iter()
+                        .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+                {
+                    return Err(format!(
+                        "invalid zone name \"{}\": printable ASCII without braces expected",
+                        show(n)
+                    ));
+                }
+                let size =
+                    parse_size(sz).ok_or_else(|| format!("invalid zone size \"{}\"", show(sz)))?;
+                if size < min_size {
+                    return Err(format!(
+                        "zone \"{}\" is too small: {} bytes, at least {} (8 pages) needed",
+                        show(n),
+                        size,
+                        min_size
+                    ));
+                }
+                zone = Some((show(n), size));
+            }
+            (b"redis", Some(v)) => {
+                if urls.is_some() {
+                    return Err(dup());
+                }
+                let text = std::str::from_utf8(v)
+                    .map_err(|_| "invalid Redis URL: not UTF-8".to_string())?;
+                let list: Vec<String> = text.split(',').map(str::to_string).collect();
+                for u in &list {
+                    check_url(u)?;
+                }
+                urls = Some(list);
+            }
+            (b"cluster", None) => {
+                if cluster {
+                    return Err(dup());
+                }
+                cluster = true;
+            }
+            (b"prefix", Some(v)) => {
+                if prefix.is_some() {
+                    return Err(dup());
+                }
+                if v.contains(&b'{') || v.contains(&b'}') {
+                    return Err(format!(
+                        "invalid prefix \"{}\": braces would change the cluster hash tag",
+                        show(v)
+                    ));
+                }
+                prefix = Some(v.to_vec());
+            }
+            (b"timeout", Some(v)) => {
+                if timeout_ms.is_some() {
+                    return Err(dup());
+                }
+                match parse_time_ms(v) {
+                    Some(ms) if ms > 0 => timeout_ms = Some(ms),
+                    _ => {
+                        return Err(format!(
+                            "invalid timeout \"{}\": a time above zero expected (100ms, 1s)",
+                            show(v)
+                        ))
+                    }
+                }
+            }
+            (b"on_error", Some(v)) => {
+                if on_error.is_some() {
+                    return Err(dup());
+                }
+                on_error = Some(match v {
+                    b"local" => OnError::Local,
+                    b"allow" => OnError::Allow,
+                    b"deny" => OnError::Deny,
+                    _ => {
+                        return Err(format!(
+                            "invalid on_error \"{}\": allow, deny or local expected",
+                            show(v)
+                        ))
+                    }
+                });
+            }
+            _ => return Err(format!("invalid parameter \"{}\"", show(arg))),
+        }
+    }
+
+    let (name, size) = zone.ok_or_else(|| "no \"zone=name:size\" parameter".to_string())?;
+    let backend = match urls {
+        Some(urls) => {
+            if urls.len() > 1 && !cluster {
+                return Err("several Redis URLs need the \"cluster\" parameter".to_string());
+            }
+            Some(Backend { urls, cluster })
+        }
+        None => {
+            if cluster {
+                return Err("\"cluster\" needs \"redis=URL,...\"".to_string());
+            }
+            for (set, what) in [
+                (timeout_ms.is_some(), "timeout="),
+                (on_error.is_some(), "on_error="),
+                (prefix.is_some(), "prefix="),
+            ] {
+                if set {
+                    return Err(format!("\"{what}\" needs \"redis=URL\""));
+                }
+            }
+            None
+        }
+    };
+    Ok(ZoneParams {
+        name,
+        size,
+        backend,
+        prefix: prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_vec()),
+        timeout_ms: timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+        on_error: on_error.unwrap_or(OnError::Local),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: usize = 8 * 4096;
+
+    fn parse(s: &str) -> Result<ZoneParams, String> {
+        let args: Vec<&[u8]> = s.split_whitespace().map(str::as_bytes).collect();
+        parse_zone_params(&args, MIN)
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size(b"1024"), Some(1024));
+        assert_eq!(parse_size(b"10k"), Some(10 << 10));
+        assert_eq!(parse_size(b"32M"), Some(32 << 20));
+        assert_eq!(parse_size(b"1g"), Some(1 << 30));
+        for bad in [&b""[..], b"k", b"-1", b"1.5m", b"10x", b"1kk"] {
+            assert_eq!(parse_size(bad), None);
+        }
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(parse_time_ms(b"100ms"), Some(100));
+        assert_eq!(parse_time_ms(b"2s"), Some(2000));
+        assert_eq!(parse_time_ms(b"2"), Some(2000));
+        assert_eq!(parse_time_ms(b"1m30s"), Some(90_000));
+        assert_eq!(parse_time_ms(b"1h"), Some(3_600_000));
+        for bad in [&b""[..], b"-1", b"1x", b"ms", b"1.5s", b"s"] {
+            assert_eq!(parse_time_ms(bad), None, "{}", show(bad));
+        }
+    }
+
+    #[test]
+    fn local_zone() {
+        let p = parse("zone=login:10m").unwrap();
+        assert_eq!(p.name, "login");
+        assert_eq!(p.size, 10 << 20);
+        assert_eq!(p.backend, None);
+        assert_eq!(p.prefix, b"rl:");
+        assert_eq!(p.on_error, OnError::Local);
+    }
+
+    #[test]
+    fn redis_zone_with_everything() {
+        let p = parse(
+            "zone=api:32m redis=redis://10.0.0.1:7000,redis://10.0.0.2:7000 cluster \
+             on_error=deny timeout=100ms prefix=app:",
+        )
+        .unwrap();
+        let b = p.backend.unwrap();
+        assert!(b.cluster);
+        assert_eq!(b.urls.len(), 2);
+        assert_eq!(p.on_error, OnError::Deny);
+        assert_eq!(p.timeout_ms, 100);
+        assert_eq!(p.prefix, b"app:");
+        assert!(parse("zone=a:1m redis=rediss://u:p@h:6380/2").is_ok());
+        assert!(parse("zone=a:1m redis=redis+unix:///tmp/redis.sock").is_ok());
+    }
+
+    #[test]
+    fn refusals_name_the_value() {
+        for (conf, needle) in [
+            ("", "zone=name:size"),
+            ("zone=a", "zone=a"),
+            ("zone=:1m", "invalid zone name"),
+            ("zone=a:1q", "\"1q\""),
+            ("zone=a:1k", "too small"),
+            ("zone=a:1m zone=b:1m", "duplicate"),
+            ("zone=a:1m bogus=1", "\"bogus=1\""),
+            ("zone=a:1m clustr", "\"clustr\""),
+            ("zone=a:1m redis=http://x:1", "\"http://x:1\""),
+            ("zone=a:1m redis=redis://h:notaport", "notaport"),
+            ("zone=a:1m redis=redis://a:1,redis://b:2", "cluster"),
+            ("zone=a:1m cluster", "cluster"),
+            ("zone=a:1m redis=redis://h:1 on_error=maybe", "\"maybe\""),
+            ("zone=a:1m redis=redis://h:1 timeout=-1", "\"-1\""),
+            ("zone=a:1m redis=redis://h:1 timeout=0", "\"0\""),
+            ("zone=a:1m redis=redis://h:1 prefix=a{b", "a{b"),
+            ("zone=a:1m timeout=1s", "timeout="),
+            ("zone=a{b}:1m", "a{b}"),
+        ] {
+            let err = parse(conf).expect_err(conf);
+            assert!(err.contains(needle), "{conf}: {err}");
+        }
+    }
+
+    #[test]
+    fn passwords_never_shown() {
+        assert_eq!(
+            redact("redis://user:s3cret@h:1/0"),
+            "redis://user:***@h:1/0"
+        );
+        assert_eq!(redact("redis://:s3cret@h:1"), "redis://:***@h:1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        let err = parse("zone=a:1m redis=redis://u:s3cret@h:notaport").unwrap_err();
+        assert!(!err.contains("s3cret"), "{err}");
+        let err = parse("zone=a:1m redis=http://u:s3cret@h:1").unwrap_err();
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+}

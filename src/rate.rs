@@ -1,0 +1,139 @@
+//! Rates as written in the configuration: `N r/s`, `r/m`, `r/h` or `r/d`,
+//! without spaces (`10r/s`, `1000r/m`).
+
+use std::fmt;
+
+/// A limit of `limit` requests per `period` seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rate {
+    pub limit: u32,
+    pub period: u32,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct RateError;
+
+impl fmt::Display for RateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a rate is N r/s, r/m, r/h or r/d with N >= 1, written without spaces (10r/s)")
+    }
+}
+
+impl Rate {
+    pub fn parse(s: &[u8]) -> Result<Rate, RateError> {
+        let digits = s.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 || digits > 10 {
+            return Err(RateError);
+        }
+        let limit: u64 = std::str::from_utf8(&s[..digits])
+            .ok()
+            .and_then(|d| d.parse().ok())
+            .ok_or(RateError)?;
+        if limit == 0 || limit > u64::from(u32::MAX) {
+            return Err(RateError);
+        }
+        let period = match &s[digits..] {
+            b"r/s" => 1,
+            b"r/m" => 60,
+            b"r/h" => 3600,
+            b"r/d" => 86400,
+            _ => return Err(RateError),
+        };
+        Ok(Rate {
+            limit: limit as u32,
+            period,
+        })
+    }
+
+    pub fn period_ms(&self) -> u64 {
+        u64::from(self.period) * 1000
+    }
+
+    fn unit(&self) -> &'static str {
+        match self.period {
+            1 => "s",
+            60 => "m",
+            3600 => "h",
+            86400 => "d",
+            _ => "?",
+        }
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}r/{}", self.limit, self.unit())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_unit() {
+        assert_eq!(
+            Rate::parse(b"10r/s"),
+            Ok(Rate {
+                limit: 10,
+                period: 1
+            })
+        );
+        assert_eq!(
+            Rate::parse(b"1r/m"),
+            Ok(Rate {
+                limit: 1,
+                period: 60
+            })
+        );
+        assert_eq!(
+            Rate::parse(b"100r/h"),
+            Ok(Rate {
+                limit: 100,
+                period: 3600
+            })
+        );
+        assert_eq!(
+            Rate::parse(b"7r/d"),
+            Ok(Rate {
+                limit: 7,
+                period: 86400
+            })
+        );
+        assert_eq!(Rate::parse(b"4294967295r/s").map(|r| r.limit), Ok(u32::MAX));
+    }
+
+    #[test]
+    fn rejects_bad_rates() {
+        for bad in [
+            &b""[..],
+            b"r/s",
+            b"0r/s",
+            b"-1r/s",
+            b"10",
+            b"10r",
+            b"10r/",
+            b"10r/x",
+            b"10 r/s",
+            b"10r/sec",
+            b"10R/s",
+            b"4294967296r/s",
+            b"99999999999r/s",
+            b"1.5r/s",
+        ] {
+            assert_eq!(
+                Rate::parse(bad),
+                Err(RateError),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn displays_as_written() {
+        for s in ["10r/s", "1r/m", "100r/h", "7r/d"] {
+            assert_eq!(Rate::parse(s.as_bytes()).unwrap().to_string(), s);
+        }
+    }
+}

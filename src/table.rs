@@ -1,0 +1,493 @@
+//! The per-zone table of counters: a fixed-capacity hash table with an exact
+//! least-recently-used list, laid out in one flat region so that it can live
+//! in nginx shared memory (every worker maps the same bytes). Indices, not
+//! pointers, link the entries, so the region may be mapped at any address.
+//!
+//! The table knows nothing of nginx: the caller hands it the three slices
+//! (header, bucket heads, entries) cut from the region, and holds the lock.
+//! An entry is one (key, period) pair, identified by a 128-bit keyed hash of
+//! both; when every entry is in use, the least recently used one is reused.
+
+/// "RRLTABLE" — marks a formatted region.
+pub const MAGIC: u64 = 0x5252_4c54_4142_4c45;
+/// Bumped whenever `Header` or `Entry` change layout: a region written by
+/// another version is formatted anew instead of being misread.
+pub const VERSION: u32 = 1;
+
+const NIL: u32 = u32::MAX;
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct Header {
+    pub magic: u64,
+    pub version: u32,
+    pub capacity: u32,
+    pub nbuckets: u32,
+    pub len: u32,
+    lru_head: u32,
+    lru_tail: u32,
+    free_head: u32,
+    _pad: u32,
+    /// Key for the keyed hash; random per zone, kept across reloads.
+    pub seed: [u64; 2],
+    pub evictions: u64,
+    /// Total size in bytes of the region the table was formatted in.
+    pub region_len: u64,
+}
+
+/// One (key, period) counter. `prev`/`cur` are the counts of the previous and
+/// current window, `window` the index of the current one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Entry {
+    pub id: [u64; 2],
+    next: u32,
+    lru_prev: u32,
+    lru_next: u32,
+    pub window: u32,
+    pub prev: u32,
+    pub cur: u32,
+    /// Requests this node allowed that the shared store has not confirmed.
+    pub inflight: u32,
+    /// The limit the breaker below was computed for.
+    pub blocked_limit: u32,
+    /// Circuit breaker: until this time (ms since the epoch) the key is over
+    /// `blocked_limit`.
+    pub blocked_until_ms: u64,
+}
+
+/// Sizes of the three parts of a region of a given length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub capacity: u32,
+    pub nbuckets: u32,
+}
+
+impl Layout {
+    pub const HEADER: usize = std::mem::size_of::<Header>();
+    pub const ENTRY: usize = std::mem::size_of::<Entry>();
+
+    /// The largest table that fits in `bytes`, with a power-of-two number of
+    /// buckets between half and all of the entries. `None` if too small.
+    pub fn for_region(bytes: usize) -> Option<Layout> {
+        let room = bytes.checked_sub(Self::HEADER)?;
+        let rough = room / (Self::ENTRY + 4);
+        if rough < 2 {
+            return None;
+        }
+        let mut nbuckets = 1usize << (usize::BITS - 1 - rough.leading_zeros());
+        nbuckets = nbuckets.max(2);
+        let capacity = (room.checked_sub(nbuckets * 4)?) / Self::ENTRY;
+        if capacity < 1 {
+            return None;
+        }
+        Some(Layout {
+            capacity: u32::try_from(capacity.min(NIL as usize - 1)).ok()?,
+            nbuckets: u32::try_from(nbuckets).ok()?,
+        })
+    }
+
+    pub fn buckets_offset(&self) -> usize {
+        Self::HEADER
+    }
+
+    pub fn entries_offset(&self) -> usize {
+        // bucket heads are u32; entries need 8-byte alignment
+        (Self::HEADER + self.nbuckets as usize * 4).next_multiple_of(8)
+    }
+
+    pub fn total(&self) -> usize {
+        self.entries_offset() + self.capacity as usize * Self::ENTRY
+    }
+}
+
+pub struct Table<'a> {
+    hdr: &'a mut Header,
+    buckets: &'a mut [u32],
+    entries: &'a mut [Entry],
+}
+
+impl<'a> Table<'a> {
+    /// Formats a table over the given parts (as cut by `Layout`).
+    pub fn format(
+        hdr: &'a mut Header,
+        buckets: &'a mut [u32],
+        entries: &'a mut [Entry],
+        seed: [u64; 2],
+        region_len: u64,
+    ) -> Table<'a> {
+        *hdr = Header {
+            magic: MAGIC,
+            version: VERSION,
+            capacity: entries.len() as u32,
+            nbuckets: buckets.len() as u32,
+            len: 0,
+            lru_head: NIL,
+            lru_tail: NIL,
+            free_head: if entries.is_empty() { NIL } else { 0 },
+            _pad: 0,
+            seed,
+            evictions: 0,
+            region_len,
+        };
+        buckets.fill(NIL);
+        let n = entries.len();
+        for (i, e) in entries.iter_mut().enumerate() {
+            *e = Entry {
+                next: if i + 1 < n { i as u32 + 1 } else { NIL },
+                lru_prev: NIL,
+                lru_next: NIL,
+                ..Entry::default()
+            };
+        }
+        Table {
+            hdr,
+            buckets,
+            entries,
+        }
+    }
+
+    /// Whether a header describes a table of this version over this layout.
+    pub fn is_valid(hdr: &Header, layout: Layout, region_len: u64) -> bool {
+        hdr.magic == MAGIC
+            && hdr.version == VERSION
+            && hdr.capacity == layout.capacity
+            && hdr.nbuckets == layout.nbuckets
+            && hdr.region_len == region_len
+            && hdr.len <= hdr.capacity
+    }
+
+    /// Wraps parts that `is_valid` accepted.
+    pub fn attach(
+        hdr: &'a mut Header,
+        buckets: &'a mut [u32],
+        entries: &'a mut [Entry],
+    ) -> Table<'a> {
+        Table {
+            hdr,
+            buckets,
+            entries,
+        }
+    }
+
+    pub fn seed(&self) -> [u64; 2] {
+        self.hdr.seed
+    }
+
+    pub fn len(&self) -> usize {
+        self.hdr.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hdr.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn evictions(&self) -> u64 {
+        self.hdr.evictions
+    }
+
+    fn bucket(&self, id: [u64; 2]) -> usize {
+        (id[0] as usize) & (self.buckets.len() - 1)
+    }
+
+    /// Index of the entry with this id, if present (does not touch the LRU).
+    pub fn find(&self, id: [u64; 2]) -> Option<u32> {
+        let mut i = self.buckets[self.bucket(id)];
+        while i != NIL {
+            let e = &self.entries[i as usize];
+            if e.id == id {
+                return Some(i);
+            }
+            i = e.next;
+        }
+        None
+    }
+
+    pub fn entry(&self, i: u32) -> &Entry {
+        &self.entries[i as usize]
+    }
+
+    pub fn entry_mut(&mut self, i: u32) -> &mut Entry {
+        &mut self.entries[i as usize]
+    }
+
+    /// The entry for `id`, marked most recently used; a new zeroed one if
+    /// absent (reusing the least recently used entry when the table is full).
+    /// Returns the index and whether it was created.
+    pub fn get_or_insert(&mut self, id: [u64; 2]) -> (u32, bool) {
+        if let Some(i) = self.find(id) {
+            self.lru_unlink(i);
+            self.lru_push_front(i);
+            return (i, false);
+        }
+        let i = match self.free_pop() {
+            Some(i) => i,
+            None => {
+                let victim = self.hdr.lru_tail;
+                let old = self.entries[victim as usize].id;
+                self.remove_at(victim, old);
+                self.hdr.evictions += 1;
+                match self.free_pop() {
+                    Some(i) => i,
+                    None => unreachable_free(),
+                }
+            }
+        };
+        let b = self.bucket(id);
+        self.entries[i as usize] = Entry {
+            id,
+            next: self.buckets[b],
+            lru_prev: NIL,
+            lru_next: NIL,
+            ..Entry::default()
+        };
+        self.buckets[b] = i;
+        self.lru_push_front(i);
+        self.hdr.len += 1;
+        (i, true)
+    }
+
+    /// Forgets `id`; returns whether it was present.
+    pub fn remove(&mut self, id: [u64; 2]) -> bool {
+        match self.find(id) {
+            Some(i) => {
+                self.remove_at(i, id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn remove_at(&mut self, i: u32, id: [u64; 2]) {
+        let b = self.bucket(id);
+        let next = self.entries[i as usize].next;
+        if self.buckets[b] == i {
+            self.buckets[b] = next;
+        } else {
+            let mut j = self.buckets[b];
+            while j != NIL {
+                if self.entries[j as usize].next == i {
+                    self.entries[j as usize].next = next;
+                    break;
+                }
+                j = self.entries[j as usize].next;
+            }
+        }
+        self.lru_unlink(i);
+        self.entries[i as usize] = Entry {
+            next: self.hdr.free_head,
+            lru_prev: NIL,
+            lru_next: NIL,
+            ..Entry::default()
+        };
+        self.hdr.free_head = i;
+        self.hdr.len -= 1;
+    }
+
+    fn free_pop(&mut self) -> Option<u32> {
+        let i = self.hdr.free_head;
+        if i == NIL {
+            return None;
+        }
+        self.hdr.free_head = self.entries[i as usize].next;
+        Some(i)
+    }
+
+    fn lru_unlink(&mut self, i: u32) {
+        let (p, n) = {
+            let e = &self.entries[i as usize];
+            (e.lru_prev, e.lru_next)
+        };
+        if p == NIL {
+            if self.hdr.lru_head == i {
+                self.hdr.lru_head = n;
+            }
+        } else {
+            self.entries[p as usize].lru_next = n;
+        }
+        if n == NIL {
+            if self.hdr.lru_tail == i {
+                self.hdr.lru_tail = p;
+            }
+        } else {
+            self.entries[n as usize].lru_prev = p;
+        }
+        let e = &mut self.entries[i as usize];
+        e.lru_prev = NIL;
+        e.lru_next = NIL;
+    }
+
+    fn lru_push_front(&mut self, i: u32) {
+        let head = self.hdr.lru_head;
+        {
+            let e = &mut self.entries[i as usize];
+            e.lru_prev = NIL;
+            e.lru_next = head;
+        }
+        if head != NIL {
+            self.entries[head as usize].lru_prev = i;
+        }
+        self.hdr.lru_head = i;
+        if self.hdr.lru_tail == NIL {
+            self.hdr.lru_tail = i;
+        }
+    }
+}
+
+/// A full table always has an LRU tail, and evicting it frees an entry; a
+/// table formatted with no entries at all is refused by `Layout`.
+#[cold]
+fn unreachable_free() -> u32 {
+    // Never reached: `Layout::for_region` guarantees capacity >= 1, so a table
+    // with no free entry has a tail to evict. Returning entry 0 keeps the
+    // worker alive even if the region was corrupted behind our back.
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Owned {
+        hdr: Header,
+        buckets: Vec<u32>,
+        entries: Vec<Entry>,
+    }
+
+    fn owned(capacity: usize, nbuckets: usize) -> Owned {
+        Owned {
+            hdr: Header {
+                magic: 0,
+                version: 0,
+                capacity: 0,
+                nbuckets: 0,
+                len: 0,
+                lru_head: 0,
+                lru_tail: 0,
+                free_head: 0,
+                _pad: 0,
+                seed: [0; 2],
+                evictions: 0,
+                region_len: 0,
+            },
+            buckets: vec![0; nbuckets],
+            entries: vec![Entry::default(); capacity],
+        }
+    }
+
+    fn id(n: u64) -> [u64; 2] {
+        // small bucket numbers collide on purpose
+        [n, n.wrapping_mul(0x9e37_79b9_7f4a_7c15)]
+    }
+
+    #[test]
+    fn layout_fits_and_is_aligned() {
+        assert_eq!(Layout::ENTRY, 56);
+        for bytes in [Layout::HEADER + 200, 4096, 32768, 10 << 20, (10 << 20) + 13] {
+            let l = Layout::for_region(bytes).unwrap();
+            assert!(l.total() <= bytes, "{bytes}: {l:?}");
+            assert_eq!(l.entries_offset() % 8, 0);
+            assert!(l.nbuckets.is_power_of_two());
+            assert!(l.nbuckets <= l.capacity.max(2));
+        }
+        assert_eq!(Layout::for_region(10), None);
+        // 10 MB holds well over 150 000 keys (about 60 bytes each)
+        let l = Layout::for_region(10 << 20).unwrap();
+        assert!(l.capacity > 150_000, "{l:?}");
+    }
+
+    #[test]
+    fn insert_find_and_reuse_least_recently_used() {
+        let mut o = owned(4, 2);
+        let mut t = Table::format(&mut o.hdr, &mut o.buckets, &mut o.entries, [1, 2], 0);
+        for n in 0..4 {
+            let (_, new) = t.get_or_insert(id(n));
+            assert!(new);
+        }
+        assert_eq!(t.len(), 4);
+        // touch 0 so that 1 is now the least recently used
+        let (i0, new) = t.get_or_insert(id(0));
+        assert!(!new);
+        t.entry_mut(i0).cur = 42;
+        let (_, new) = t.get_or_insert(id(9));
+        assert!(new);
+        assert_eq!(t.evictions(), 1);
+        assert_eq!(t.len(), 4);
+        assert!(t.find(id(1)).is_none(), "LRU entry evicted");
+        for n in [0, 2, 3, 9] {
+            assert!(t.find(id(n)).is_some(), "{n} kept");
+        }
+        assert_eq!(t.entry(t.find(id(0)).unwrap()).cur, 42);
+        // a re-inserted key starts from zero
+        let (i1, new) = t.get_or_insert(id(1));
+        assert!(new);
+        assert_eq!(t.entry(i1).cur, 0);
+    }
+
+    #[test]
+    fn remove_relinks_chains() {
+        let mut o = owned(8, 2);
+        let mut t = Table::format(&mut o.hdr, &mut o.buckets, &mut o.entries, [0, 0], 0);
+        for n in 0..8 {
+            t.get_or_insert(id(n));
+        }
+        assert!(t.remove(id(4)));
+        assert!(!t.remove(id(4)));
+        assert!(t.remove(id(0)));
+        assert_eq!(t.len(), 6);
+        for n in [1, 2, 3, 5, 6, 7] {
+            assert!(t.find(id(n)).is_some());
+        }
+        // freed entries are reused before anything is evicted
+        t.get_or_insert(id(100));
+        t.get_or_insert(id(101));
+        assert_eq!(t.evictions(), 0);
+        assert_eq!(t.len(), 8);
+    }
+
+    #[test]
+    fn many_keys_in_a_small_table_keep_the_hot_one() {
+        let mut o = owned(64, 32);
+        let mut t = Table::format(&mut o.hdr, &mut o.buckets, &mut o.entries, [0, 0], 0);
+        let hot = id(u64::MAX);
+        let (h, _) = t.get_or_insert(hot);
+        t.entry_mut(h).cur = 7;
+        for n in 0..10_000 {
+            t.get_or_insert(id(n));
+            if n % 16 == 0 {
+                t.get_or_insert(hot);
+            }
+            assert!(t.len() <= 64);
+        }
+        let h = t.find(hot).expect("hot key survives");
+        assert_eq!(t.entry(h).cur, 7);
+        assert!(t.evictions() > 9000);
+        // every present entry is findable: chains and LRU are consistent
+        let mut seen = 0;
+        for n in 0..10_000 {
+            if t.find(id(n)).is_some() {
+                seen += 1;
+            }
+        }
+        assert_eq!(seen + 1, t.len());
+    }
+
+    #[test]
+    fn validity_check() {
+        let mut o = owned(16, 8);
+        let l = Layout {
+            capacity: 16,
+            nbuckets: 8,
+        };
+        assert!(!Table::is_valid(&o.hdr, l, 99));
+        Table::format(&mut o.hdr, &mut o.buckets, &mut o.entries, [5, 6], 99);
+        assert!(Table::is_valid(&o.hdr, l, 99));
+        assert!(!Table::is_valid(&o.hdr, l, 100));
+        o.hdr.version = VERSION + 1;
+        assert!(!Table::is_valid(&o.hdr, l, 99));
+    }
+}

@@ -1,0 +1,233 @@
+//! The sliding-window estimate (Cloudflare's): for a limit of `L` per period
+//! `P`, at time `t` inside the window that started at `w`,
+//!
+//! ```text
+//! estimate = prev * (P - (t - w)) / P + cur
+//! ```
+//!
+//! A request is allowed iff the estimate before it is below `L`. All the
+//! arithmetic here is integer, in milliseconds, scaled by `P` so that no
+//! decision depends on floating point rounding.
+
+use crate::rate::Rate;
+
+/// Which window (counted from the epoch) contains `now_ms`.
+pub fn window_index(now_ms: u64, period_ms: u64) -> u64 {
+    now_ms / period_ms
+}
+
+/// Counts stored for window `stored`, seen from window `now`: returns the
+/// (previous, current) counts for window `now`. A clock that went backwards
+/// keeps the stored counts rather than forgetting them.
+pub fn roll(stored: u64, prev: u32, cur: u32, now: u64) -> (u32, u32) {
+    if now <= stored {
+        (prev, cur)
+    } else if now == stored + 1 {
+        (cur, 0)
+    } else {
+        (0, 0)
+    }
+}
+
+/// The estimate at one instant, kept scaled by the period in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Estimate {
+    scaled: u128,
+    period_ms: u64,
+}
+
+impl Estimate {
+    /// `elapsed_ms` is the time since the current window started (`t - w`).
+    pub fn new(prev: u32, cur: u32, elapsed_ms: u64, period_ms: u64) -> Estimate {
+        let elapsed = elapsed_ms.min(period_ms);
+        let scaled = u128::from(prev) * u128::from(period_ms - elapsed)
+            + u128::from(cur) * u128::from(period_ms);
+        Estimate { scaled, period_ms }
+    }
+
+    /// Is another request allowed under `limit`?
+    pub fn below(&self, limit: u32) -> bool {
+        self.scaled < u128::from(limit) * u128::from(self.period_ms)
+    }
+
+    /// How many more requests `limit` allows right now (`ceil(L - estimate)`).
+    pub fn remaining(&self, limit: u32) -> u32 {
+        let cap = u128::from(limit) * u128::from(self.period_ms);
+        if self.scaled >= cap {
+            return 0;
+        }
+        let p = u128::from(self.period_ms);
+        ((cap - self.scaled).div_ceil(p)).min(u128::from(u32::MAX)) as u32
+    }
+
+    /// The estimate as a number of requests (for logs and Lua's `measure`).
+    pub fn value(&self) -> f64 {
+        self.scaled as f64 / self.period_ms as f64
+    }
+}
+
+/// The earliest millisecond `t >= now_ms` at which the estimate for `rate`
+/// is below its limit again, assuming no further request is counted. `prev`
+/// and `cur` are the counts of the window that started at `window_start_ms`.
+pub fn free_at(rate: Rate, prev: u32, cur: u32, window_start_ms: u64, now_ms: u64) -> u64 {
+    let p = rate.period_ms();
+    let limit = u64::from(rate.limit);
+    // While cur < L the estimate falls within this window as prev's weight
+    // shrinks; otherwise it can only fall in the next one, where cur becomes
+    // the previous count and nothing is current yet.
+    let (weight, room, end) = if u64::from(cur) < limit {
+        (u64::from(prev), limit - u64::from(cur), window_start_ms + p)
+    } else {
+        (u64::from(cur), limit, window_start_ms + 2 * p)
+    };
+    if weight == 0 {
+        return now_ms;
+    }
+    // Need weight * (end - t) < room * p, i.e. t > end - room * p / weight.
+    let need = u128::from(room) * u128::from(p);
+    let q = (need / u128::from(weight)).min(u128::from(end)) as u64;
+    let exact = need % u128::from(weight) == 0;
+    let t = if exact { end - q + 1 } else { end - q };
+    t.max(now_ms)
+}
+
+/// Whole seconds (rounded up, at least 1) from `now_ms` until `at_ms`.
+pub fn seconds_until(now_ms: u64, at_ms: u64) -> u64 {
+    at_ms.saturating_sub(now_ms).div_ceil(1000).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate(limit: u32, period: u32) -> Rate {
+        Rate { limit, period }
+    }
+
+    /// A straightforward model of one key on one node, used to check the
+    /// integer arithmetic against the formula in floating point.
+    struct Key {
+        index: u64,
+        prev: u32,
+        cur: u32,
+    }
+
+    impl Key {
+        fn hit(&mut self, r: Rate, now_ms: u64) -> bool {
+            let p = r.period_ms();
+            let idx = window_index(now_ms, p);
+            let (prev, cur) = roll(self.index, self.prev, self.cur, idx);
+            self.index = idx;
+            self.prev = prev;
+            self.cur = cur;
+            let est = Estimate::new(prev, cur, now_ms - idx * p, p);
+            if est.below(r.limit) {
+                self.cur += 1;
+                true
+            } else {
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn fresh_key_gets_exactly_the_limit() {
+        let r = rate(10, 60);
+        let start = 1_700_000_040_000; // 0 s into a minute
+        let mut k = Key {
+            index: 0,
+            prev: 0,
+            cur: 0,
+        };
+        let allowed = (0..100).filter(|i| k.hit(r, start + i * 10)).count();
+        assert_eq!(allowed, 10);
+    }
+
+    #[test]
+    fn previous_window_weighs_in_linearly() {
+        // 10 in the previous minute, none yet in this one: at 30 s in, the
+        // estimate is 5, so exactly 5 more pass.
+        let p = 60_000;
+        let est = Estimate::new(10, 0, 30_000, p);
+        assert!((est.value() - 5.0).abs() < 1e-9);
+        assert_eq!(est.remaining(10), 5);
+        assert!(est.below(6));
+        assert!(!est.below(5));
+    }
+
+    #[test]
+    fn remaining_rounds_up() {
+        let p = 1000;
+        // estimate 3.4 under 10: requests at 3.4, 4.4, ... 9.4 pass: 7.
+        let est = Estimate::new(4, 3, 900, p);
+        assert!((est.value() - 3.4).abs() < 1e-9);
+        assert_eq!(est.remaining(10), 7);
+        assert_eq!(Estimate::new(0, 10, 0, p).remaining(10), 0);
+        assert_eq!(Estimate::new(0, 11, 0, p).remaining(10), 0);
+        assert_eq!(Estimate::new(0, 0, 0, p).remaining(10), 10);
+    }
+
+    #[test]
+    fn roll_forwards_and_backwards() {
+        assert_eq!(roll(5, 1, 2, 5), (1, 2));
+        assert_eq!(roll(5, 1, 2, 6), (2, 0));
+        assert_eq!(roll(5, 1, 2, 7), (0, 0));
+        assert_eq!(roll(5, 1, 2, 4), (1, 2));
+    }
+
+    #[test]
+    fn free_at_is_the_first_allowed_millisecond() {
+        // Brute force over many shapes: free_at must be allowed, and the
+        // millisecond before it (if not before now) must not be.
+        for (limit, period) in [(1, 1), (3, 1), (10, 60), (7, 3600)] {
+            let r = rate(limit, period);
+            let p = r.period_ms();
+            let w = 1000 * p;
+            for prev in [0, 1, 2, limit - 1, limit, limit + 3, 5 * limit] {
+                for cur in [0, 1, limit.saturating_sub(1), limit, limit + 2] {
+                    for now in [w, w + p / 3, w + p / 2, w + p - 1] {
+                        let t = free_at(r, prev, cur, w, now);
+                        assert!(t >= now);
+                        let allowed_at = |t: u64| {
+                            let idx = window_index(t, p);
+                            let (pv, cu) = roll(window_index(w, p), prev, cur, idx);
+                            Estimate::new(pv, cu, t - idx * p, p).below(limit)
+                        };
+                        assert!(
+                            allowed_at(t),
+                            "L={limit} P={period} prev={prev} cur={cur} now={now} t={t}"
+                        );
+                        if t > now {
+                            assert!(!allowed_at(t - 1), "L={limit} prev={prev} cur={cur} t={t}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(seconds_until(1000, 1000), 1);
+        assert_eq!(seconds_until(1000, 1001), 1);
+        assert_eq!(seconds_until(1000, 2000), 1);
+        assert_eq!(seconds_until(1000, 2001), 2);
+        assert_eq!(seconds_until(0, 60_000), 60);
+    }
+
+    #[test]
+    fn steady_overload_passes_the_limit_rate() {
+        // 2x overload at 100 r/s for 10 s, evenly spaced: the sliding window
+        // admits close to the limit.
+        let r = rate(100, 1);
+        let mut k = Key {
+            index: 0,
+            prev: 0,
+            cur: 0,
+        };
+        let start = 1_700_000_000_000;
+        let allowed = (0..2000u64).filter(|i| k.hit(r, start + i * 5)).count();
+        let ratio = allowed as f64 / 1000.0;
+        assert!((0.97..=1.03).contains(&ratio), "ratio {ratio}");
+    }
+}

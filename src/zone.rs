@@ -1,0 +1,193 @@
+//! The shared memory behind a `redis_ratelimit_zone`: one slab allocation
+//! holding the counter table (see `table.rs`), found again through the slab
+//! pool's `data` pointer when nginx reuses the zone across a reload.
+//!
+//! Region layout: `[u64 length][table header][bucket heads][entries]`. The
+//! length comes first and never moves, so a region written by another version
+//! of the module can still be measured and formatted anew.
+
+use std::ffi::c_void;
+use std::io::Read;
+use std::ptr;
+
+use nginx_sys::{
+    ngx_int_t, ngx_pagesize, ngx_shm_zone_t, ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc,
+    ngx_slab_pool_t, NGX_ERROR, NGX_LOG_EMERG, NGX_LOG_NOTICE, NGX_OK,
+};
+use ngx::ngx_log_error;
+
+use crate::conf::ZoneConf;
+use crate::table::{Entry, Header, Layout, Table};
+
+const LEN_PREFIX: usize = 8;
+
+/// A zone's mapped table (same address in every worker).
+pub struct Shared {
+    pool: *mut ngx_slab_pool_t,
+    table: *mut u8,
+    layout: Layout,
+}
+
+/// The table, locked for the lifetime of this guard.
+pub struct Locked<'a> {
+    pool: *mut ngx_slab_pool_t,
+    pub table: Table<'a>,
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the mutex was locked by `Shared::lock` in this process.
+        unsafe { ngx_shmtx_unlock(&mut (*self.pool).mutex) };
+    }
+}
+
+impl Shared {
+    /// Takes the zone's lock (nginx's slab mutex, which the master releases
+    /// should a worker die holding it) and returns the table.
+    pub fn lock(&self) -> Locked<'_> {
+        // SAFETY: `pool` is the slab pool nginx initialised for this zone; its
+        // mutex is valid in every process that maps the zone.
+        unsafe { ngx_shmtx_lock(&mut (*self.pool).mutex) };
+        // SAFETY: the lock is held, so no other process or thread touches the
+        // table until `Locked` drops; the parts lie inside the region as the
+        // layout computed them when the table was formatted or checked.
+        let table = unsafe { parts(self.table, self.layout, Table::attach) };
+        Locked {
+            pool: self.pool,
+            table,
+        }
+    }
+}
+
+/// Cuts the region at `base` into the three parts the table is made of.
+///
+/// # Safety
+/// `base` must point at a region of at least `layout.total()` bytes, 8-byte
+/// aligned, that nothing else accesses while the parts are in use.
+unsafe fn parts<'a, R>(
+    base: *mut u8,
+    layout: Layout,
+    f: impl FnOnce(&'a mut Header, &'a mut [u32], &'a mut [Entry]) -> R,
+) -> R {
+    // SAFETY: per the function's contract; offsets come from `layout` and are
+    // aligned for their types.
+    unsafe {
+        let hdr = &mut *base.cast::<Header>();
+        let buckets = std::slice::from_raw_parts_mut(
+            base.add(layout.buckets_offset()).cast::<u32>(),
+            layout.nbuckets as usize,
+        );
+        let entries = std::slice::from_raw_parts_mut(
+            base.add(layout.entries_offset()).cast::<Entry>(),
+            layout.capacity as usize,
+        );
+        f(hdr, buckets, entries)
+    }
+}
+
+fn random_seed() -> [u64; 2] {
+    let mut buf = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .is_ok()
+    {
+        let a = u64::from_ne_bytes(buf[..8].try_into().unwrap_or_default());
+        let b = u64::from_ne_bytes(buf[8..].try_into().unwrap_or_default());
+        return [a, b];
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    [t, u64::from(std::process::id()) ^ 0x9e37_79b9_7f4a_7c15]
+}
+
+/// nginx's `init` callback for the zone: on a fresh zone, allocates the
+/// region and formats the table; on a zone kept across a reload, finds the
+/// region again and keeps its counts unless the layout changed.
+pub unsafe extern "C" fn init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) -> ngx_int_t {
+    // SAFETY: nginx passes the zone it created in `cmd_zone`, whose `data`
+    // points at our boxed `ZoneConf`, and whose memory starts with the slab
+    // pool it initialised.
+    let (zone, pool, log) = unsafe {
+        (
+            &mut *(*shm_zone).data.cast::<ZoneConf>(),
+            (*shm_zone).shm.addr.cast::<ngx_slab_pool_t>(),
+            (*shm_zone).shm.log,
+        )
+    };
+
+    // SAFETY: the pool is valid; `data` is non-null on a reused zone.
+    let reused = !data.is_null() || unsafe { !(*pool).data.is_null() };
+    let region: *mut u8;
+    let region_len: usize;
+    if reused {
+        // SAFETY: we stored the region there when the zone was first set up.
+        region = unsafe { (*pool).data.cast::<u8>() };
+        // SAFETY: the first 8 bytes of the region always hold its length.
+        region_len = unsafe { ptr::read(region.cast::<u64>()) } as usize;
+    } else {
+        // SAFETY: nothing else allocates from this pool; every free page is
+        // handed to the table.
+        let bytes = unsafe { (*pool).pfree * ngx_pagesize };
+        // SAFETY: the pool is initialised by nginx before `init` runs.
+        region = unsafe { ngx_slab_alloc(pool, bytes) }.cast::<u8>();
+        if region.is_null() {
+            ngx_log_error!(
+                NGX_LOG_EMERG,
+                log,
+                "redis_ratelimit_zone: cannot allocate {} bytes in zone \"{}\"",
+                bytes,
+                zone.name
+            );
+            return NGX_ERROR as ngx_int_t;
+        }
+        region_len = bytes;
+        // SAFETY: the region is ours and at least 8 pages long.
+        unsafe {
+            ptr::write(region.cast::<u64>(), bytes as u64);
+            (*pool).data = region.cast();
+        }
+    }
+
+    let Some(layout) = Layout::for_region(region_len.saturating_sub(LEN_PREFIX)) else {
+        ngx_log_error!(
+            NGX_LOG_EMERG,
+            log,
+            "redis_ratelimit_zone: zone \"{}\" is too small",
+            zone.name
+        );
+        return NGX_ERROR as ngx_int_t;
+    };
+    // SAFETY: the region is page-aligned, so the table after the 8-byte length
+    // prefix is 8-byte aligned.
+    let table = unsafe { region.add(LEN_PREFIX) };
+    let table_len = (region_len - LEN_PREFIX) as u64;
+
+    // SAFETY: during `init` only the master runs, single-threaded: nothing
+    // else reads or writes the region.
+    let kept = reused && unsafe { Table::is_valid(&*table.cast::<Header>(), layout, table_len) };
+    if !kept {
+        if reused {
+            ngx_log_error!(
+                NGX_LOG_NOTICE,
+                log,
+                "redis_ratelimit_zone: zone \"{}\" was written by another module version, counters reset",
+                zone.name
+            );
+        }
+        let seed = random_seed();
+        // SAFETY: as above, the master has the region to itself.
+        unsafe {
+            parts(table, layout, |h, b, e| {
+                Table::format(h, b, e, seed, table_len);
+            })
+        };
+    }
+    zone.shared = Some(Shared {
+        pool,
+        table,
+        layout,
+    });
+    NGX_OK as ngx_int_t
+}
