@@ -1,0 +1,348 @@
+# Configuration: every directive accepted where it belongs, every bad input
+# refused by nginx at startup with an [emerg] line naming the directive and
+# the bad value.
+use Test::Nginx::Socket 'no_plan';
+
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: every directive, every parameter, at every level
+--- http_config
+    redis_ratelimit_zone $binary_remote_addr zone=local:1m;
+    redis_ratelimit_zone $arg_token zone=api:1m redis=redis://127.0.0.1:1,redis://127.0.0.1:2 cluster on_error=local timeout=100ms prefix=app:;
+    redis_ratelimit_zone $arg_u zone=auth:1m redis=redis://user:secret@127.0.0.1:1/2 on_error=deny timeout=2s;
+    redis_ratelimit_zone $arg_x zone=tls:1m redis=rediss://127.0.0.1:1 on_error=allow;
+    redis_ratelimit_zone $arg_y zone=sock:1m redis=redis+unix:///tmp/none.sock;
+    redis_ratelimit local 1000r/d;
+    redis_ratelimit_status 503;
+    redis_ratelimit_dry_run off;
+    redis_ratelimit_log_level warn;
+    redis_ratelimit_headers off;
+--- config
+    redis_ratelimit local 100r/h;
+    redis_ratelimit_log_level info;
+    location = /t {
+        redis_ratelimit local 10r/s;
+        redis_ratelimit local 100r/m;
+        redis_ratelimit_status 429;
+        redis_ratelimit_dry_run on;
+        redis_ratelimit_log_level notice;
+        redis_ratelimit_headers on;
+    }
+    location = /off {
+        redis_ratelimit off;
+        redis_ratelimit_log_level error;
+    }
+--- user_files
+>>> t
+ok
+--- request
+GET /t
+--- error_code: 200
+--- response_headers
+RateLimit-Policy: "local";q=10;w=1, "local";q=100;w=60
+--- no_error_log
+[emerg]
+secret
+
+
+
+=== TEST 2: a zone used before it is declared
+--- http_config
+    server {
+        listen 127.0.0.1:$TEST_NGINX_SERVER_PORT;
+        server_name early;
+        location = /t { redis_ratelimit late 1r/d; }
+    }
+    redis_ratelimit_zone $arg_k zone=late:64k;
+--- config
+--- user_files
+>>> t
+ok
+--- request
+GET /t?k=a
+--- error_code: 200
+
+
+
+=== TEST 3: unknown zone
+--- config
+    location = /t { redis_ratelimit nosuch 10r/s; }
+--- must_die
+--- error_log
+redis_ratelimit: unknown zone "nosuch"
+
+
+
+=== TEST 4: zone declared twice
+--- http_config
+    redis_ratelimit_zone $arg_a zone=twice:1m;
+    redis_ratelimit_zone $arg_b zone=twice:2m;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: zone "twice" is already declared
+
+
+
+=== TEST 5: zone below 8 pages
+--- http_config
+    redis_ratelimit_zone $arg_a zone=tiny:8k;
+--- config
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*redis_ratelimit_zone: zone "tiny" is too small: 8192 bytes/
+
+
+
+=== TEST 6: zone without a size, with a bad size, without zone=
+--- http_config
+    redis_ratelimit_zone $arg_a zone=nosize;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid zone "zone=nosize"
+
+
+
+=== TEST 7: zone size that is not a size
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:10q;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid zone size "10q"
+
+
+
+=== TEST 8: no zone= at all
+--- http_config
+    redis_ratelimit_zone $arg_a redis=redis://127.0.0.1:6379;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: no "zone=name:size" parameter
+
+
+
+=== TEST 9: unknown parameter
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m foo=bar;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid parameter "foo=bar"
+
+
+
+=== TEST 10: on_error with a bad value
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m redis=redis://127.0.0.1:6379 on_error=maybe;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid on_error "maybe"
+
+
+
+=== TEST 11: negative timeout
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m redis=redis://127.0.0.1:6379 timeout=-1;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid timeout "-1"
+
+
+
+=== TEST 12: URL the backend cannot parse
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m redis=http://127.0.0.1:6379;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid Redis URL "http://127.0.0.1:6379"
+
+
+
+=== TEST 13: bad port in a URL; the password is not shown
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m redis=redis://u:hunter2@127.0.0.1:notaport;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid Redis URL "redis://u:***@127.0.0.1:notaport"
+--- no_error_log
+hunter2
+
+
+
+=== TEST 14: several URLs without cluster
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m redis=redis://127.0.0.1:1,redis://127.0.0.1:2;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: several Redis URLs need the "cluster" parameter
+
+
+
+=== TEST 15: cluster without redis=
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m cluster;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: "cluster" needs "redis=URL,..."
+
+
+
+=== TEST 16: a prefix with braces would move the hash tag
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m redis=redis://127.0.0.1:6379 prefix=a{b};
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid prefix "a{b}"
+
+
+
+=== TEST 17: rate with an unknown unit
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 10r/x; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid rate "10r/x"
+
+
+
+=== TEST 18: rate of zero
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 0r/s; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid rate "0r/s"
+
+
+
+=== TEST 19: rate missing
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z; }
+--- must_die
+--- error_log
+redis_ratelimit: "z" needs a rate
+
+
+
+=== TEST 20: rate written with a space
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 10 r/s; }
+--- must_die
+--- error_log
+invalid number of arguments in "redis_ratelimit" directive
+
+
+
+=== TEST 21: the same limit twice
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 10r/s; redis_ratelimit z 10r/s; }
+--- must_die
+--- error_log
+redis_ratelimit: duplicate limit "z 10r/s"
+
+
+
+=== TEST 22: off mixed with limits at one level
+--- http_config
+    redis_ratelimit_zone $arg_a zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 10r/s; redis_ratelimit off; }
+--- must_die
+--- error_log
+redis_ratelimit: "off" cannot be combined with limits at the same level
+
+
+
+=== TEST 23: status below 400
+--- config
+    redis_ratelimit_status 399;
+--- must_die
+--- error_log
+redis_ratelimit_status: invalid status "399": 400 to 599 expected
+
+
+
+=== TEST 24: status above 599
+--- config
+    redis_ratelimit_status 600;
+--- must_die
+--- error_log
+redis_ratelimit_status: invalid status "600"
+
+
+
+=== TEST 25: status that is not a number
+--- config
+    redis_ratelimit_status teapot;
+--- must_die
+--- error_log
+redis_ratelimit_status: invalid status "teapot"
+
+
+
+=== TEST 26: dry run with a bad value
+--- config
+    redis_ratelimit_dry_run maybe;
+--- must_die
+--- error_log
+redis_ratelimit_dry_run: invalid value "maybe": "on" or "off" expected
+
+
+
+=== TEST 27: headers with a bad value
+--- config
+    redis_ratelimit_headers yes;
+--- must_die
+--- error_log
+redis_ratelimit_headers: invalid value "yes"
+
+
+
+=== TEST 28: log level with a bad value
+--- config
+    redis_ratelimit_log_level debug;
+--- must_die
+--- error_log
+redis_ratelimit_log_level: invalid level "debug": info, notice, warn or error expected
+
+
+
+=== TEST 29: a directive repeated at one level
+--- config
+    redis_ratelimit_status 429;
+    redis_ratelimit_status 503;
+--- must_die
+--- error_log
+redis_ratelimit_status: is duplicate
+
+
+
+=== TEST 30: zone directive outside http
+--- main_config
+    redis_ratelimit_zone $arg_a zone=z:1m;
+--- config
+--- must_die
+--- error_log
+"redis_ratelimit_zone" directive is not allowed here

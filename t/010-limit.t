@@ -1,0 +1,330 @@
+# The embedded limiter (a zone without redis=): exact counts, the status,
+# Retry-After, RateLimit headers, variables, dry run, log level, several
+# limits, inheritance and `off`, empty, binary and long keys.
+use Test::Nginx::Socket 'no_plan';
+
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: 10r/m gives exactly 10 x 200, then 429 with a sane Retry-After
+--- init
+# stay away from a minute boundary: the previous minute's count would
+# otherwise weigh in mid-test
+my $s = time % 60; sleep(61 - $s) if $s > 50;
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 10r/m; }
+--- user_files
+>>> t
+ok
+--- request eval
+[("GET /t?k=ten") x 12]
+--- error_code eval
+[(200) x 10, 429, 429]
+--- response_headers_like eval
+[("Retry-After: ") x 10, "Retry-After: ([1-9]|[1-5][0-9]|60)\$", "Retry-After: ([1-9]|[1-5][0-9]|60)\$"]
+--- error_log
+limiting requests, estimate: 10.000 of 10r/m by zone "z"
+
+
+
+=== TEST 2: Retry-After only on rejections; other keys are not affected
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 2r/d; }
+--- user_files
+>>> t
+ok
+--- request eval
+["GET /t?k=a", "GET /t?k=a", "GET /t?k=a", "GET /t?k=b", "GET /t?k=b", "GET /t?k=a"]
+--- error_code eval
+[200, 200, 429, 200, 200, 429]
+--- response_headers eval
+["!Retry-After", "!Retry-After", "", "!Retry-After", "!Retry-After", ""]
+
+
+
+=== TEST 3: the configured status and log level
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t {
+        redis_ratelimit z 1r/d;
+        redis_ratelimit_status 503;
+        redis_ratelimit_log_level warn;
+    }
+--- user_files
+>>> t
+ok
+--- request eval
+["GET /t?k=a", "GET /t?k=a"]
+--- error_code eval
+[200, 503]
+--- error_log eval
+qr/\[warn\] .*limiting requests, estimate: 1\.000 of 1r\/d by zone "z"/
+--- no_error_log
+[error]
+
+
+
+=== TEST 4: a rejection below error_log's level is not logged
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t {
+        redis_ratelimit z 1r/d;
+        redis_ratelimit_log_level info;
+    }
+--- log_level: notice
+--- user_files
+>>> t
+ok
+--- request eval
+["GET /t?k=a", "GET /t?k=a"]
+--- error_code eval
+[200, 429]
+--- no_error_log
+limiting requests
+
+
+
+=== TEST 5: dry run passes everything, logs, and sets the variable
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t {
+        redis_ratelimit z 2r/d;
+        redis_ratelimit_dry_run on;
+        add_header X-Status $redis_ratelimit_status;
+        add_header X-Remaining $redis_ratelimit_remaining;
+    }
+--- user_files
+>>> t
+ok
+--- request eval
+[("GET /t?k=a") x 4]
+--- error_code eval
+[200, 200, 200, 200]
+--- response_headers eval
+["X-Status: PASSED\nX-Remaining: 1\n!Retry-After", "X-Status: PASSED\nX-Remaining: 0", "X-Status: REJECTED_DRY_RUN\nX-Remaining: 0\n!Retry-After", "X-Status: REJECTED_DRY_RUN"]
+--- error_log
+limiting requests, dry run, estimate: 2.000 of 2r/d by zone "z"
+
+
+
+=== TEST 6: variables on passed and rejected requests
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t {
+        redis_ratelimit z 3r/d;
+        add_header X-Status $redis_ratelimit_status always;
+        add_header X-Remaining $redis_ratelimit_remaining always;
+    }
+    location = /free {
+        add_header X-Status "[$redis_ratelimit_status]" always;
+    }
+--- user_files
+>>> t
+ok
+>>> free
+ok
+--- request eval
+["GET /t?k=a", "GET /t?k=a", "GET /t?k=a", "GET /t?k=a", "GET /free"]
+--- error_code eval
+[200, 200, 200, 429, 200]
+--- response_headers eval
+["X-Status: PASSED\nX-Remaining: 2", "X-Status: PASSED\nX-Remaining: 1", "X-Status: PASSED\nX-Remaining: 0", "X-Status: REJECTED\nX-Remaining: 0", "X-Status: []"]
+
+
+
+=== TEST 7: RateLimit-Policy and RateLimit headers
+--- http_config
+    redis_ratelimit_zone $arg_k zone=login:1m;
+--- config
+    location = /t {
+        redis_ratelimit login 3r/h;
+        redis_ratelimit_headers on;
+    }
+    location = /quiet {
+        redis_ratelimit login 3r/h;
+    }
+--- user_files
+>>> t
+ok
+>>> quiet
+ok
+--- init
+my $s = time % 3600; sleep(3601 - $s) if $s > 3590;
+--- request eval
+["GET /t?k=a", "GET /t?k=a", "GET /t?k=a", "GET /t?k=a", "GET /quiet?k=b"]
+--- error_code eval
+[200, 200, 200, 429, 200]
+--- response_headers eval
+["RateLimit-Policy: \"login\";q=3;w=3600", "", "", "RateLimit-Policy: \"login\";q=3;w=3600", "!RateLimit-Policy\n!RateLimit"]
+--- response_headers_like eval
+["RateLimit: \"login\";r=2;t=\\d+", "RateLimit: \"login\";r=1;t=\\d+", "RateLimit: \"login\";r=0;t=\\d+", "RateLimit: \"login\";r=0;t=\\d+", ""]
+
+
+
+=== TEST 8: several limits: all must pass, and a rejected request consumes nothing
+--- http_config
+    redis_ratelimit_zone $arg_k zone=a:1m;
+    redis_ratelimit_zone $arg_j zone=b:1m;
+--- config
+    location = /both {
+        redis_ratelimit a 5r/d;
+        redis_ratelimit b 2r/d;
+    }
+    location = /a {
+        redis_ratelimit a 5r/d;
+    }
+--- user_files
+>>> both
+ok
+>>> a
+ok
+--- request eval
+# b allows 2; the 3rd and 4th /both are rejected by b and must not use up a,
+# so /a still gets 5 - 2 = 3 more
+["GET /both?k=x&j=y", "GET /both?k=x&j=y", "GET /both?k=x&j=y", "GET /both?k=x&j=y", "GET /a?k=x", "GET /a?k=x", "GET /a?k=x", "GET /a?k=x"]
+--- error_code eval
+[200, 200, 429, 429, 200, 200, 200, 429]
+
+
+
+=== TEST 9: two periods of one zone; the tighter answers
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t {
+        redis_ratelimit z 100r/s;
+        redis_ratelimit z 3r/d;
+        add_header X-Remaining $redis_ratelimit_remaining always;
+    }
+--- user_files
+>>> t
+ok
+--- request eval
+[("GET /t?k=a") x 4]
+--- error_code eval
+[200, 200, 200, 429]
+--- response_headers eval
+["X-Remaining: 2", "X-Remaining: 1", "X-Remaining: 0", "X-Remaining: 0"]
+
+
+
+=== TEST 10: inheritance from http and server, and off
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+    redis_ratelimit z 1r/d;
+    redis_ratelimit_status 418;
+--- config
+    location = /inherit { }
+    location = /own { redis_ratelimit z 2r/d; }
+    location = /off { redis_ratelimit off; }
+    location /nested {
+        redis_ratelimit z 3r/d;
+        location = /nested/inner { }
+    }
+--- user_files
+>>> inherit
+ok
+>>> own
+ok
+>>> off
+ok
+>>> nested/inner
+ok
+--- request eval
+["GET /inherit?k=i", "GET /inherit?k=i", "GET /own?k=o", "GET /own?k=o", "GET /own?k=o", "GET /off?k=f", "GET /off?k=f", "GET /off?k=f", "GET /nested/inner?k=n", "GET /nested/inner?k=n", "GET /nested/inner?k=n", "GET /nested/inner?k=n"]
+--- error_code eval
+[200, 418, 200, 200, 418, 200, 200, 200, 200, 200, 200, 418]
+
+
+
+=== TEST 11: an empty key is not limited and sets no status
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t {
+        redis_ratelimit z 1r/d;
+        add_header X-Status "[$redis_ratelimit_status]" always;
+    }
+--- user_files
+>>> t
+ok
+--- request eval
+["GET /t", "GET /t", "GET /t?k=", "GET /t?k=x", "GET /t?k=x"]
+--- error_code eval
+[200, 200, 200, 200, 429]
+--- response_headers eval
+["X-Status: []", "X-Status: []", "X-Status: []", "X-Status: [PASSED]", "X-Status: [REJECTED]"]
+
+
+
+=== TEST 12: binary keys (the client address in binary form, a header of raw bytes)
+--- http_config
+    redis_ratelimit_zone $binary_remote_addr zone=ip:1m;
+    redis_ratelimit_zone $http_x_key zone=raw:1m;
+--- config
+    location = /ip { redis_ratelimit ip 2r/d; }
+    location = /raw { redis_ratelimit raw 1r/d; }
+--- user_files
+>>> ip
+ok
+>>> raw
+ok
+--- request eval
+["GET /ip", "GET /ip", "GET /ip", "GET /raw", "GET /raw", "GET /raw", "GET /raw"]
+--- more_headers eval
+["", "", "", "X-Key: \x01\x7f\xff\xfe{}:", "X-Key: \x01\x7f\xff\xfe{}:", "X-Key: \x01\x7f\xff\xfe{};", "X-Key: \x01\x7f\xff\xfe{};"]
+--- error_code eval
+[200, 200, 429, 200, 429, 200, 429]
+
+
+
+=== TEST 13: very long keys are counted apart by their whole bytes
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 1r/d; }
+--- user_files
+>>> t
+ok
+--- request eval
+my $a = "a" x 6000;
+["GET /t?k=${a}1", "GET /t?k=${a}1", "GET /t?k=${a}2", "GET /t?k=${a}2"]
+--- error_code eval
+[200, 429, 200, 429]
+--- no_error_log
+[error]
+[alert]
+
+
+
+=== TEST 14: the limiter runs once per request, not again after an internal redirect
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t {
+        redis_ratelimit z 2r/d;
+        error_page 404 = /fallback;
+    }
+    location = /fallback {
+        redis_ratelimit z 2r/d;
+        add_header X-Status $redis_ratelimit_status always;
+    }
+--- user_files
+>>> fallback
+ok
+--- request eval
+["GET /t?k=a", "GET /t?k=a", "GET /t?k=a"]
+--- error_code eval
+[200, 200, 429]
+--- response_headers eval
+["X-Status: PASSED", "X-Status: PASSED", ""]
