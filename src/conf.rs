@@ -29,7 +29,6 @@ pub struct ZoneConf {
     /// Where it was first used, for the "unknown zone" error.
     pub used_at: String,
     /// The parsed parameters; the Redis backend reads them.
-    #[allow(dead_code)]
     pub params: Option<ZoneParams>,
     pub key: *mut ngx_http_complex_value_t,
     /// Set when nginx has mapped and initialised the shared memory.

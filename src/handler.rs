@@ -13,9 +13,12 @@ use nginx_sys::{
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 
+use crate::batch::ItemId;
 use crate::conf::{Limit, LocConf, MainConf, DEFAULT_LOG_LEVEL, DEFAULT_STATUS};
+use crate::counter;
 use crate::key::entry_id;
-use crate::window::{free_at, roll, seconds_until, window_index, Estimate};
+use crate::params::OnError;
+use crate::window::{seconds_until, window_index};
 use crate::zone::Locked;
 use crate::Module;
 
@@ -85,7 +88,7 @@ fn record(r: &ngx_http_request_t, st: RequestState) -> bool {
 
 /// Wall-clock milliseconds from nginx's cached time (windows are aligned to
 /// the epoch, so every node agrees on them).
-fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     // SAFETY: nginx keeps `ngx_cached_time` pointing at a valid slot; reading
     // it through a volatile load is how nginx itself reads it.
     unsafe {
@@ -100,11 +103,13 @@ struct Check {
     /// position of the zone in `guards`
     guard: usize,
     entry: u32,
-    allowed: bool,
-    estimate: Estimate,
-    window_start_ms: u64,
-    prev: u32,
-    cur: u32,
+    id: [u64; 2],
+    key: ngx_str_t,
+    /// Counted through the zone's Redis backend (else locally).
+    remote: bool,
+    /// Not counted at all (the backend is down and `on_error=allow`).
+    skip: bool,
+    result: counter::Check,
 }
 
 pub unsafe extern "C" fn preaccess(r: *mut ngx_http_request_t) -> ngx_int_t {
@@ -173,6 +178,7 @@ fn decide(
     }
 
     let now = now_ms();
+    let channel = crate::worker::channel();
     let mut checks: Vec<Check> = Vec::with_capacity(limits.len());
     for l in limits {
         let Some((_, key)) = keys.iter().find(|(z, _)| *z == l.zone) else {
@@ -185,62 +191,89 @@ fn decide(
             continue;
         };
         let zone = &mcf.zones[l.zone];
-        let key = key.as_bytes();
+        let backend = zone
+            .params
+            .as_ref()
+            .and_then(|p| p.backend.as_ref().map(|_| p.on_error));
+        // With a backend but no thread (it failed to start), count locally.
+        let remote = backend.is_some() && channel.is_some();
+        let down = remote && channel.is_some_and(|c| !c.is_up(l.zone));
         let table = &mut guards[guard].table;
-        let id = entry_id(table.seed(), zone.name.as_bytes(), l.rate.period, key);
+        let id = entry_id(
+            table.seed(),
+            zone.name.as_bytes(),
+            l.rate.period,
+            key.as_bytes(),
+        );
         let (entry, _) = table.get_or_insert(id);
-        let p = l.rate.period_ms();
-        let idx = window_index(now, p);
-        let e = table.entry_mut(entry);
-        let (prev, cur) = roll(u64::from(e.window), e.prev, e.cur, idx);
-        e.window = idx as u32;
-        e.prev = prev;
-        e.cur = cur;
-        let window_start_ms = idx * p;
-        let estimate = Estimate::new(prev, cur, now - window_start_ms, p);
+        let mut result = counter::check(table.entry_mut(entry), l.rate, now);
+        let mut skip = false;
+        if down {
+            match backend {
+                Some(OnError::Allow) => {
+                    result.allowed = true;
+                    skip = true;
+                }
+                Some(OnError::Deny) => {
+                    result.allowed = false;
+                    result.retry_at_ms = now + 1000;
+                }
+                _ => {}
+            }
+        }
         checks.push(Check {
             limit: *l,
             guard,
             entry,
-            allowed: estimate.below(l.rate.limit),
-            estimate,
-            window_start_ms,
-            prev,
-            cur,
+            id,
+            key: *key,
+            remote,
+            skip,
+            result,
         });
     }
 
-    let rejected = checks.iter().any(|c| !c.allowed);
+    let rejected = checks.iter().any(|c| !c.result.allowed);
     let dry_run = lcf.dry_run.unwrap_or(false);
     let mut remaining = u32::MAX;
     let mut tightest: Option<usize> = None;
     let mut retry_at = now;
+    // (check index, limit) of each distinct entry to send to Redis
+    let mut sends: Vec<(usize, u32)> = Vec::new();
     if rejected {
-        for c in checks.iter().filter(|c| !c.allowed) {
-            retry_at = retry_at.max(free_at(c.limit.rate, c.prev, c.cur, c.window_start_ms, now));
+        for c in checks.iter().filter(|c| !c.result.allowed) {
+            retry_at = retry_at.max(c.result.retry_at_ms);
         }
         remaining = 0;
-        tightest = checks.iter().position(|c| !c.allowed);
+        tightest = checks.iter().position(|c| !c.result.allowed);
     } else {
         // Count once per (zone, period, key) entry, however many limits share it.
         for i in 0..checks.len() {
-            let first = checks[..i]
+            let c = &checks[i];
+            if c.skip {
+                continue;
+            }
+            match checks[..i]
                 .iter()
-                .all(|o| o.guard != checks[i].guard || o.entry != checks[i].entry);
-            if first {
-                let e = guards[checks[i].guard].table.entry_mut(checks[i].entry);
-                e.cur = e.cur.saturating_add(1);
+                .position(|o| o.guard == c.guard && o.entry == c.entry)
+            {
+                None => {
+                    let e = guards[c.guard].table.entry_mut(c.entry);
+                    counter::count(e, c.remote);
+                    if c.remote {
+                        sends.push((i, c.limit.rate.limit));
+                    }
+                }
+                Some(first) => {
+                    if let Some(s) = sends.iter_mut().find(|s| s.0 == first) {
+                        s.1 = s.1.min(c.limit.rate.limit);
+                    }
+                }
             }
         }
         for (i, c) in checks.iter().enumerate() {
             let e = guards[c.guard].table.entry(c.entry);
-            let after = Estimate::new(
-                c.prev,
-                e.cur,
-                now - c.window_start_ms,
-                c.limit.rate.period_ms(),
-            );
-            let left = after.remaining(c.limit.rate.limit);
+            let left = counter::estimate(e, c.limit.rate, now).remaining(c.limit.rate.limit);
             if left < remaining {
                 remaining = left;
                 tightest = Some(i);
@@ -248,6 +281,19 @@ fn decide(
         }
     }
     drop(guards);
+
+    if let Some(ch) = channel {
+        for &(i, limit) in &sends {
+            let c = &checks[i];
+            let p = c.limit.rate.period_ms();
+            let id = ItemId {
+                zone: c.limit.zone as u32,
+                entry: c.id,
+                window: window_index(now, p),
+            };
+            ch.push(id, c.key.as_bytes(), c.limit.rate.period, limit);
+        }
+    }
 
     let Some(tightest) = tightest else {
         return Ok(NGX_DECLINED as ngx_int_t);
@@ -269,7 +315,7 @@ fn decide(
             log,
             "limiting requests{}, estimate: {:.3} of {} by zone \"{}\"",
             if dry_run { ", dry run" } else { "" },
-            c.estimate.value(),
+            c.result.estimate.value(),
             c.limit.rate,
             zone.name
         );
@@ -297,7 +343,7 @@ fn decide(
         let reset = if rejected {
             seconds_until(now, retry_at)
         } else {
-            seconds_until(now, c.window_start_ms + c.limit.rate.period_ms())
+            seconds_until(now, c.result.window_start_ms + c.limit.rate.period_ms())
         };
         let state = format!(
             "\"{}\";r={};t={}",

@@ -7,6 +7,9 @@
 //! unit-tested on its own; the nginx glue lives in `conf`, `zone`, `handler`
 //! and `vars`.
 
+pub mod backend;
+pub mod batch;
+pub mod counter;
 pub mod key;
 pub mod params;
 pub mod rate;
@@ -19,6 +22,8 @@ mod conf;
 mod handler;
 #[cfg(not(test))]
 mod vars;
+#[cfg(not(test))]
+mod worker;
 #[cfg(not(test))]
 mod zone;
 
@@ -178,6 +183,8 @@ mod glue {
         // SAFETY: the command table is a static that lives forever.
         commands: unsafe { ptr::addr_of_mut!(COMMANDS[0]) },
         type_: NGX_HTTP_MODULE as ngx_uint_t,
+        init_process: Some(crate::worker::init_process),
+        exit_process: Some(crate::worker::exit_process),
         ..ngx_module_t::default()
     };
 }

@@ -33,6 +33,10 @@ pub struct Header {
     pub evictions: u64,
     /// Total size in bytes of the region the table was formatted in.
     pub region_len: u64,
+    /// Second (since the epoch) of the last backend error / recovery line
+    /// logged for this zone by any worker: at most one per second.
+    pub error_logged_sec: u64,
+    pub notice_logged_sec: u64,
 }
 
 /// One (key, period) counter. `prev`/`cur` are the counts of the previous and
@@ -129,6 +133,8 @@ impl<'a> Table<'a> {
             seed,
             evictions: 0,
             region_len,
+            error_logged_sec: 0,
+            notice_logged_sec: 0,
         };
         buckets.fill(NIL);
         let n = entries.len();
@@ -184,6 +190,21 @@ impl<'a> Table<'a> {
 
     pub fn capacity(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Claims the right to log a line of this kind in second `sec`: true for
+    /// the first caller in that second, across all workers.
+    pub fn claim_log(&mut self, error: bool, sec: u64) -> bool {
+        let slot = if error {
+            &mut self.hdr.error_logged_sec
+        } else {
+            &mut self.hdr.notice_logged_sec
+        };
+        if *slot == sec {
+            return false;
+        }
+        *slot = sec;
+        true
     }
 
     pub fn evictions(&self) -> u64 {
@@ -373,6 +394,8 @@ mod tests {
                 seed: [0; 2],
                 evictions: 0,
                 region_len: 0,
+                error_logged_sec: 0,
+                notice_logged_sec: 0,
             },
             buckets: vec![0; nbuckets],
             entries: vec![Entry::default(); capacity],

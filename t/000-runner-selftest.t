@@ -45,30 +45,25 @@ hello world
         return 200 "k=$arg_k\n";
     }
 --- request eval
-[("GET /t?k=a") x 2, map { "GET /t?k=$_" } 1..3]
+[("GET /t?k=a") x 2, (map { "GET /t?k=$_" } 1..3), "GET /nope"]
 --- error_code eval
-[(200) x 5]
---- response_body eval
-["k=a\n", "k=a\n", map { "k=$_\n" } 1..3]
+[(200) x 5, 404]
+--- response_body_like eval
+[qr/^k=a$/, "^k=a\n\\z", map({ qr/^k=$_$/ } 1..3), qr/404 Not Found/]
 --- no_error_log
-[error]
+[alert]
 
 
 
-=== TEST 3: 200 and 404 in one block, response_body_like, error_log / no_error_log
+=== TEST 3: 404 with error_log (qr// and plain string from eval) and no_error_log
 --- config
     location /files/ {
         alias $TEST_NGINX_HTML_DIR/;
     }
---- user_files
->>> a.txt
-AAA
---- request eval
-["GET /files/a.txt", "GET /files/missing.txt"]
---- error_code eval
-[200, 404]
---- response_body_like eval
-[qr/^AAA$/, qr/404 Not Found/]
+--- request
+GET /files/missing.txt
+--- error_code: 404
+--- response_body_like: 404 Not Found
 --- error_log eval
 [qr/open\(\) "[^"]+missing\.txt" failed \(2: No such file or directory\)/, "No such file"]
 --- no_error_log
@@ -130,8 +125,11 @@ Content-Type: text/html
 --- config
     location = /limited {
         limit_req zone=runner_selftest;
-        return 200 "passed\n";
+        alias $TEST_NGINX_HTML_DIR/passed.txt;
     }
+--- user_files
+>>> passed.txt
+passed
 --- init
 # runs before the requests (Perl, with Time::HiRes sleep)
 sleep 0.01;
@@ -150,8 +148,11 @@ limiting requests
 --- config
     location = /limited {
         limit_req zone=runner_selftest;
-        return 200 "passed\n";
+        alias $TEST_NGINX_HTML_DIR/passed.txt;
     }
+--- user_files
+>>> passed.txt
+passed
 --- request
 GET /limited
 --- error_code: 503

@@ -1171,6 +1171,7 @@ class FileRunner:
         self.file_needs_redis = False
         self.file_warnings = []
         self.use_hup_now = False
+        self.block_used_nginx = False
 
     # ---- paths ----
     @property
@@ -1632,10 +1633,10 @@ class FileRunner:
 
     def crash_scan(self, lines, outcome, exempt, when):
         for line in lines:
-            if "exited on signal" in line and "exited on signal" not in exempt:
-                if re.search(r"process \d+ exited on signal", line):
+            if re.search(r"process \d+ exited on signal", line):
+                if "exited on signal" not in exempt:
                     outcome.fail("nginx process crashed %s: %s" % (when, line.rstrip()))
-                    continue
+                continue
             if "[alert]" in line and "[alert" not in exempt:
                 outcome.fail("unexpected [alert] in error.log %s: %s" % (when, line.rstrip()))
             elif "[emerg]" in line and "[emerg" not in exempt:
@@ -1746,9 +1747,11 @@ class FileRunner:
 
     def failure_context(self, block):
         ctx = []
-        tail = self.log_tail(30)
+        tail = self.log_tail(30) if self.block_used_nginx else []
         if tail:
             ctx.append("error.log tail (%s):\n%s" % (self.errlog, "".join(tail).rstrip()))
+        if not self.block_used_nginx:
+            return ctx
         snap = os.path.join(self.root, "failed", re.sub(r"[^\w.-]+", "_", block.name)[:60])
         try:
             os.makedirs(snap, exist_ok=True)
@@ -1778,6 +1781,7 @@ class FileRunner:
         ctx.rand_ports = {}
         ctx.err_pos = 0
         exempt = self.crash_exemptions(block)
+        self.block_used_nginx = False
         must_die = block.get("must_die") if block.has("must_die") else None
         stop_after = True
         try:
@@ -1826,7 +1830,7 @@ class FileRunner:
             raise BlockError("this block needs TEST_NGINX_REDIS_CLUSTER_PORTS but Redis Cluster support "
                              "is not implemented in t/runner.py yet (see start_redis_cluster())")
         if ("TEST_NGINX_REDIS_PORT" in blob or self.file_needs_redis) and not self.env.get("TEST_NGINX_REDIS_PORT"):
-            raise BlockError("this block needs TEST_NGINX_REDIS_PORT but Redis is not available: %s"
+            raise BlockError("this test file uses TEST_NGINX_REDIS_PORT but Redis is not available: %s"
                              % (self.runner.redis.error or "not started"))
 
         log_level = block.get("log_level") or self.pre.log_level or self.cfg.log_level
@@ -1838,6 +1842,7 @@ class FileRunner:
         use_hup_block = self.pre.use_hup and must_die is None
         self.use_hup_now = self.pre.use_hup
         block_log_start = 0
+        self.block_used_nginx = True
         if config is None:
             # Test::Nginx: no --- config => reuse the running nginx as is
             if self.prev_config is None:
@@ -2091,7 +2096,7 @@ class FileRunner:
     def check_response(self, block, res, idx, rep, need_array, outcome):
         port = str(self.port)
         code = res.code if res is not None and res.code else ""
-        tag = "(req %d)" % idx if need_array else ""
+        tag = "(req %d)" % idx if need_array else "(repeat %d)" % rep
         # status code
         if block.has("error_code_like"):
             pat = self.indexed(block, "error_code_like", idx, need_array)
@@ -2151,8 +2156,8 @@ class FileRunner:
                     exp = re.sub(r"\$ServerPortForClient\b", port, exp)
                     exp = self.expand_env(exp, self._ctx_dummy())
                 if content != exp:
-                    outcome.fail("response_body %s mismatch (repeat %d):\n  got:      %s\n  expected: %s%s"
-                                 % (tag, rep, show(content), show(exp), diff_hint(content, exp)))
+                    outcome.fail("response_body %s mismatch:\n  got:      %s\n  expected: %s%s"
+                                 % (tag, show(content), show(exp), diff_hint(content, exp)))
         elif block.has("response_body_like") or block.has("response_body_unlike"):
             sec = "response_body_like" if block.has("response_body_like") else "response_body_unlike"
             pat = self.indexed(block, sec, idx, need_array)
@@ -2438,14 +2443,23 @@ class Runner:
                      % self.redis.error)
         if self.cfg.server_port is not None:
             self.used_ports.add(self.cfg.server_port)
-        for f in files:
-            fr = FileRunner(self, f)
-            fr.run()
+        try:
+            for f in files:
+                fr = FileRunner(self, f)
+                fr.run()
+        except SystemExit:
+            emit("# INTERRUPTED: stopping nginx/redis started by this run")
+            self.failed += 1
+            emit(self.summary())
+            raise
+        emit(self.summary())
+        return 0 if (self.failed == 0 and self.passed > 0) else 1
+
+    def summary(self):
         line = "%d passed, %d failed" % (self.passed, self.failed)
         if self.skipped:
             line += ", %d skipped" % self.skipped
-        emit(line)
-        return 0 if (self.failed == 0 and self.passed > 0) else 1
+        return line
 
 
 def collect_files(args):

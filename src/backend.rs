@@ -1,0 +1,446 @@
+//! The background I/O thread of a worker process: it takes the coalesced
+//! increments, sends them to Redis as pipelines (`INCRBY cur n`, `GET prev`,
+//! `EXPIRE cur 2P` per item) and hands the answers back as events. It never
+//! calls an nginx API (nginx is not thread-safe): it talks to the worker only
+//! through `Channel` (parking_lot locks, atomics) and a pipe that wakes the
+//! worker's event loop.
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use redis::IntoConnectionInfo;
+
+use crate::batch::{Batch, Item, ItemId};
+use crate::counter::Confirmation;
+use crate::key::redis_key;
+use crate::params::redact;
+
+/// Increments wait at least this long after a flush, so that a hot key
+/// costs one pipeline per interval however many requests it gets.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(2);
+/// Distinct items that may wait for one flush before new ones are dropped.
+pub const BATCH_CAPACITY: usize = 1 << 16;
+/// Items per pipeline.
+const PIPELINE_ITEMS: usize = 1024;
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+const LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A zone with a Redis backend, as the thread needs it.
+#[derive(Clone, Debug)]
+pub struct ZoneSpec {
+    pub index: u32,
+    pub name: String,
+    pub urls: Vec<String>,
+    pub cluster: bool,
+    pub prefix: Vec<u8>,
+    pub timeout: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Error,
+    Notice,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    Confirmed {
+        id: ItemId,
+        period: u32,
+        limit: u32,
+        confirmation: Confirmation,
+    },
+    Log {
+        zone: u32,
+        level: Level,
+        message: String,
+    },
+}
+
+/// What a worker and its thread share.
+pub struct Channel {
+    batch: Mutex<Batch>,
+    wake: Condvar,
+    stop: AtomicBool,
+    events: Mutex<Vec<Event>>,
+    notify_fd: RawFd,
+    /// Per zone index: whether the last exchange with its backend worked.
+    up: Vec<AtomicBool>,
+    /// Increments dropped because the batch was full.
+    pub dropped: AtomicU64,
+    done: Mutex<bool>,
+    done_cv: Condvar,
+}
+
+impl Channel {
+    pub fn new(zones: usize, notify_fd: RawFd) -> Channel {
+        Channel {
+            batch: Mutex::new(Batch::new(BATCH_CAPACITY)),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            events: Mutex::new(Vec::new()),
+            notify_fd,
+            up: (0..zones).map(|_| AtomicBool::new(true)).collect(),
+            dropped: AtomicU64::new(0),
+            done: Mutex::new(false),
+            done_cv: Condvar::new(),
+        }
+    }
+
+    /// Queues one increment (request path: never blocks on I/O).
+    pub fn push(&self, id: ItemId, key: &[u8], period: u32, limit: u32) -> bool {
+        let mut b = self.batch.lock();
+        let was_empty = b.is_empty();
+        let ok = b.add(id, key, period, limit);
+        if !ok {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(b);
+        if was_empty && ok {
+            self.wake.notify_one();
+        }
+        ok
+    }
+
+    pub fn is_up(&self, zone: usize) -> bool {
+        self.up.get(zone).is_none_or(|u| u.load(Ordering::Relaxed))
+    }
+
+    pub fn take_events(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.events.lock())
+    }
+
+    /// Asks the thread to stop and waits for it at most `wait`; returns
+    /// whether it stopped (then it can be joined without blocking).
+    pub fn stop(&self, wait: Duration) -> bool {
+        self.stop.store(true, Ordering::Release);
+        {
+            let _b = self.batch.lock();
+            self.wake.notify_all();
+        }
+        let deadline = Instant::now() + wait;
+        let mut done = self.done.lock();
+        while !*done {
+            if self.done_cv.wait_until(&mut done, deadline).timed_out() {
+                return *done;
+            }
+        }
+        true
+    }
+
+    fn publish(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        self.events.lock().extend(events);
+        let byte = 1u8;
+        // SAFETY: writes one byte from a valid buffer to the pipe's write end,
+        // which stays open until the thread has stopped. The pipe is
+        // non-blocking: a full pipe already has a wake-up pending.
+        unsafe { libc::write(self.notify_fd, (&raw const byte).cast(), 1) };
+    }
+}
+
+/// Starts the thread for these zones.
+pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("redis_ratelimit".into())
+        .spawn(move || {
+            block_signals();
+            run(&channel, zones);
+            *channel.done.lock() = true;
+            channel.done_cv.notify_all();
+        })
+}
+
+/// nginx handles signals in the worker's main thread; this one must not
+/// receive any.
+fn block_signals() {
+    // SAFETY: plain libc calls on a local signal set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
+    let mut backends: HashMap<u32, Backend> = zones
+        .into_iter()
+        .map(|z| (z.index, Backend::new(z)))
+        .collect();
+    let mut last_flush: Option<Instant> = None;
+    loop {
+        let items = {
+            let mut b = ch.batch.lock();
+            loop {
+                if ch.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                if b.is_empty() {
+                    ch.wake.wait(&mut b);
+                    continue;
+                }
+                let ready = last_flush.map_or(Duration::MAX, |t| t.elapsed());
+                if ready >= FLUSH_INTERVAL {
+                    break;
+                }
+                ch.wake.wait_for(&mut b, FLUSH_INTERVAL - ready);
+            }
+            b.drain()
+        };
+        last_flush = Some(Instant::now());
+
+        let mut by_zone: HashMap<u32, Vec<(ItemId, Item)>> = HashMap::new();
+        for (id, item) in items {
+            by_zone.entry(id.zone).or_default().push((id, item));
+        }
+        let mut events = Vec::new();
+        for (zone, items) in by_zone {
+            let Some(b) = backends.get_mut(&zone) else {
+                continue;
+            };
+            for chunk in items.chunks(PIPELINE_ITEMS) {
+                b.flush(chunk, &mut events);
+            }
+            if let Some(up) = ch.up.get(zone as usize) {
+                up.store(b.healthy, Ordering::Relaxed);
+            }
+        }
+        ch.publish(events);
+    }
+}
+
+enum Conn {
+    Single(redis::Connection),
+    Cluster(redis::cluster::ClusterConnection),
+}
+
+struct Backend {
+    spec: ZoneSpec,
+    conn: Option<Conn>,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    healthy: bool,
+    last_log: Option<Instant>,
+    suppressed: u64,
+    secrets: Vec<String>,
+}
+
+impl Backend {
+    fn new(spec: ZoneSpec) -> Backend {
+        let secrets = spec
+            .urls
+            .iter()
+            .filter_map(|u| u.as_str().into_connection_info().ok())
+            .filter_map(|ci| ci.redis_settings().password().map(str::to_string))
+            .filter(|p| !p.is_empty())
+            .collect();
+        Backend {
+            spec,
+            conn: None,
+            retry_at: None,
+            backoff: BACKOFF_MIN,
+            healthy: true,
+            last_log: None,
+            suppressed: 0,
+            secrets,
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.spec
+            .urls
+            .iter()
+            .map(|u| redact(u))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn scrub(&self, mut text: String) -> String {
+        for s in &self.secrets {
+            text = text.replace(s.as_str(), "***");
+        }
+        text
+    }
+
+    fn connect(&mut self) -> redis::RedisResult<Conn> {
+        let t = self.spec.timeout;
+        if self.spec.cluster {
+            let client = redis::cluster::ClusterClient::builder(self.spec.urls.clone())
+                .connection_timeout(t)
+                .response_timeout(t)
+                .retries(1)
+                .build()?;
+            Ok(Conn::Cluster(client.get_connection()?))
+        } else {
+            let client = redis::Client::open(self.spec.urls[0].as_str())?;
+            let con = client.get_connection_with_timeout(t)?;
+            con.set_read_timeout(Some(t))?;
+            con.set_write_timeout(Some(t))?;
+            Ok(Conn::Single(con))
+        }
+    }
+
+    fn failed(&mut self, what: &str, err: &redis::RedisError, events: &mut Vec<Event>) {
+        self.conn = None;
+        self.retry_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        let first = self.healthy;
+        self.healthy = false;
+        let due = self.last_log.is_none_or(|t| t.elapsed() >= LOG_INTERVAL);
+        if first || due {
+            let extra = if self.suppressed > 0 {
+                format!(" ({} more errors since the last report)", self.suppressed)
+            } else {
+                String::new()
+            };
+            let message = self.scrub(format!(
+                "redis_ratelimit: zone \"{}\": {} {} failed: {}{}",
+                self.spec.name,
+                what,
+                self.describe(),
+                err,
+                extra
+            ));
+            events.push(Event::Log {
+                zone: self.spec.index,
+                level: Level::Error,
+                message,
+            });
+            self.last_log = Some(Instant::now());
+            self.suppressed = 0;
+        } else {
+            self.suppressed += 1;
+        }
+    }
+
+    fn recovered(&mut self, events: &mut Vec<Event>) {
+        self.backoff = BACKOFF_MIN;
+        self.retry_at = None;
+        if !self.healthy {
+            self.healthy = true;
+            events.push(Event::Log {
+                zone: self.spec.index,
+                level: Level::Notice,
+                message: format!(
+                    "redis_ratelimit: zone \"{}\": Redis {} is reachable again",
+                    self.spec.name,
+                    self.describe()
+                ),
+            });
+        }
+    }
+
+    fn flush(&mut self, items: &[(ItemId, Item)], events: &mut Vec<Event>) {
+        if self.conn.is_none() {
+            if self.retry_at.is_some_and(|t| Instant::now() < t) {
+                return; // backing off: the increments stay counted locally
+            }
+            match self.connect() {
+                Ok(c) => self.conn = Some(c),
+                Err(e) => {
+                    self.failed("connecting to", &e, events);
+                    return;
+                }
+            }
+        }
+        let cmds = self.commands(items);
+        let result: redis::RedisResult<Vec<redis::Value>> = match self.conn.as_mut() {
+            Some(Conn::Single(con)) => {
+                let mut p = redis::pipe();
+                for c in cmds {
+                    add(&mut p, c);
+                }
+                p.query(con)
+            }
+            Some(Conn::Cluster(con)) => {
+                let mut p = redis::cluster::cluster_pipe();
+                for c in cmds {
+                    add_cluster(&mut p, c);
+                }
+                p.query(con)
+            }
+            None => return,
+        };
+        match result {
+            Ok(values) => {
+                self.recovered(events);
+                for ((id, item), pair) in items.iter().zip(values.chunks(2)) {
+                    let cur = pair.first().map_or(0, as_count);
+                    let prev = pair.get(1).map_or(0, as_count);
+                    events.push(Event::Confirmed {
+                        id: *id,
+                        period: item.period,
+                        limit: item.limit,
+                        confirmation: Confirmation {
+                            window: id.window,
+                            sent: item.n,
+                            cur,
+                            prev,
+                        },
+                    });
+                }
+            }
+            Err(e) => self.failed("sending to", &e, events),
+        }
+    }
+
+    fn commands(&self, items: &[(ItemId, Item)]) -> Vec<(redis::Cmd, bool)> {
+        let mut out = Vec::with_capacity(items.len() * 3);
+        let ns = self.spec.name.as_bytes();
+        for (id, item) in items {
+            let p = u64::from(item.period);
+            let cur = redis_key(&self.spec.prefix, ns, &item.key, item.period, id.window * p);
+            let prev = redis_key(
+                &self.spec.prefix,
+                ns,
+                &item.key,
+                item.period,
+                id.window.saturating_sub(1) * p,
+            );
+            let mut incr = redis::cmd("INCRBY");
+            incr.arg(&cur).arg(item.n);
+            let mut get = redis::cmd("GET");
+            get.arg(&prev);
+            let mut expire = redis::cmd("EXPIRE");
+            expire.arg(&cur).arg(2 * p);
+            out.push((incr, false));
+            out.push((get, false));
+            out.push((expire, true));
+        }
+        out
+    }
+}
+
+fn add(p: &mut redis::Pipeline, (cmd, ignore): (redis::Cmd, bool)) {
+    p.add_command(cmd);
+    if ignore {
+        p.ignore();
+    }
+}
+
+fn add_cluster(p: &mut redis::cluster::ClusterPipeline, (cmd, ignore): (redis::Cmd, bool)) {
+    p.add_command(cmd);
+    if ignore {
+        p.ignore();
+    }
+}
+
+/// An `INCRBY` reply or a `GET` of a counter; anything unexpected counts 0.
+fn as_count(v: &redis::Value) -> u64 {
+    match v {
+        redis::Value::Int(n) => (*n).max(0) as u64,
+        redis::Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}

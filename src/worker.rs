@@ -1,0 +1,262 @@
+//! The worker side of the Redis backend: starts the background thread in
+//! `init_process` and stops it in `exit_process`, queues increments from the
+//! request path, and applies the thread's answers to the zones on the
+//! worker's own thread when the notification pipe wakes the event loop.
+
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nginx_sys::{
+    ngx_close_connection, ngx_connection_t, ngx_cycle_t, ngx_event_t, ngx_get_connection,
+    ngx_handle_read_event, ngx_int_t, ngx_log_t, ngx_uint_t, NGX_LOG_ALERT, NGX_LOG_ERR,
+    NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
+};
+use ngx::http::HttpModuleMainConf;
+use ngx::ngx_log_error;
+use parking_lot::Mutex;
+
+use crate::backend::{self, Channel, Event, Level, ZoneSpec};
+use crate::conf::MainConf;
+use crate::counter;
+use crate::rate::Rate;
+use crate::Module;
+
+static CHANNEL: OnceLock<Arc<Channel>> = OnceLock::new();
+static MAIN_CONF: AtomicPtr<MainConf> = AtomicPtr::new(ptr::null_mut());
+static HANDLE: Mutex<Option<Handle>> = Mutex::new(None);
+
+struct Handle {
+    thread: JoinHandle<()>,
+    conn: *mut ngx_connection_t,
+    write_fd: i32,
+    stop_wait: Duration,
+}
+
+// SAFETY: the connection pointer is only used on the worker's main thread
+// (init_process / exit_process); the mutex just gives the static a home.
+unsafe impl Send for Handle {}
+
+/// This worker's channel to its background thread, if it has one.
+pub fn channel() -> Option<&'static Arc<Channel>> {
+    CHANNEL.get()
+}
+
+fn pipe() -> Option<[i32; 2]> {
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe() returns.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    for fd in fds {
+        // SAFETY: fcntl on descriptors we just created.
+        unsafe {
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+    Some(fds)
+}
+
+fn close(fd: i32) {
+    // SAFETY: closes a descriptor this module created and owns.
+    unsafe { libc::close(fd) };
+}
+
+/// `init_process`: one background thread per worker for all Redis zones.
+pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    // SAFETY: nginx passes the worker's cycle.
+    let cycle_ref = unsafe { &*cycle };
+    let log = cycle_ref.log;
+    let Some(mcf) = Module::main_conf_mut(cycle_ref) else {
+        return NGX_OK as ngx_int_t; // no http block
+    };
+    let specs: Vec<ZoneSpec> = mcf
+        .zones
+        .iter()
+        .enumerate()
+        .filter_map(|(i, z)| {
+            let p = z.params.as_ref()?;
+            let b = p.backend.as_ref()?;
+            Some(ZoneSpec {
+                index: i as u32,
+                name: z.name.clone(),
+                urls: b.urls.clone(),
+                cluster: b.cluster,
+                prefix: p.prefix.clone(),
+                timeout: Duration::from_millis(p.timeout_ms),
+            })
+        })
+        .collect();
+    if specs.is_empty() {
+        return NGX_OK as ngx_int_t;
+    }
+    let stop_wait = specs
+        .iter()
+        .map(|s| s.timeout * 3)
+        .max()
+        .unwrap_or_default()
+        + Duration::from_millis(200);
+
+    let Some([rfd, wfd]) = pipe() else {
+        ngx_log_error!(
+            NGX_LOG_ALERT,
+            log,
+            "redis_ratelimit: pipe() failed, Redis zones count on this node only"
+        );
+        return NGX_OK as ngx_int_t;
+    };
+    // SAFETY: registers the read end with nginx's event loop, on the
+    // worker's main thread, as nginx's own modules do.
+    let conn = unsafe { ngx_get_connection(rfd, log) };
+    if conn.is_null() {
+        close(rfd);
+        close(wfd);
+        return NGX_OK as ngx_int_t;
+    }
+    // SAFETY: `conn` was just returned by nginx with valid events.
+    unsafe {
+        let rev = (*conn).read;
+        (*rev).handler = Some(on_notify);
+        (*rev).log = log;
+        if ngx_handle_read_event(rev, 0) != NGX_OK as ngx_int_t {
+            ngx_close_connection(conn);
+            close(wfd);
+            return NGX_OK as ngx_int_t;
+        }
+    }
+
+    let channel = Arc::new(Channel::new(mcf.zones.len(), wfd));
+    match backend::spawn(channel.clone(), specs) {
+        Ok(thread) => {
+            MAIN_CONF.store(ptr::from_mut(mcf), Ordering::Release);
+            let _ = CHANNEL.set(channel);
+            *HANDLE.lock() = Some(Handle {
+                thread,
+                conn,
+                write_fd: wfd,
+                stop_wait,
+            });
+        }
+        Err(e) => {
+            ngx_log_error!(
+                NGX_LOG_ALERT,
+                log,
+                "redis_ratelimit: cannot start the background thread ({}), Redis zones count on this node only",
+                e
+            );
+            // SAFETY: the connection is ours and not used anymore.
+            unsafe { ngx_close_connection(conn) };
+            close(wfd);
+        }
+    }
+    NGX_OK as ngx_int_t
+}
+
+/// `exit_process`: stops and joins the thread (bounded wait: a thread stuck
+/// on a hanging Redis is at most `3 x timeout` away from noticing).
+pub unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
+    let Some(h) = HANDLE.lock().take() else {
+        return;
+    };
+    // SAFETY: nginx passes the worker's cycle.
+    let log = unsafe { (*cycle).log };
+    if let Some(ch) = CHANNEL.get() {
+        if ch.stop(h.stop_wait) {
+            let _ = h.thread.join();
+            close(h.write_fd);
+        } else {
+            ngx_log_error!(
+                NGX_LOG_WARN,
+                log,
+                "redis_ratelimit: background thread did not stop in {:?}, leaving it",
+                h.stop_wait
+            );
+        }
+    }
+    // SAFETY: the connection was created in init_process on this thread.
+    unsafe { ngx_close_connection(h.conn) };
+}
+
+fn now_ms() -> u64 {
+    crate::handler::now_ms()
+}
+
+unsafe extern "C" fn on_notify(ev: *mut ngx_event_t) {
+    // SAFETY: nginx passes our read event; its data is our connection.
+    let (c, log) = unsafe {
+        let c = (*ev).data.cast::<ngx_connection_t>();
+        (c, (*ev).log)
+    };
+    let mut buf = [0u8; 256];
+    loop {
+        // SAFETY: reads into a local buffer from the pipe's read end.
+        let n = unsafe { libc::read((*c).fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            break;
+        }
+    }
+    // SAFETY: `ev` is valid; edge-triggered events must be cleared after
+    // draining, level-triggered ones are re-armed by nginx as needed.
+    unsafe {
+        (*ev).set_ready(0);
+        ngx_handle_read_event(ev, 0);
+    }
+    apply(log);
+}
+
+/// Applies the thread's answers to the zones (worker thread only).
+fn apply(log: *mut ngx_log_t) {
+    let Some(ch) = CHANNEL.get() else {
+        return;
+    };
+    let mcf = MAIN_CONF.load(Ordering::Acquire);
+    if mcf.is_null() {
+        return;
+    }
+    // SAFETY: the main configuration lives as long as this worker's cycle.
+    let mcf = unsafe { &*mcf };
+    let now = now_ms();
+    for event in ch.take_events() {
+        match event {
+            Event::Confirmed {
+                id,
+                period,
+                limit,
+                confirmation,
+            } => {
+                let Some(shared) = mcf
+                    .zones
+                    .get(id.zone as usize)
+                    .and_then(|z| z.shared.as_ref())
+                else {
+                    continue;
+                };
+                let mut locked = shared.lock();
+                if let Some(i) = locked.table.find(id.entry) {
+                    let rate = Rate { limit, period };
+                    counter::confirm(locked.table.entry_mut(i), &confirmation, rate, now);
+                }
+            }
+            Event::Log {
+                zone,
+                level,
+                message,
+            } => {
+                let Some(shared) = mcf.zones.get(zone as usize).and_then(|z| z.shared.as_ref())
+                else {
+                    continue;
+                };
+                let error = level == Level::Error;
+                let claimed = shared.lock().table.claim_log(error, now / 1000);
+                if claimed {
+                    let lvl = if error { NGX_LOG_ERR } else { NGX_LOG_NOTICE };
+                    ngx_log_error!(lvl as ngx_uint_t, log, "{}", message);
+                }
+            }
+        }
+    }
+}
