@@ -219,7 +219,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
 
 enum Conn {
     Single(redis::Connection),
-    Cluster(redis::cluster::ClusterConnection),
+    Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
 struct Backend {
@@ -278,7 +278,7 @@ impl Backend {
                 .response_timeout(t)
                 .retries(1)
                 .build()?;
-            Ok(Conn::Cluster(client.get_connection()?))
+            Ok(Conn::Cluster(Box::new(client.get_connection()?)))
         } else {
             let client = redis::Client::open(self.spec.urls[0].as_str())?;
             let con = client.get_connection_with_timeout(t)?;
