@@ -201,7 +201,7 @@ redis_ratelimit_zone: "cluster" needs "redis=URL,..."
 
 === TEST 16: a prefix with braces would move the hash tag
 --- http_config
-    redis_ratelimit_zone $arg_a zone=z:1m redis=redis://127.0.0.1:6379 prefix=a{b};
+    redis_ratelimit_zone $arg_a zone=z:1m redis=redis://127.0.0.1:6379 "prefix=a{b}";
 --- config
 --- must_die
 --- error_log

@@ -11,13 +11,19 @@ __DATA__
 === TEST 1: requests spread over two workers get exactly the limit in total
 --- http_config
     redis_ratelimit_zone $arg_k zone=z:1m;
---- config
     # reuseport gives each worker its own listening socket, so the kernel
-    # spreads the connections (one per request) over both workers
-    listen 127.0.0.1:$TEST_NGINX_SERVER_PORT reuseport;
+    # spreads the proxied connections (a new one per request) over both
+    # workers
+    server {
+        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1 reuseport;
+        location = /t {
+            redis_ratelimit z 10r/d;
+            root html;
+        }
+    }
+--- config
     location = /t {
-        redis_ratelimit z 10r/d;
-        add_header X-Pid $pid always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
     }
 --- user_files
 >>> t

@@ -12,6 +12,7 @@ __DATA__
 --- http_config
     redis_ratelimit_zone $arg_k zone=small:32k;
 --- config
+    keepalive_requests 100000;
     location = /t { redis_ratelimit small 3r/d; }
 --- user_files
 >>> t
@@ -35,9 +36,9 @@ for my $i (1 .. 3000) {
 push @c, 200, 200, 200, 200, 200, 429;
 \@c
 --- no_error_log
-[error]
 [alert]
 [crit]
+no memory
 
 
 
@@ -45,6 +46,7 @@ push @c, 200, 200, 200, 200, 200, 429;
 --- http_config
     redis_ratelimit_zone $arg_k zone=big:1m;
 --- config
+    keepalive_requests 100000;
     location = /t { redis_ratelimit big 1r/d; }
 --- user_files
 >>> t
