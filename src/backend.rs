@@ -27,6 +27,13 @@ pub const FLUSH_INTERVAL: Duration = Duration::from_millis(2);
 pub const BATCH_CAPACITY: usize = 1 << 16;
 /// Items per pipeline.
 const PIPELINE_ITEMS: usize = 1024;
+/// Keys near their limit are re-read this often while they are watched, so
+/// a node learns what the others counted even when it sends nothing itself.
+pub const REFRESH_INTERVAL: Duration = Duration::from_millis(10);
+/// How long a key stays watched after this worker last counted it.
+const WATCH_FOR: Duration = Duration::from_secs(1);
+/// Most keys watched per zone and worker.
+const WATCH_MAX: usize = 4096;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const LOG_INTERVAL: Duration = Duration::from_secs(1);
@@ -184,37 +191,83 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                     return;
                 }
                 if b.is_empty() {
-                    ch.wake.wait(&mut b);
+                    // Idle: sleep until woken, unless keys near their limit
+                    // are being watched (then wake up to refresh them).
+                    if backends.values().any(Backend::watching) {
+                        if ch.wake.wait_for(&mut b, REFRESH_INTERVAL).timed_out() && b.is_empty() {
+                            break Vec::new();
+                        }
+                    } else {
+                        ch.wake.wait(&mut b);
+                    }
                     continue;
                 }
                 let ready = last_flush.map_or(Duration::MAX, |t| t.elapsed());
                 if ready >= FLUSH_INTERVAL {
-                    break;
+                    break b.drain();
                 }
                 ch.wake.wait_for(&mut b, FLUSH_INTERVAL - ready);
             }
-            b.drain()
         };
-        last_flush = Some(Instant::now());
 
-        let mut by_zone: HashMap<u32, Vec<(ItemId, Item)>> = HashMap::new();
-        for (id, item) in items {
-            by_zone.entry(id.zone).or_default().push((id, item));
-        }
         let mut events = Vec::new();
-        for (zone, items) in by_zone {
-            let Some(b) = backends.get_mut(&zone) else {
-                continue;
-            };
-            for chunk in items.chunks(PIPELINE_ITEMS) {
-                b.flush(chunk, &mut events);
+        if !items.is_empty() {
+            last_flush = Some(Instant::now());
+            let mut by_zone: HashMap<u32, Vec<(ItemId, Item)>> = HashMap::new();
+            for (id, item) in items {
+                by_zone.entry(id.zone).or_default().push((id, item));
             }
-            if let Some(up) = ch.up.get(zone as usize) {
+            for (zone, items) in by_zone {
+                let Some(b) = backends.get_mut(&zone) else {
+                    continue;
+                };
+                for chunk in items.chunks(PIPELINE_ITEMS) {
+                    b.flush(chunk, &mut events);
+                }
+            }
+        }
+        for (zone, b) in backends.iter_mut() {
+            b.refresh(&mut events);
+            if let Some(up) = ch.up.get(*zone as usize) {
                 up.store(b.healthy, Ordering::Relaxed);
             }
         }
         ch.publish(events);
     }
+}
+
+/// A key this worker counted recently that is near its limit.
+struct Watch {
+    key: Vec<u8>,
+    period: u32,
+    limit: u32,
+    /// Last time Redis told us its counts (flush or refresh).
+    fresh: Instant,
+    /// Watched until then (extended by each flush of the key).
+    until: Instant,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Whether counts put a key at or above half its limit.
+fn near_limit(c: &Confirmation, period: u32, limit: u32, now_ms: u64) -> bool {
+    let p = u64::from(period) * 1000;
+    let idx = crate::window::window_index(now_ms, p);
+    let (prev, cur) = if idx == c.window {
+        (c.prev, c.cur)
+    } else if idx == c.window + 1 {
+        (c.cur, 0)
+    } else {
+        return false;
+    };
+    let clamp = |v: u64| v.min(u64::from(u32::MAX)) as u32;
+    let est = crate::window::Estimate::new(clamp(prev), clamp(cur), now_ms - idx * p, p);
+    !est.below(limit.div_ceil(2))
 }
 
 enum Conn {
@@ -231,6 +284,7 @@ struct Backend {
     last_log: Option<Instant>,
     suppressed: u64,
     secrets: Vec<String>,
+    watch: HashMap<ItemId, Watch>,
 }
 
 impl Backend {
@@ -251,6 +305,44 @@ impl Backend {
             last_log: None,
             suppressed: 0,
             secrets,
+            watch: HashMap::new(),
+        }
+    }
+
+    fn watching(&self) -> bool {
+        !self.watch.is_empty()
+    }
+
+    /// Re-reads the counts of watched keys not confirmed in the last
+    /// `REFRESH_INTERVAL`, and forgets the ones no longer watched.
+    fn refresh(&mut self, events: &mut Vec<Event>) {
+        let now = Instant::now();
+        self.watch.retain(|_, w| w.until > now);
+        if self.watch.is_empty() || !self.healthy {
+            return;
+        }
+        let now_ms = unix_ms();
+        let due: Vec<(ItemId, Item)> = self
+            .watch
+            .iter()
+            .filter(|(_, w)| now.duration_since(w.fresh) >= REFRESH_INTERVAL)
+            .map(|(id, w)| {
+                let p = u64::from(w.period) * 1000;
+                let mut id = *id;
+                id.window = crate::window::window_index(now_ms, p);
+                (
+                    id,
+                    Item {
+                        key: w.key.clone(),
+                        period: w.period,
+                        limit: w.limit,
+                        n: 0,
+                    },
+                )
+            })
+            .collect();
+        for chunk in due.chunks(PIPELINE_ITEMS) {
+            self.flush(chunk, events);
         }
     }
 
@@ -372,19 +464,44 @@ impl Backend {
         match result {
             Ok(values) => {
                 self.recovered(events);
+                let now = Instant::now();
+                let now_ms = unix_ms();
                 for ((id, item), pair) in items.iter().zip(values.chunks(2)) {
                     let cur = pair.first().map_or(0, as_count);
                     let prev = pair.get(1).map_or(0, as_count);
+                    let confirmation = Confirmation {
+                        window: id.window,
+                        sent: item.n,
+                        cur,
+                        prev,
+                    };
+                    let mut wid = *id;
+                    wid.window = 0;
+                    if let Some(w) = self.watch.get_mut(&wid) {
+                        w.fresh = now;
+                        if item.n > 0 {
+                            w.until = now + WATCH_FOR;
+                        }
+                    } else if item.n > 0
+                        && self.watch.len() < WATCH_MAX
+                        && near_limit(&confirmation, item.period, item.limit, now_ms)
+                    {
+                        self.watch.insert(
+                            wid,
+                            Watch {
+                                key: item.key.clone(),
+                                period: item.period,
+                                limit: item.limit,
+                                fresh: now,
+                                until: now + WATCH_FOR,
+                            },
+                        );
+                    }
                     events.push(Event::Confirmed {
                         id: *id,
                         period: item.period,
                         limit: item.limit,
-                        confirmation: Confirmation {
-                            window: id.window,
-                            sent: item.n,
-                            cur,
-                            prev,
-                        },
+                        confirmation,
                     });
                 }
             }
@@ -405,10 +522,18 @@ impl Backend {
                 item.period,
                 id.window.saturating_sub(1) * p,
             );
-            let mut incr = redis::cmd("INCRBY");
-            incr.arg(&cur).arg(item.n);
             let mut get = redis::cmd("GET");
             get.arg(&prev);
+            if item.n == 0 {
+                // a refresh: read both windows, change nothing
+                let mut get_cur = redis::cmd("GET");
+                get_cur.arg(&cur);
+                out.push((get_cur, false));
+                out.push((get, false));
+                continue;
+            }
+            let mut incr = redis::cmd("INCRBY");
+            incr.arg(&cur).arg(item.n);
             let mut expire = redis::cmd("EXPIRE");
             expire.arg(&cur).arg(2 * p);
             out.push((incr, false));

@@ -120,18 +120,6 @@ def free_port(exclude=()):
     raise RuntimeError("cannot find a free TCP port")
 
 
-def port_is_free(port):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("127.0.0.1", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
 # --------------------------------------------------------------------------
 # process bookkeeping: everything we start is stopped BY PID, never by name
 # --------------------------------------------------------------------------
@@ -1827,14 +1815,21 @@ class FileRunner:
         ctx = type("Ctx", (), {})()
         ctx.rand_ports = {}
         ctx.err_pos = 0
+        self.cur_ctx = ctx
         exempt = self.crash_exemptions(block)
         self.block_used_nginx = False
         must_die = block.get("must_die") if block.has("must_die") else None
         stop_after = True
+        ctx.block_log_start = None
         try:
             try:
                 self._run_block(block, ctx, outcome, must_die)
             finally:
+                # stricter than Test::Nginx: crashes / [alert] / [emerg] in the
+                # error log during the block fail it
+                if ctx.block_log_start is not None and must_die is None:
+                    lines = self.read_log_lines(self.errlog, ctx.block_log_start)
+                    self.crash_scan(lines, outcome, exempt, when="during this block")
                 # Decide whether nginx must be stopped now (so that shutdown
                 # problems are attributed to this block).
                 if next_block is None:
@@ -1934,10 +1929,6 @@ class FileRunner:
                 self.write_user_files(block, ctx)
             self.run_requests(block, ctx, outcome, rep)
 
-        # stricter than Test::Nginx: crashes / alerts / emergs fail the block
-        lines = self.read_log_lines(self.errlog, block_log_start)
-        self.crash_scan(lines, outcome, self.crash_exemptions(block), when="during this block")
-
     def hup_reload(self, block, config, ctx, log_level, outcome):
         pid = self.nginx_pid
         self.config_version = "".join(random.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(10))
@@ -1950,6 +1941,11 @@ class FileRunner:
         if not _kill(pid, signal.SIGUSR1):
             return False
         time.sleep(self.cfg.sleep)
+        # the log files were removed: wait until the master reopened them, so
+        # that the reload's own messages ("reconfiguring") land in the new log
+        deadline = time.monotonic() + 3.0
+        while not os.path.exists(self.errlog) and time.monotonic() < deadline:
+            time.sleep(0.005)
         if not _kill(pid, signal.SIGHUP):
             return False
         time.sleep(self.cfg.sleep * 3)
@@ -1999,8 +1995,6 @@ class FileRunner:
 
     def run_must_die(self, block, ctx, outcome, must_die):
         for rep in range(self.pre.repeat_each):
-            ctx.err_pos = 0 if rep == 0 else ctx.err_pos
-            pos_before = ctx.err_pos
             rc, err = self.run_nginx_startup()
             if rc is None:
                 outcome.fail("must_die: nginx startup timed out")
@@ -2020,7 +2014,6 @@ class FileRunner:
                 if pid:
                     REAPER.nginx.add(pid)
                     stop_nginx(pid, grace=3.0)
-            _ = pos_before
 
     # ---- requests ----
     def get_requests(self, block, ctx):
@@ -2223,7 +2216,7 @@ class FileRunner:
                 if exp is not None:
                     exp = re.sub(r"\$ServerPort\b", port, exp)
                     exp = re.sub(r"\$ServerPortForClient\b", port, exp)
-                    exp = self.expand_env(exp, self._ctx_dummy())
+                    exp = self.expand_env(exp, self.cur_ctx)
                 if content != exp:
                     outcome.fail("response_body %s mismatch:\n  got:      %s\n  expected: %s%s"
                                  % (tag, show(content), show(exp), diff_hint(content, exp)))
@@ -2241,11 +2234,6 @@ class FileRunner:
             if matched != (sec == "response_body_like"):
                 outcome.fail("%s %s: %s %s %s" % (sec, tag, show(content),
                                                  "does not match" if sec == "response_body_like" else "matches", rx))
-
-    def _ctx_dummy(self):
-        c = type("Ctx", (), {})()
-        c.rand_ports = {}
-        return c
 
     def apply_body_filters(self, block, content, idx):
         if content is None or not block.has("response_body_filters"):
