@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redis::IntoConnectionInfo;
 
-use crate::batch::{Batch, Item, ItemId};
+use crate::batch::{Batch, Delete, Item, ItemId};
 use crate::counter::Confirmation;
 use crate::key::redis_key;
 use crate::params::redact;
@@ -101,13 +101,25 @@ impl Channel {
     }
 
     /// Queues one increment (request path: never blocks on I/O).
-    pub fn push(&self, id: ItemId, key: &[u8], period: u32, limit: u32) -> bool {
+    pub fn push(&self, id: ItemId, namespace: &[u8], key: &[u8], period: u32, limit: u32) -> bool {
         let mut b = self.batch.lock();
         let was_empty = b.is_empty();
-        let ok = b.add(id, key, period, limit);
+        let ok = b.add(id, namespace, key, period, limit);
         if !ok {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
+        drop(b);
+        if was_empty && ok {
+            self.wake.notify_one();
+        }
+        ok
+    }
+
+    /// Queues the deletion of a key's Redis counters.
+    pub fn delete(&self, d: Delete) -> bool {
+        let mut b = self.batch.lock();
+        let was_empty = b.is_empty();
+        let ok = b.delete(d);
         drop(b);
         if was_empty && ok {
             self.wake.notify_one();
@@ -184,7 +196,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
         .collect();
     let mut last_flush: Option<Instant> = None;
     loop {
-        let items = {
+        let (items, deletes) = {
             let mut b = ch.batch.lock();
             loop {
                 if ch.stop.load(Ordering::Acquire) {
@@ -195,7 +207,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                     // are being watched (then wake up to refresh them).
                     if backends.values().any(Backend::watching) {
                         if ch.wake.wait_for(&mut b, REFRESH_INTERVAL).timed_out() && b.is_empty() {
-                            break Vec::new();
+                            break (Vec::new(), Vec::new());
                         }
                     } else {
                         ch.wake.wait(&mut b);
@@ -226,6 +238,11 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                 }
             }
         }
+        for d in deletes {
+            if let Some(b) = backends.get_mut(&d.zone) {
+                b.delete(&d, &mut events);
+            }
+        }
         for (zone, b) in backends.iter_mut() {
             b.refresh(&mut events);
             if let Some(up) = ch.up.get(*zone as usize) {
@@ -238,6 +255,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
 
 /// A key this worker counted recently that is near its limit.
 struct Watch {
+    namespace: Vec<u8>,
     key: Vec<u8>,
     period: u32,
     limit: u32,
@@ -333,6 +351,7 @@ impl Backend {
                 (
                     id,
                     Item {
+                        namespace: w.namespace.clone(),
                         key: w.key.clone(),
                         period: w.period,
                         limit: w.limit,
@@ -489,6 +508,7 @@ impl Backend {
                         self.watch.insert(
                             wid,
                             Watch {
+                                namespace: item.namespace.clone(),
                                 key: item.key.clone(),
                                 period: item.period,
                                 limit: item.limit,
@@ -509,10 +529,62 @@ impl Backend {
         }
     }
 
+    /// Deletes both windows of a key (Lua's `reset`). Best effort: a failure
+    /// is logged like any other.
+    fn delete(&mut self, d: &Delete, events: &mut Vec<Event>) {
+        if self.conn.is_none() {
+            if self.retry_at.is_some_and(|t| Instant::now() < t) {
+                return;
+            }
+            match self.connect() {
+                Ok(c) => self.conn = Some(c),
+                Err(e) => {
+                    self.failed("connecting to", &e, events);
+                    return;
+                }
+            }
+        }
+        let p = u64::from(d.period);
+        let keys: Vec<Vec<u8>> = [d.window, d.window.saturating_sub(1)]
+            .iter()
+            .map(|w| redis_key(&self.spec.prefix, &d.namespace, &d.key, d.period, w * p))
+            .collect();
+        // One DEL per key: in a cluster each command goes to its node.
+        let cmds: Vec<(redis::Cmd, bool)> = keys
+            .iter()
+            .map(|k| {
+                let mut c = redis::cmd("DEL");
+                c.arg(k);
+                (c, false)
+            })
+            .collect();
+        let result: redis::RedisResult<Vec<redis::Value>> = match self.conn.as_mut() {
+            Some(Conn::Single(con)) => {
+                let mut p = redis::pipe();
+                for c in cmds {
+                    add(&mut p, c);
+                }
+                p.query(con)
+            }
+            Some(Conn::Cluster(con)) => {
+                let mut p = redis::cluster::cluster_pipe();
+                for c in cmds {
+                    add_cluster(&mut p, c);
+                }
+                p.query(con)
+            }
+            None => return,
+        };
+        match result {
+            Ok(_) => self.recovered(events),
+            Err(e) => self.failed("sending to", &e, events),
+        }
+    }
+
     fn commands(&self, items: &[(ItemId, Item)]) -> Vec<(redis::Cmd, bool)> {
         let mut out = Vec::with_capacity(items.len() * 3);
-        let ns = self.spec.name.as_bytes();
         for (id, item) in items {
+            let ns = &item.namespace;
             let p = u64::from(item.period);
             let cur = redis_key(&self.spec.prefix, ns, &item.key, item.period, id.window * p);
             let prev = redis_key(

@@ -14,7 +14,10 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 
 use crate::batch::ItemId;
-use crate::conf::{Limit, LocConf, MainConf, DEFAULT_LOG_LEVEL, DEFAULT_STATUS};
+use std::sync::Arc;
+
+use crate::backend::Channel;
+use crate::conf::{Limit, LocConf, MainConf, ZoneConf, DEFAULT_LOG_LEVEL, DEFAULT_STATUS};
 use crate::counter;
 use crate::key::entry_id;
 use crate::params::OnError;
@@ -94,6 +97,41 @@ pub fn now_ms() -> u64 {
     unsafe {
         let tp = ptr::read_volatile(ptr::addr_of!(ngx_cached_time));
         ((*tp).sec as u64) * 1000 + (*tp).msec as u64
+    }
+}
+
+/// How a zone counts right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// In this node's shared memory only (no backend, or no thread).
+    Local,
+    /// Through the zone's Redis backend (also while it is down with
+    /// `on_error=local`: the increments then stay counted locally).
+    Remote,
+    /// Backend down, `on_error=allow`: pass without counting.
+    Allow,
+    /// Backend down, `on_error=deny`: reject.
+    Deny,
+}
+
+pub fn mode(zone: &ZoneConf, index: usize, channel: Option<&Arc<Channel>>) -> Mode {
+    let Some(on_error) = zone
+        .params
+        .as_ref()
+        .and_then(|p| p.backend.as_ref().map(|_| p.on_error))
+    else {
+        return Mode::Local;
+    };
+    let Some(ch) = channel else {
+        return Mode::Local;
+    };
+    if ch.is_up(index) {
+        return Mode::Remote;
+    }
+    match on_error {
+        OnError::Local => Mode::Remote,
+        OnError::Allow => Mode::Allow,
+        OnError::Deny => Mode::Deny,
     }
 }
 
@@ -191,13 +229,7 @@ fn decide(
             continue;
         };
         let zone = &mcf.zones[l.zone];
-        let backend = zone
-            .params
-            .as_ref()
-            .and_then(|p| p.backend.as_ref().map(|_| p.on_error));
-        // With a backend but no thread (it failed to start), count locally.
-        let remote = backend.is_some() && channel.is_some();
-        let down = remote && channel.is_some_and(|c| !c.is_up(l.zone));
+        let how = mode(zone, l.zone, channel);
         let table = &mut guards[guard].table;
         let id = entry_id(
             table.seed(),
@@ -207,19 +239,12 @@ fn decide(
         );
         let (entry, _) = table.get_or_insert(id);
         let mut result = counter::check(table.entry_mut(entry), l.rate, now);
-        let mut skip = false;
-        if down {
-            match backend {
-                Some(OnError::Allow) => {
-                    result.allowed = true;
-                    skip = true;
-                }
-                Some(OnError::Deny) => {
-                    result.allowed = false;
-                    result.retry_at_ms = now + 1000;
-                }
-                _ => {}
-            }
+        let skip = how == Mode::Allow;
+        if skip {
+            result.allowed = true;
+        } else if how == Mode::Deny {
+            result.allowed = false;
+            result.retry_at_ms = now + 1000;
         }
         checks.push(Check {
             limit: *l,
@@ -227,7 +252,7 @@ fn decide(
             entry,
             id,
             key: *key,
-            remote,
+            remote: how == Mode::Remote,
             skip,
             result,
         });
@@ -291,7 +316,13 @@ fn decide(
                 entry: c.id,
                 window: window_index(now, p),
             };
-            ch.push(id, c.key.as_bytes(), c.limit.rate.period, limit);
+            ch.push(
+                id,
+                mcf.zones[c.limit.zone].name.as_bytes(),
+                c.key.as_bytes(),
+                c.limit.rate.period,
+                limit,
+            );
         }
     }
 

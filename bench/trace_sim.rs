@@ -1,0 +1,341 @@
+//! Trace simulation of the limiter's decision logic (the crate's own pure
+//! code, not a re-implementation): many sources, Poisson and bursty on/off
+//! arrivals at rates around the limit, every request decided by
+//! `counter::check` / `counter::count` on a `table::Entry`, and each decision
+//! compared with an exact sliding-window log over the same history:
+//!
+//!   exact: allowed iff fewer than L *allowed* requests lie in (t - P, t]
+//!
+//! Printed: % wrongly allowed, % wrongly rejected, mean relative error of the
+//! estimate against the exact count, and the admitted total against an
+//! independent exact sliding-log limiter fed the same arrivals.
+//!
+//! Run: cargo test --release --test trace_sim -- --nocapture
+//! (wired as an integration test: `[[test]] name = "trace_sim"
+//! path = "bench/trace_sim.rs"` in Cargo.toml).
+
+use std::collections::VecDeque;
+
+use ngx_http_redis_ratelimit::counter::{check, count};
+use ngx_http_redis_ratelimit::rate::Rate;
+use ngx_http_redis_ratelimit::table::Entry;
+use ngx_http_redis_ratelimit::window::{roll, window_index, Estimate};
+
+/// xorshift64* — tiny, deterministic, good enough for arrival times.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+    /// Exponential with the given mean.
+    fn exp(&mut self, mean: f64) -> f64 {
+        -mean * self.unit().ln()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Poisson,
+    /// On/off: "on" periods of mean P/2 at 3x the mean rate, "off" periods
+    /// of mean P with nothing, so the long-run mean is the nominal rate.
+    Bursty,
+}
+
+/// Arrival times (ms since the epoch, non-decreasing) of one source.
+struct Arrivals {
+    rng: Rng,
+    kind: Kind,
+    /// mean requests per ms over the long run
+    rate_per_ms: f64,
+    period_ms: f64,
+    t: f64,
+    end: f64,
+    on: bool,
+    /// end of the current on/off phase (bursty only)
+    phase_end: f64,
+}
+
+impl Arrivals {
+    fn new(seed: u64, kind: Kind, rate_per_ms: f64, period_ms: f64, start: f64, end: f64) -> Self {
+        let mut rng = Rng::new(seed);
+        let on = rng.unit() < 1.0 / 3.0;
+        let phase_end = start
+            + if on {
+                rng.exp(period_ms / 2.0)
+            } else {
+                rng.exp(period_ms)
+            };
+        Arrivals {
+            rng,
+            kind,
+            rate_per_ms,
+            period_ms,
+            t: start,
+            end,
+            on,
+            phase_end,
+        }
+    }
+}
+
+impl Iterator for Arrivals {
+    type Item = u64;
+    fn next(&mut self) -> Option<u64> {
+        match self.kind {
+            Kind::Poisson => {
+                self.t += self.rng.exp(1.0 / self.rate_per_ms);
+            }
+            Kind::Bursty => loop {
+                if self.on {
+                    let next = self.t + self.rng.exp(1.0 / (3.0 * self.rate_per_ms));
+                    if next <= self.phase_end {
+                        self.t = next;
+                        break;
+                    }
+                    self.t = self.phase_end;
+                    self.on = false;
+                    self.phase_end = self.t + self.rng.exp(self.period_ms);
+                } else {
+                    self.t = self.phase_end;
+                    self.on = true;
+                    self.phase_end = self.t + self.rng.exp(self.period_ms / 2.0);
+                }
+                if self.t >= self.end {
+                    return None;
+                }
+            },
+        }
+        if self.t >= self.end {
+            None
+        } else {
+            Some(self.t as u64)
+        }
+    }
+}
+
+/// Exact sliding log: times of the requests counted in (t - P, t].
+struct SlidingLog {
+    times: VecDeque<u64>,
+    period_ms: u64,
+}
+
+impl SlidingLog {
+    fn new(period_ms: u64) -> Self {
+        SlidingLog {
+            times: VecDeque::new(),
+            period_ms,
+        }
+    }
+    fn count_at(&mut self, t: u64) -> usize {
+        while let Some(&front) = self.times.front() {
+            if front + self.period_ms <= t {
+                self.times.pop_front();
+            } else {
+                break;
+            }
+        }
+        self.times.len()
+    }
+    fn push(&mut self, t: u64) {
+        self.times.push_back(t);
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct Tally {
+    requests: u64,
+    allowed: u64,
+    wrongly_allowed: u64,
+    wrongly_rejected: u64,
+    /// sum of |estimate - exact| / exact over requests with exact > 0
+    rel_err_sum: f64,
+    rel_err_n: u64,
+    /// sum of |estimate - exact| / L over all requests
+    abs_err_l_sum: f64,
+    /// admitted by an independent exact sliding-log limiter
+    exact_allowed: u64,
+}
+
+impl Tally {
+    fn add(&mut self, o: &Tally) {
+        self.requests += o.requests;
+        self.allowed += o.allowed;
+        self.wrongly_allowed += o.wrongly_allowed;
+        self.wrongly_rejected += o.wrongly_rejected;
+        self.rel_err_sum += o.rel_err_sum;
+        self.rel_err_n += o.rel_err_n;
+        self.abs_err_l_sum += o.abs_err_l_sum;
+        self.exact_allowed += o.exact_allowed;
+    }
+    fn pct(&self, n: u64) -> f64 {
+        100.0 * n as f64 / self.requests.max(1) as f64
+    }
+    fn row(&self, name: &str) {
+        println!(
+            "| {:<26} | {:>9} | {:>8.3} | {:>8.3} | {:>8.2} | {:>8.2} | {:>7.3} |",
+            name,
+            self.requests,
+            self.pct(self.wrongly_allowed),
+            self.pct(self.wrongly_rejected),
+            100.0 * self.rel_err_sum / self.rel_err_n.max(1) as f64,
+            100.0 * self.abs_err_l_sum / self.requests.max(1) as f64,
+            self.allowed as f64 / self.exact_allowed.max(1) as f64,
+        );
+    }
+}
+
+/// Simulates one source; every decision comes from `counter::check`.
+fn simulate(rate: Rate, arrivals: Arrivals, backend: bool) -> Tally {
+    let p = rate.period_ms();
+    let limit = rate.limit as usize;
+    let mut e = Entry::default();
+    let mut log = SlidingLog::new(p); // the module's allowed requests
+    let mut ideal = SlidingLog::new(p); // an exact limiter's own history
+    let mut t = Tally::default();
+    for now in arrivals {
+        t.requests += 1;
+
+        // What the window module says the entry should hold after rolling.
+        let idx = window_index(now, p);
+        let (want_prev, want_cur) = if u64::from(e.window) < idx {
+            roll(
+                u64::from(e.window),
+                e.prev,
+                e.cur.saturating_add(e.inflight),
+                idx,
+            )
+        } else {
+            (e.prev, e.cur.saturating_add(e.inflight))
+        };
+
+        let c = check(&mut e, rate, now);
+
+        assert_eq!(u64::from(e.window), idx, "entry rolled to the current window");
+        assert_eq!(
+            (e.prev, e.cur.saturating_add(e.inflight)),
+            (want_prev, want_cur),
+            "counter::roll agrees with window::roll"
+        );
+        let est = Estimate::new(e.prev, e.cur.saturating_add(e.inflight), now - idx * p, p);
+        assert_eq!(est, c.estimate, "estimate is the window formula");
+
+        let exact = log.count_at(now);
+        let exact_allows = exact < limit;
+        match (c.allowed, exact_allows) {
+            (true, false) => t.wrongly_allowed += 1,
+            (false, true) => t.wrongly_rejected += 1,
+            _ => {}
+        }
+        let diff = (c.estimate.value() - exact as f64).abs();
+        if exact > 0 {
+            t.rel_err_sum += diff / exact as f64;
+            t.rel_err_n += 1;
+        }
+        t.abs_err_l_sum += diff / f64::from(rate.limit);
+
+        if c.allowed {
+            count(&mut e, backend);
+            log.push(now);
+            t.allowed += 1;
+        }
+
+        if ideal.count_at(now) < limit {
+            ideal.push(now);
+            t.exact_allowed += 1;
+        }
+    }
+    t
+}
+
+#[test]
+fn trace_simulation() {
+    const SOURCES: u64 = 1000;
+    const PERIODS: f64 = 30.0;
+    // Offered load as a multiple of the limit, cycled over the sources.
+    const LOADS: [f64; 7] = [0.5, 0.8, 0.95, 1.0, 1.05, 1.5, 3.0];
+    let rates = [
+        Rate {
+            limit: 10,
+            period: 1,
+        },
+        Rate {
+            limit: 100,
+            period: 60,
+        },
+        Rate {
+            limit: 50,
+            period: 1,
+        },
+    ];
+
+    let mut by_kind = [Tally::default(); 2];
+    let mut by_load = [Tally::default(); LOADS.len()];
+    let mut total = Tally::default();
+    let mut rng = Rng::new(0x5eed);
+    for s in 0..SOURCES {
+        let kind = if s % 2 == 0 {
+            Kind::Poisson
+        } else {
+            Kind::Bursty
+        };
+        let li = (s as usize / 2) % LOADS.len();
+        let rate = rates[(s as usize / 2 / LOADS.len()) % rates.len()];
+        let p = rate.period_ms() as f64;
+        // start anywhere in a window, at some day in 2023
+        let start = 1_700_000_000_000.0 + (rng.next_u64() % 86_400_000) as f64;
+        let end = start + PERIODS * p;
+        let per_ms = LOADS[li] * f64::from(rate.limit) / p;
+        let arrivals = Arrivals::new(rng.next_u64(), kind, per_ms, p, start, end);
+        // Local zones count final; Redis zones count in flight until
+        // confirmed. With no confirmation both must decide alike.
+        let backend = s % 4 == 1;
+        let t = simulate(rate, arrivals, backend);
+        by_kind[if kind == Kind::Poisson { 0 } else { 1 }].add(&t);
+        by_load[li].add(&t);
+        total.add(&t);
+    }
+
+    println!();
+    println!(
+        "trace simulation: {SOURCES} sources, {PERIODS} periods each, limits 10r/s, 50r/s, 100r/m"
+    );
+    println!(
+        "| {:<26} | {:>9} | {:>8} | {:>8} | {:>8} | {:>8} | {:>7} |",
+        "traffic", "requests", "wr.allow", "wr.rej", "relerr%", "err/L%", "adm/ex"
+    );
+    println!(
+        "|{:-<28}|{:->11}|{:->10}|{:->10}|{:->10}|{:->10}|{:->9}|",
+        "", "", "", "", "", "", ""
+    );
+    by_kind[0].row("Poisson, all loads");
+    by_kind[1].row("bursty on/off, all loads");
+    for (i, l) in LOADS.iter().enumerate() {
+        by_load[i].row(&format!("load {l:.2} x limit"));
+    }
+    total.row("all");
+    println!(
+        "wr.allow / wr.rej: % of requests the estimate allowed / rejected against the exact \
+         sliding log of allowed requests; relerr%: mean |estimate - exact| / exact (exact > 0); \
+         err/L%: mean |estimate - exact| / L; adm/ex: admitted / admitted by an exact sliding-log limiter"
+    );
+
+    let wrong = total.pct(total.wrongly_allowed + total.wrongly_rejected);
+    println!("wrong decisions overall: {wrong:.3}%");
+    assert!(total.requests > 100_000, "the simulation ran");
+    assert!(wrong < 5.0, "wrong decisions {wrong:.3}% >= 5%");
+    let adm = total.allowed as f64 / total.exact_allowed as f64;
+    assert!((0.8..=1.2).contains(&adm), "admitted / exact {adm:.3}");
+}

@@ -1,0 +1,257 @@
+//! The C ABI that `lua/resty/redis_ratelimit.lua` binds with LuaJIT's FFI.
+//! nginx loads modules with `RTLD_GLOBAL`, so `ffi.C` finds these symbols.
+//! Callers run on a worker's main thread (Lua handlers and timers), like the
+//! request path, and share its zones, breaker, counters and background
+//! thread. Every function checks its pointers and never panics.
+
+use std::ffi::c_int;
+
+use nginx_sys::ngx_cycle;
+use ngx::http::HttpModuleMainConf;
+
+use crate::backend::Channel;
+use crate::batch::{Delete, ItemId};
+use crate::conf::MainConf;
+use crate::counter;
+use crate::handler::{mode, now_ms, Mode};
+use crate::key::entry_id;
+use crate::rate::Rate;
+use crate::window::window_index;
+use crate::Module;
+
+pub const OK: c_int = 0;
+pub const LIMITED: c_int = 1;
+/// The zone is not usable (unknown index, or its memory is not mapped).
+pub const ERR_ZONE: c_int = -1;
+/// Empty key or invalid arguments.
+pub const ERR_ARGS: c_int = -2;
+
+/// `take` values: 0 (`is_rate_limited`) counts the request only if it is
+/// allowed; `TAKE_ALWAYS` (`measure`) counts it whatever the estimate.
+pub const TAKE_ALWAYS: c_int = 1;
+
+fn main_conf() -> Option<&'static MainConf> {
+    // SAFETY: `ngx_cycle` is the worker's current cycle; these functions are
+    // only called on the worker's main thread, while that cycle lives.
+    let cycle = unsafe { ngx_cycle };
+    if cycle.is_null() {
+        return None;
+    }
+    // SAFETY: non-null, valid as above.
+    Module::main_conf(unsafe { &*cycle })
+}
+
+/// # Safety
+/// `ptr` must be null or point at `len` readable bytes.
+unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
+    if ptr.is_null() {
+        return if len == 0 { Some(&[]) } else { None };
+    }
+    // SAFETY: per the function's contract.
+    Some(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// Index of the zone declared with `redis_ratelimit_zone ... zone=<name>:...`,
+/// or -1.
+///
+/// # Safety
+/// `name` must point at `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_redis_ratelimit_zone_index(name: *const u8, len: usize) -> c_int {
+    // SAFETY: per the function's contract.
+    let Some(name) = (unsafe { bytes(name, len) }) else {
+        return ERR_ARGS;
+    };
+    let Some(mcf) = main_conf() else {
+        return ERR_ZONE;
+    };
+    mcf.zones
+        .iter()
+        .position(|z| z.declared && z.name.as_bytes() == name && z.shared.is_some())
+        .map_or(ERR_ZONE, |i| i as c_int)
+}
+
+/// Parses `N r/s|m|h|d` into a limit and a period in seconds.
+///
+/// # Safety
+/// `s` must point at `len` readable bytes; `limit` and `period` must be
+/// valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_redis_ratelimit_parse_rate(
+    s: *const u8,
+    len: usize,
+    limit: *mut u32,
+    period: *mut u32,
+) -> c_int {
+    // SAFETY: per the function's contract.
+    let Some(s) = (unsafe { bytes(s, len) }) else {
+        return ERR_ARGS;
+    };
+    if limit.is_null() || period.is_null() {
+        return ERR_ARGS;
+    }
+    match Rate::parse(s) {
+        Ok(r) => {
+            // SAFETY: checked non-null; the caller provides the storage.
+            unsafe {
+                *limit = r.limit;
+                *period = r.period;
+            }
+            OK
+        }
+        Err(_) => ERR_ARGS,
+    }
+}
+
+/// Decides one request for `key` under `limit` per `period` seconds in the
+/// zone, with `namespace` in place of the zone name (Redis key and table
+/// identity). Returns `OK` (allowed), `LIMITED`, or a negative error. Writes
+/// the estimate (after counting), the requests left, and when limited the
+/// milliseconds until a request is allowed again.
+///
+/// # Safety
+/// Pointers must be valid for their lengths; the out-pointers may be null.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
+    zone: c_int,
+    namespace: *const u8,
+    namespace_len: usize,
+    limit: u32,
+    period: u32,
+    key: *const u8,
+    key_len: usize,
+    take: c_int,
+    estimate: *mut f64,
+    remaining: *mut u32,
+    retry_ms: *mut u64,
+) -> c_int {
+    // SAFETY: per the function's contract.
+    let (Some(ns), Some(key)) = (unsafe { bytes(namespace, namespace_len) }, unsafe {
+        bytes(key, key_len)
+    }) else {
+        return ERR_ARGS;
+    };
+    if key.is_empty() || ns.is_empty() || limit == 0 || !matches!(period, 1 | 60 | 3600 | 86400) {
+        return ERR_ARGS;
+    }
+    let rate = Rate { limit, period };
+    let Some(mcf) = main_conf() else {
+        return ERR_ZONE;
+    };
+    let Some(z) = usize::try_from(zone).ok().and_then(|i| mcf.zones.get(i)) else {
+        return ERR_ZONE;
+    };
+    let Some(shared) = z.shared.as_ref() else {
+        return ERR_ZONE;
+    };
+    let index = zone as usize;
+    let channel = crate::worker::channel();
+    let how = mode(z, index, channel);
+    let now = now_ms();
+
+    let mut locked = shared.lock();
+    let id = entry_id(locked.table.seed(), ns, period, key);
+    let (entry, _) = locked.table.get_or_insert(id);
+    let e = locked.table.entry_mut(entry);
+    let check = counter::check(e, rate, now);
+    let allowed = match how {
+        Mode::Allow => true,
+        Mode::Deny => false,
+        _ => check.allowed,
+    };
+    let counted = matches!(how, Mode::Local | Mode::Remote) && (allowed || take == TAKE_ALWAYS);
+    if counted {
+        counter::count(e, how == Mode::Remote);
+    }
+    let after = counter::estimate(e, rate, now);
+    drop(locked);
+
+    if counted && how == Mode::Remote {
+        if let Some(ch) = channel {
+            push(ch, index, id, ns, key, rate, now);
+        }
+    }
+    // SAFETY: out-pointers are checked for null; the caller owns them.
+    unsafe {
+        if !estimate.is_null() {
+            *estimate = after.value();
+        }
+        if !remaining.is_null() {
+            *remaining = if allowed { after.remaining(limit) } else { 0 };
+        }
+        if !retry_ms.is_null() {
+            *retry_ms = if allowed {
+                0
+            } else if how == Mode::Deny {
+                1000
+            } else {
+                check.retry_at_ms.saturating_sub(now)
+            };
+        }
+    }
+    if allowed {
+        OK
+    } else {
+        LIMITED
+    }
+}
+
+fn push(ch: &Channel, zone: usize, id: [u64; 2], ns: &[u8], key: &[u8], rate: Rate, now: u64) {
+    let item = ItemId {
+        zone: zone as u32,
+        entry: id,
+        window: window_index(now, rate.period_ms()),
+    };
+    ch.push(item, ns, key, rate.period, rate.limit);
+}
+
+/// Forgets `key` (for the period) in this node's zone and in Redis.
+///
+/// # Safety
+/// Pointers must be valid for their lengths.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
+    zone: c_int,
+    namespace: *const u8,
+    namespace_len: usize,
+    period: u32,
+    key: *const u8,
+    key_len: usize,
+) -> c_int {
+    // SAFETY: per the function's contract.
+    let (Some(ns), Some(key)) = (unsafe { bytes(namespace, namespace_len) }, unsafe {
+        bytes(key, key_len)
+    }) else {
+        return ERR_ARGS;
+    };
+    if key.is_empty() || ns.is_empty() || !matches!(period, 1 | 60 | 3600 | 86400) {
+        return ERR_ARGS;
+    }
+    let Some(mcf) = main_conf() else {
+        return ERR_ZONE;
+    };
+    let Some(z) = usize::try_from(zone).ok().and_then(|i| mcf.zones.get(i)) else {
+        return ERR_ZONE;
+    };
+    let Some(shared) = z.shared.as_ref() else {
+        return ERR_ZONE;
+    };
+    {
+        let mut locked = shared.lock();
+        let id = entry_id(locked.table.seed(), ns, period, key);
+        locked.table.remove(id);
+    }
+    let has_backend = z.params.as_ref().is_some_and(|p| p.backend.is_some());
+    if has_backend {
+        if let Some(ch) = crate::worker::channel() {
+            ch.delete(Delete {
+                zone: zone as u32,
+                namespace: ns.to_vec(),
+                key: key.to_vec(),
+                period,
+                window: window_index(now_ms(), u64::from(period) * 1000),
+            });
+        }
+    }
+    OK
+}

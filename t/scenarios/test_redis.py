@@ -1,0 +1,444 @@
+"""Black-box scenarios for the Redis backend of ngx_http_redis_ratelimit_module.
+
+Each test starts its own redis-server(s) and nginx instance(s) on free
+loopback ports; see harness.py.  Every test states the bound it asserts.
+"""
+
+import hashlib
+import re
+import threading
+import time
+
+from harness import (HOST, free_port, ms, percentile, wait_for, window)
+
+FAIL_RE = r'\[error\].*redis_ratelimit: zone "%s": (?:connecting to|sending to) \S+ failed: '
+
+
+def zone(name, redis_url, extra=""):
+    return "    redis_ratelimit_zone $arg_k zone=%s:1m redis=%s %s;\n" % (name, redis_url, extra)
+
+
+def loc(path, body):
+    return "        location = %s { %s }\n" % (path, body)
+
+
+def statuses_str(seq):
+    return " ".join(str(s) for s in seq)
+
+
+def redis_sum(r, pattern):
+    total = 0
+    for k in r.keys(pattern):
+        v = r.cmd("GET", k)
+        total += int(v or 0)
+    return total
+
+
+def fail_lines(text, zone_name):
+    return re.findall(FAIL_RE % re.escape(zone_name), text)
+
+
+# ---------------------------------------------------------------------------
+# 1
+# ---------------------------------------------------------------------------
+
+def test_keys_and_ttls(h):
+    """keys <prefix>{z:key}:P:w, values = allowed counts, 2P-10 <= TTL <= 2P,
+    a 300-byte key becomes sha256:<hex>; visible in Redis within 2 s."""
+    r = h.redis()
+    ng = h.nginx(zone("z", r.url, "prefix=sc:"),
+                 loc("/t", "redis_ratelimit z 5r/m; redis_ratelimit z 100r/h;"))
+    h.wait_minute_room(8)
+    t_before = time.time()
+    alice = [ng.get("/t?k=alice")[0] for _ in range(7)]
+    long_key = ("L-" + "0123456789abcdefghijklmnopqrstuvwxyz" * 9)[:300]
+    assert len(long_key) == 300
+    st_long = ng.get("/t?k=" + long_key)[0]
+    t_after = time.time()
+    h.note("alice statuses: %s; long key: %s" % (statuses_str(alice), st_long))
+    h.check(alice == [200] * 5 + [429] * 2,
+            "5r/m: expected 5 x 200 then 2 x 429 for alice, got %s" % statuses_str(alice))
+    h.check(st_long == 200, "long key: expected 200, got %s" % st_long)
+
+    digest = "sha256:" + hashlib.sha256(long_key.encode()).hexdigest()
+    w60s = {window(t_before, 60), window(t_after, 60)}
+    w3600s = {window(t_before, 3600), window(t_after, 3600)}
+    want_counts = {("z:alice", 60): 5, ("z:alice", 3600): 5,
+                   ("z:" + digest, 60): 1, ("z:" + digest, 3600): 1}
+
+    def parse(keys):
+        """{(tag, P): total} from key names; None if any key is malformed."""
+        got, bad = {}, []
+        for k in keys:
+            m = re.fullmatch(r"sc:\{([^{}]*)\}:(\d+):(\d+)", k)
+            if not m:
+                bad.append(k)
+                continue
+            tag, p, w = m.group(1), int(m.group(2)), int(m.group(3))
+            if w not in (w60s if p == 60 else w3600s if p == 3600 else ()):
+                bad.append(k)
+                continue
+            got[(tag, p)] = got.get((tag, p), 0) + int(r.cmd("GET", k) or 0)
+        return got, bad
+
+    state = {}
+
+    def settled():
+        keys = r.keys("*")
+        got, bad = parse(keys)
+        state.update(keys=keys, got=got, bad=bad)
+        return got == want_counts and not bad
+
+    t0 = time.monotonic()
+    ok = wait_for(settled, 2.0, 0.02)
+    h.note("keys in Redis after %.0f ms: %s" % ((time.monotonic() - t0) * 1000,
+                                                 ", ".join("%s=%s" % (k, r.cmd("GET", k))
+                                                           for k in state["keys"])))
+    h.check(ok, "within 2 s expected exactly the counts %s (window starts %s / %s), got %s, "
+            "unexpected keys %s" % (want_counts, sorted(w60s), sorted(w3600s),
+                                    state["got"], state["bad"]))
+    # TTLs: EXPIRE 2P (allow 10 s for the test's own duration)
+    ttls = {k: r.cmd("TTL", k) for k in state["keys"]}
+    h.note("TTLs: %s" % ttls)
+    for k, ttl in ttls.items():
+        p = int(k.rsplit(":", 2)[1])
+        h.check(2 * p - 10 <= ttl <= 2 * p,
+                "TTL of %s is %s, expected within [%d, %d] (EXPIRE 2P)" % (k, ttl, 2 * p - 10, 2 * p))
+    # both windows of a key share the hash tag
+    for tag in ("z:alice", "z:" + digest):
+        tagged = [k for k in state["keys"] if k.startswith("sc:{%s}:" % tag)]
+        h.check(len(tagged) == 2, "hash tag {%s}: expected the 60 and 3600 keys, got %s" % (tag, tagged))
+    h.check(not any(long_key in k for k in state["keys"]),
+            "the 300-byte key appears verbatim in a Redis key")
+
+
+# ---------------------------------------------------------------------------
+# 2
+# ---------------------------------------------------------------------------
+
+def test_two_nodes_share_one_limit(h):
+    """two nginx nodes, one Redis, 10r/m: 30 alternating requests 50 ms apart
+    -> exactly 10 x 200 in total (sequence printed)."""
+    r = h.redis()
+    http = zone("z", r.url)
+    server = loc("/t", "redis_ratelimit z 10r/m;")
+    a = h.nginx(http, server)
+    b = h.nginx(http, server)
+    key = h.key("shared")
+    h.wait_minute_room(8)
+    seq = []
+    for i in range(30):
+        node = (a, "A") if i % 2 == 0 else (b, "B")
+        st, _ = node[0].get("/t?k=" + key)
+        seq.append("%s:%s" % (node[1], st))
+        time.sleep(0.05)
+    allowed = sum(1 for s in seq if s.endswith(":200"))
+    others = [s for s in seq if not s.endswith(":200") and not s.endswith(":429")]
+    h.note("allowed %d of 30; sequence: %s" % (allowed, " ".join(seq)))
+    wait_for(lambda: redis_sum(r, "rl:{z:%s}:60:*" % key) == 10, 2.0)
+    in_redis = redis_sum(r, "rl:{z:%s}:60:*" % key)
+    h.note("count in Redis: %d" % in_redis)
+    h.check(not others, "non-200/429 answers: %s" % others)
+    h.check(allowed == 10, "expected exactly 10 x 200 across both nodes, got %d" % allowed)
+    h.check(in_redis == 10, "Redis count for the key should be 10 within 2 s, is %d" % in_redis)
+
+
+# ---------------------------------------------------------------------------
+# 3
+# ---------------------------------------------------------------------------
+
+def test_burst_single_node(h):
+    """2 workers, 64 threads, 400 concurrent requests on one fresh key, 50r/m
+    -> exactly 50 x 200 (never more), the rest 429."""
+    r = h.redis()
+    ng = h.nginx(zone("z", r.url), loc("/t", "redis_ratelimit z 50r/m;"), workers=2)
+    key = h.key("burst")
+    h.wait_minute_room(8)
+    t0 = time.monotonic()
+    res = ng.burst(["/t?k=" + key] * 400, threads=64)
+    el = time.monotonic() - t0
+    allowed = res.count(200)
+    rejected = res.count(429)
+    errors = [x for x in res if x not in (200, 429)]
+    h.note("400 requests in %.2fs: %d x 200, %d x 429, %d other" % (el, allowed, rejected, len(errors)))
+    wait_for(lambda: redis_sum(r, "rl:{z:%s}:60:*" % key) == allowed, 2.0)
+    in_redis = redis_sum(r, "rl:{z:%s}:60:*" % key)
+    h.note("count in Redis: %d" % in_redis)
+    h.check(not errors, "failed/odd answers: %s" % errors[:10])
+    h.check(allowed <= 50, "over-admission: %d x 200 for a 50r/m limit" % allowed)
+    h.check(allowed == 50, "expected exactly 50 x 200 for a fresh key, got %d" % allowed)
+    h.check(in_redis == allowed, "Redis count %d != allowed %d (after 2 s)" % (in_redis, allowed))
+
+
+# ---------------------------------------------------------------------------
+# 4
+# ---------------------------------------------------------------------------
+
+def test_redis_down_modes(h):
+    """Redis stopped: every answer < 100 ms; local: fresh key 5 x 200 then 429;
+    allow: 20/20 x 200; deny: first 429 within 2 s then only 429; error lines
+    <= 1 per zone per second + 1; Redis restarted: recovery notice per zone
+    within 6.5 s and new counts land in Redis within 2 s."""
+    r = h.redis()
+    http = (zone("zl", r.url, "on_error=local") + zone("za", r.url, "on_error=allow")
+            + zone("zd", r.url, "on_error=deny"))
+    server = (loc("/l", "redis_ratelimit zl 5r/m;") + loc("/a", "redis_ratelimit za 5r/m;")
+              + loc("/d", "redis_ratelimit zd 5r/m;"))
+    ng = h.nginx(http, server, files={"l": "l\n", "a": "a\n", "d": "d\n"})
+    url_re = re.escape(r.url)
+    h.wait_minute_room(14)
+
+    # healthy: one request per zone, counts land
+    for p, z in (("l", "zl"), ("a", "za"), ("d", "zd")):
+        st, _ = ng.get("/%s?k=warm" % p)
+        h.check(st == 200, "healthy %s: expected 200, got %s" % (p, st))
+    h.check(wait_for(lambda: all(redis_sum(r, "rl:{%s:warm}:60:*" % z) == 1 for z in ("zl", "za", "zd")), 2.0),
+            "healthy: counts for key warm did not reach Redis within 2 s: %s" % r.keys("*"))
+
+    r.stop()
+    t_stop = time.monotonic()
+    lat = []
+
+    def get(path):
+        st, el = ng.get(path)
+        lat.append(el)
+        return st
+
+    # deny: fresh key per request so a 429 can only be the deny policy
+    t0 = time.monotonic()
+    seen = []
+    i = 0
+    while time.monotonic() - t0 < 2.0:
+        get("/l?k=notice-%d" % i)
+        get("/a?k=notice-%d" % i)
+        st = get("/d?k=notice-%d" % i)
+        seen.append(st)
+        i += 1
+        if st == 429:
+            break
+        time.sleep(0.02)
+    t_first_deny = time.monotonic() - t0
+    h.note("deny: %d answer(s) before the first 429: %s (%.0f ms after stop)"
+           % (len(seen) - 1, statuses_str(seen[-6:]), t_first_deny * 1000))
+    h.check(seen and seen[-1] == 429, "deny: no 429 within 2 s of Redis going down: %s" % statuses_str(seen[-10:]))
+
+    local = [get("/l?k=" + h.key("local")) for _ in range(8)]
+    allow = [get("/a?k=" + h.key("allow")) for _ in range(20)]
+    deny = [get("/d?k=%s-%d" % (h.key("deny"), j)) for j in range(10)]
+    h.note("down: local %s | allow %s | deny %s" % (statuses_str(local), statuses_str(allow), statuses_str(deny)))
+    h.note("down: %d requests, max latency %s, p50 %s" % (len(lat), ms(max(lat)), ms(percentile(lat, 50))))
+    h.check(local == [200] * 5 + [429] * 3, "on_error=local, 5r/m: expected 5 x 200 then 429, got %s" % statuses_str(local))
+    h.check(allow == [200] * 20, "on_error=allow: expected 20 x 200 (limit 5r/m ignored), got %s" % statuses_str(allow))
+    h.check(deny == [429] * 10, "on_error=deny: expected only 429 after the first, got %s" % statuses_str(deny))
+    h.check(max(lat) < 0.100, "a request took %s while Redis was down (bound 100 ms)" % ms(max(lat)))
+
+    # restart on the same port; keep light traffic on every zone meanwhile
+    r.start()
+    t_restart = time.monotonic()
+    down_for = t_restart - t_stop
+    notices = {}
+    j = 0
+    while time.monotonic() - t_restart < 6.5 and len(notices) < 3:
+        for p in ("l", "a", "d"):
+            get("/%s?k=rec-%d" % (p, j))
+        j += 1
+        text = ng.error_log_text()
+        for z in ("zl", "za", "zd"):
+            if z not in notices and re.search(
+                    r'\[notice\].*redis_ratelimit: zone "%s": Redis %s is reachable again' % (z, url_re), text):
+                notices[z] = time.monotonic() - t_restart
+        time.sleep(0.1)
+    h.note("outage %.2fs; recovery notices after restart: %s" % (
+        down_for, ", ".join("%s %.2fs" % (z, t) for z, t in sorted(notices.items())) or "none"))
+    text = ng.error_log_text()
+    outage = time.monotonic() - t_stop
+    bound = int(outage) + 2       # <= 1 per started second of outage, + 1
+    counts = {z: len(fail_lines(text, z)) for z in ("zl", "za", "zd")}
+    h.note("error lines per zone %s over %.1fs (bound %d each)" % (counts, outage, bound))
+    for z in ("zl", "za", "zd"):
+        h.check(counts[z] >= 1, 'no "connecting to/sending to %s failed" error line for zone %s' % (r.url, z))
+        h.check(counts[z] <= bound, "zone %s: %d error lines in %.1fs of outage (bound %d)" % (z, counts[z], outage, bound))
+    for z in ("zl", "za", "zd"):
+        h.check(z in notices, 'no "zone "%s": Redis %s is reachable again" notice within 6.5 s of the restart'
+                % (z, r.url))
+        n = len(re.findall(r'zone "%s": Redis \S+ is reachable again' % z, text))
+        h.check(n == 1, "zone %s: recovery logged %d times (expected once)" % (z, n))
+
+    # new increments land again
+    k = h.key("after")
+    for p in ("l", "a", "d"):
+        st = get("/%s?k=%s" % (p, k))
+        h.check(st == 200, "after recovery /%s: expected 200, got %s" % (p, st))
+    landed = wait_for(lambda: all(redis_sum(r, "rl:{%s:%s}:60:*" % (z, k)) == 1 for z in ("zl", "za", "zd")), 2.0)
+    h.check(landed, "after recovery the new key's counts are not in Redis within 2 s: %s" % r.keys("*"))
+
+
+test_redis_down_modes.timeout = 60
+
+
+# ---------------------------------------------------------------------------
+# 5
+# ---------------------------------------------------------------------------
+
+def test_redis_paused_latency(h):
+    """CLIENT PAUSE 2000 ALL: 100 sequential requests each < 50 ms; the 100
+    counts reach Redis within 6 s after the pause ends."""
+    r = h.redis()
+    ng = h.nginx(zone("z", r.url), loc("/t", "redis_ratelimit z 1000r/m;"))
+    st, _ = ng.get("/t?k=warm")
+    h.check(st == 200, "warm-up: %s" % st)
+    h.check(wait_for(lambda: redis_sum(r, "rl:{z:warm}:60:*") == 1, 2.0), "warm-up count not in Redis within 2 s")
+    key = h.key("paused")
+    r.cmd("CLIENT", "PAUSE", "2000", "ALL")
+    t_pause = time.monotonic()
+    lat, sts = [], []
+    for _ in range(100):
+        st, el = ng.get("/t?k=" + key)
+        sts.append(st)
+        lat.append(el)
+        time.sleep(0.012)
+    during = time.monotonic() - t_pause
+    h.note("100 requests over %.2fs of the 2 s pause: max %s, p50 %s, p99 %s; statuses %s"
+           % (during, ms(max(lat)), ms(percentile(lat, 50)), ms(percentile(lat, 99)),
+              {s: sts.count(s) for s in set(sts)}))
+    h.check(sts == [200] * 100, "expected 100 x 200 (limit 1000r/m), got %s" % {s: sts.count(s) for s in set(sts)})
+    h.check(max(lat) < 0.050, "max latency %s during CLIENT PAUSE (bound 50 ms)" % ms(max(lat)))
+    time.sleep(max(0.0, 2.0 - (time.monotonic() - t_pause)))
+    t_end = time.monotonic()
+    got = wait_for(lambda: redis_sum(r, "rl:{z:%s}:60:*" % key) >= 100, 6.0, 0.05)
+    total = redis_sum(r, "rl:{z:%s}:60:*" % key)
+    h.note("count in Redis %d after %.2fs past the pause end" % (total, time.monotonic() - t_end))
+    h.check(got and total == 100, "expected the 100 counts in Redis within 6 s after the pause, got %d" % total)
+
+
+# ---------------------------------------------------------------------------
+# 6
+# ---------------------------------------------------------------------------
+
+def test_reload_under_traffic(h):
+    """3 x SIGHUP under continuous traffic (~3 s): no connection error, no 5xx,
+    no [alert]/[crit]/[emerg]/"exited on signal", old workers gone within 5 s."""
+    r = h.redis()
+    ng = h.nginx(zone("z", r.url), loc("/t", "redis_ratelimit z 100000r/m;"), workers=2)
+    stop = threading.Event()
+    results = []
+
+    def traffic():
+        i = 0
+        while not stop.is_set():
+            st, el = ng.get("/t?k=r%d" % (i % 10))
+            results.append(st)
+            i += 1
+
+    t = threading.Thread(target=traffic, daemon=True)
+    t.start()
+    reloads = []
+    try:
+        time.sleep(0.3)
+        for _ in range(3):
+            reloads.append(ng.reload(timeout=5.0, check=False))
+            time.sleep(0.5)
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        t.join(5)
+    bad = [x for x in results if not isinstance(x, int) or x >= 500]
+    h.note("%d requests; statuses %s" % (len(results), {s: results.count(s) for s in set(results) if isinstance(s, int)}))
+    for i, rl in enumerate(reloads):
+        h.note("reload %d: old %s -> new %s, old gone after %s" % (
+            i + 1, rl["old"], rl["new"], "%.2fs" % rl["old_gone_after"] if rl["old_gone_after"] else "NOT within 5 s"))
+    text = ng.error_log_text()
+    nasty = [l for l in text.splitlines()
+             if re.search(r"\[(alert|crit|emerg)\]|exited on signal", l)]
+    h.check(len(results) >= 50, "too little traffic: %d requests" % len(results))
+    h.check(not bad, "%d failed/5xx requests, e.g. %s" % (len(bad), bad[:5]))
+    for i, rl in enumerate(reloads):
+        h.check(len(rl["new"]) == 2, "reload %d: new workers %s" % (i + 1, rl["new"]))
+        h.check(rl["old_gone_after"] is not None, "reload %d: old workers %s still alive after 5 s"
+                % (i + 1, rl["still_alive"]))
+    h.check(not nasty, "error.log has: %s" % nasty[:5])
+    h.check(text.count("reconfiguring") == 3, "expected 3 'reconfiguring' lines, got %d" % text.count("reconfiguring"))
+
+
+# ---------------------------------------------------------------------------
+# 7
+# ---------------------------------------------------------------------------
+
+def test_quit_while_redis_unreachable(h):
+    """SIGQUIT with the backend unreachable (nothing listening, timeout=500ms)
+    and with a Redis under CLIENT PAUSE 10000 ALL: the master exits < 3 s."""
+    dead = free_port()
+    ng = h.nginx(zone("z", "redis://%s:%d" % (HOST, dead), "timeout=500ms"),
+                 loc("/t", "redis_ratelimit z 1000r/m;"))
+    t0 = time.monotonic()
+    i = 0
+    sts = []
+    while time.monotonic() - t0 < 1.0:
+        sts.append(ng.get("/t?k=q%d" % (i % 5))[0])
+        i += 1
+        time.sleep(0.01)
+    el1 = ng.quit(grace=6.0)
+    h.note("nothing listening: %d requests (%s), master exited %.2fs after SIGQUIT"
+           % (len(sts), {s: sts.count(s) for s in set(sts)}, el1))
+
+    r = h.redis()
+    ng2 = h.nginx(zone("z", r.url, "timeout=500ms"), loc("/t", "redis_ratelimit z 1000r/m;"))
+    h.check(ng2.get("/t?k=warm")[0] == 200, "warm-up failed")
+    wait_for(lambda: redis_sum(r, "rl:{z:warm}:60:*") == 1, 2.0)
+    r.cmd("CLIENT", "PAUSE", "10000", "ALL")
+    t0 = time.monotonic()
+    sts2 = []
+    while time.monotonic() - t0 < 0.7:
+        sts2.append(ng2.get("/t?k=p%d" % (len(sts2) % 5))[0])
+        time.sleep(0.01)
+    el2 = ng2.quit(grace=6.0)
+    h.note("CLIENT PAUSE 10000: %d requests (%s), master exited %.2fs after SIGQUIT"
+           % (len(sts2), {s: sts2.count(s) for s in set(sts2)}, el2))
+    h.check(all(s == 200 for s in sts), "nothing listening: non-200 answers %s" % set(sts))
+    h.check(all(s == 200 for s in sts2), "paused: non-200 answers %s" % set(sts2))
+    h.check(el1 < 3.0, "nothing listening: master took %.2fs to exit after SIGQUIT (bound 3 s)" % el1)
+    h.check(el2 < 3.0, "CLIENT PAUSE: master took %.2fs to exit after SIGQUIT (bound 3 s)" % el2)
+    nasty = [l for n in (ng, ng2) for l in n.error_log_text().splitlines()
+             if re.search(r"\[(alert|crit|emerg)\]|exited on signal", l)]
+    h.check(not nasty, "error.log has: %s" % nasty[:5])
+
+
+test_quit_while_redis_unreachable.timeout = 40
+
+
+# ---------------------------------------------------------------------------
+# 8
+# ---------------------------------------------------------------------------
+
+def test_wrong_password(h):
+    """requirepass s3cret: a zone with a wrong password answers (local mode:
+    5 x 200 then 429) and logs an error for its zone within 2 s, with `***`;
+    the right password lands counts within 2 s; neither password in error.log."""
+    r = h.redis(password="s3cret")
+    http = (zone("zw", "redis://:wrongpass@%s:%d" % (HOST, r.port))
+            + zone("zr", "redis://:s3cret@%s:%d" % (HOST, r.port)))
+    server = loc("/w", "redis_ratelimit zw 5r/m;") + loc("/r", "redis_ratelimit zr 5r/m;")
+    ng = h.nginx(http, server, files={"w": "w\n", "r": "r\n"})
+    h.wait_minute_room(6)
+    kw, kr = h.key("w"), h.key("r")
+    w = [ng.get("/w?k=" + kw)[0] for _ in range(7)]
+    rr = [ng.get("/r?k=" + kr)[0] for _ in range(3)]
+    h.note("wrong password zone: %s; right password zone: %s" % (statuses_str(w), statuses_str(rr)))
+    h.check(w == [200] * 5 + [429] * 2, "wrong password (local mode, 5r/m): expected 5 x 200 then 429, got %s"
+            % statuses_str(w))
+    h.check(rr == [200] * 3, "right password: expected 3 x 200, got %s" % statuses_str(rr))
+    got = wait_for(lambda: fail_lines(ng.error_log_text(), "zw"), 2.0)
+    lines = [l for l in ng.error_log_text().splitlines() if 'zone "zw"' in l and "[error]" in l]
+    h.note("zw error line: %s" % (lines[0][lines[0].find("redis_ratelimit"):] if lines else "none"))
+    h.check(got, 'no [error] "redis_ratelimit: zone "zw": ... failed" line within 2 s')
+    h.check(all("***" in l for l in lines), "an error line for zw lacks the *** placeholder: %s" % lines[:2])
+    landed = wait_for(lambda: redis_sum(r, "rl:{zr:%s}:60:*" % kr) == 3, 2.0)
+    h.note("right-password count in Redis: %d; wrong-password keys: %s"
+           % (redis_sum(r, "rl:{zr:%s}:60:*" % kr), r.keys("rl:{zw:*")))
+    h.check(landed, "right password: count 3 not in Redis within 2 s")
+    h.check(not r.keys("rl:{zw:*"), "wrong password zone wrote to Redis")
+    time.sleep(0.3)
+    text = ng.error_log_text() + ng.stderr_text()
+    for secret in ("wrongpass", "s3cret"):
+        leaks = [l for l in text.splitlines() if secret in l]
+        h.check(not leaks, "%r appears in the log: %s" % (secret, leaks[:2]))
