@@ -4,6 +4,8 @@
 #   make run     nginx in the foreground with nginx-conf/example.conf
 #   make test    unit tests + every t/*.t against the built nginx
 #   make check   cargo fmt --check + clippy -D warnings
+#   make build-debian  the module for Debian's nginx (nginx-dev), in build/debian
+#   make test-lua      the Lua API tests (t/lua) on Debian's nginx + lua module
 #
 # NGINX_BUILD_DIR=/path/to/configured/nginx/objs builds the module for that
 # nginx instead of the vendored one (no nginx binary is copied then).
@@ -18,7 +20,12 @@ PORT         ?= 8080
 DEB_PACKAGES := libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config redis-server wrk curl perl
 CARGO_FLAGS  := $(if $(filter release,$(PROFILE)),--release,)
 
-.PHONY: all build deps run test unit integration check clean
+DEB_NGINX_SRC := /usr/share/nginx/src
+DEB_BUILD    := build/debian
+DEB_PACKAGES_NGINX := nginx nginx-dev libnginx-mod-http-lua
+LUA_MODULES  := /usr/lib/nginx/modules/ndk_http_module.so /usr/lib/nginx/modules/ngx_http_lua_module.so
+
+.PHONY: all build deps deps-debian build-debian run test unit integration scenarios test-lua check clean
 
 all: build
 
@@ -39,6 +46,41 @@ deps:
 	  fi; \
 	fi
 
+# Debian's nginx, its configured source and its Lua module. A policy-rc.d
+# keeps the package from starting an nginx service on port 80.
+deps-debian: deps
+	@missing=""; \
+	for p in $(DEB_PACKAGES_NGINX); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing:$$missing"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    had_policy=0; [ -e /usr/sbin/policy-rc.d ] && had_policy=1; \
+	    [ $$had_policy = 1 ] || printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; \
+	    chmod +x /usr/sbin/policy-rc.d; \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; rc=$$?; \
+	    [ $$had_policy = 1 ] || rm -f /usr/sbin/policy-rc.d; \
+	    [ $$rc = 0 ] || exit $$rc; \
+	  else \
+	    echo "missing packages:$$missing (install them, or run as root)"; exit 1; \
+	  fi; \
+	fi
+
+# The module for Debian's nginx: its nginx-dev source, configured with the
+# flags Debian used, and NGINX_BUILD_DIR pointing at it.
+build-debian: deps-debian
+	@if [ ! -f $(DEB_BUILD)/src/objs/ngx_auto_config.h ]; then \
+	  rm -rf $(DEB_BUILD)/src && mkdir -p $(DEB_BUILD) && cp -r $(DEB_NGINX_SRC) $(DEB_BUILD)/src && \
+	  cd $(DEB_BUILD)/src && source ./conf_flags && ./configure "$${NGX_CONF_FLAGS[@]}" > configure.log; \
+	fi
+	NGINX_SOURCE_DIR=$(CURDIR)/$(DEB_BUILD)/src NGINX_BUILD_DIR=$(CURDIR)/$(DEB_BUILD)/src/objs \
+	CARGO_TARGET_DIR=$(CURDIR)/target/debian $(CARGO) build --release --no-default-features
+	@mkdir -p $(DEB_BUILD)/modules
+	@cp -f target/debian/release/libngx_http_redis_ratelimit.so $(DEB_BUILD)/modules/$(MODULE_NAME).so
+	@echo "built $(DEB_BUILD)/modules/$(MODULE_NAME).so for $$(/usr/sbin/nginx -v 2>&1)"
+
 build: deps
 	$(CARGO) build $(CARGO_FLAGS)
 	@mkdir -p $(BUILD)/sbin $(BUILD)/modules
@@ -57,12 +99,25 @@ run: build
 unit: deps
 	$(CARGO) test $(CARGO_FLAGS) --lib
 
+# t/*.t on the vendored nginx
 integration: build
 	TEST_NGINX_BINARY=$(CURDIR)/$(BUILD)/sbin/nginx \
 	TEST_NGINX_LOAD_MODULES=$(CURDIR)/$(BUILD)/modules/$(MODULE_NAME).so \
-	python3 t/runner.py t
+	python3 t/runner.py t/*.t
 
-test: unit integration
+# multi-process scenarios (several nginx, Redis stopped/paused/restarted)
+scenarios: build
+	python3 t/scenarios/run.py
+
+# t/lua/*.t on Debian's nginx with lua-nginx-module
+test-lua: build-debian
+	TEST_NGINX_BINARY=/usr/sbin/nginx \
+	TEST_NGINX_LOAD_MODULES="$(LUA_MODULES) $(CURDIR)/$(DEB_BUILD)/modules/$(MODULE_NAME).so" \
+	python3 t/runner.py t/lua
+
+# Everything, with one summary line at the end.
+test: build build-debian
+	@bash t/run-all
 
 check:
 	$(CARGO) fmt --check

@@ -223,6 +223,11 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
         };
 
         let mut events = Vec::new();
+        for d in deletes {
+            if let Some(b) = backends.get_mut(&d.zone) {
+                b.delete(&d, &mut events);
+            }
+        }
         if !items.is_empty() {
             last_flush = Some(Instant::now());
             let mut by_zone: HashMap<u32, Vec<(ItemId, Item)>> = HashMap::new();
@@ -238,11 +243,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                 }
             }
         }
-        for d in deletes {
-            if let Some(b) = backends.get_mut(&d.zone) {
-                b.delete(&d, &mut events);
-            }
-        }
+
         for (zone, b) in backends.iter_mut() {
             b.refresh(&mut events);
             if let Some(up) = ch.up.get(*zone as usize) {

@@ -31,6 +31,8 @@ pub struct Item {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delete {
     pub zone: u32,
+    /// The table entry of the key (drops its pending increments).
+    pub entry: [u64; 2],
     pub namespace: Vec<u8>,
     pub key: Vec<u8>,
     pub period: u32,
@@ -64,13 +66,16 @@ impl Batch {
         self.items.len()
     }
 
-    /// Queues a delete; sent after the increments of the same flush, so it
-    /// also removes what was counted before it.
+    /// Queues a delete. Increments of the key still waiting were counted
+    /// before it and are dropped with it; deletes are sent before the
+    /// increments of the same flush, so what is counted after it stays.
     pub fn delete(&mut self, d: Delete) -> bool {
         if self.deletes.len() >= self.capacity {
             self.dropped += 1;
             return false;
         }
+        self.items
+            .retain(|id, _| !(id.zone == d.zone && id.entry == d.entry));
         self.deletes.push(d);
         true
     }
@@ -168,11 +173,14 @@ mod tests {
     }
 
     #[test]
-    fn deletes_wake_the_batch_and_drain_after_items() {
+    fn deletes_drop_pending_increments_of_their_key() {
         let mut b = Batch::new(4);
         assert!(b.is_empty());
+        assert!(b.add(id(0, 9, 7), b"ns", b"k", 60, 5));
+        assert!(b.add(id(0, 8, 7), b"ns", b"other", 60, 5));
         let d = Delete {
             zone: 0,
+            entry: [9, 0],
             namespace: b"ns".to_vec(),
             key: b"k".to_vec(),
             period: 60,
@@ -181,7 +189,12 @@ mod tests {
         assert!(b.delete(d.clone()));
         assert!(!b.is_empty());
         let (items, deletes) = b.drain();
-        assert!(items.is_empty());
+        assert_eq!(
+            items.len(),
+            1,
+            "the deleted key's pending increment is gone"
+        );
+        assert_eq!(items[0].1.key, b"other");
         assert_eq!(deletes, vec![d]);
         assert!(b.is_empty());
     }

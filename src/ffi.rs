@@ -236,16 +236,18 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     let Some(shared) = z.shared.as_ref() else {
         return ERR_ZONE;
     };
-    {
+    let id = {
         let mut locked = shared.lock();
         let id = entry_id(locked.table.seed(), ns, period, key);
         locked.table.remove(id);
-    }
+        id
+    };
     let has_backend = z.params.as_ref().is_some_and(|p| p.backend.is_some());
     if has_backend {
         if let Some(ch) = crate::worker::channel() {
             ch.delete(Delete {
                 zone: zone as u32,
+                entry: id,
                 namespace: ns.to_vec(),
                 key: key.to_vec(),
                 period,

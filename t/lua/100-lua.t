@@ -1,0 +1,239 @@
+# The Lua API (lua/resty/redis_ratelimit.lua) on a distribution nginx with
+# lua-nginx-module: same zone, counters, breaker and background thread as
+# the directives. Run by `make test-lua` against Debian's nginx.
+use Test::Nginx::Socket 'no_plan';
+use Cwd qw(cwd);
+
+our $pwd = cwd();
+our $HttpConfig = qq{
+    lua_package_path "$pwd/lua/?.lua;;";
+    redis_ratelimit_zone \$arg_k zone=ratelimit_circuit_breaker:1m redis=redis://127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT} prefix=lua:;
+    redis_ratelimit_zone \$arg_k zone=local:1m;
+};
+
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: 2r/m from Lua: 2 x 200, then 429
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 50;
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        access_by_lua_block {
+            local ratelimit = require "resty.redis_ratelimit"
+            local lim, err = ratelimit.new("login", "2r/m")
+            if not lim then
+                ngx.log(ngx.ERR, "new: ", err)
+                return ngx.exit(500)
+            end
+            local limited, err = lim:is_rate_limited(ngx.var.arg_u)
+            if err then
+                ngx.log(ngx.ERR, "is_rate_limited: ", err)
+                return ngx.exit(500)
+            end
+            if limited then
+                return ngx.exit(429)
+            end
+        }
+        content_by_lua_block { ngx.say("ok") }
+    }
+--- request eval
+["GET /t?u=alice", "GET /t?u=alice", "GET /t?u=alice", "GET /t?u=bob"]
+--- error_code eval
+[200, 200, 429, 200]
+--- no_error_log
+[error]
+
+
+
+=== TEST 2: measure grows with each call (the call included)
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        content_by_lua_block {
+            local lim = require("resty.redis_ratelimit").new("m", "100r/h", { zone = "local" })
+            local a = lim:measure("k")
+            local b = lim:measure("k")
+            local c = lim:measure("k")
+            ngx.say(a, " ", b, " ", c, " ", a < b and b < c)
+        }
+    }
+--- request
+GET /t
+--- response_body_like
+^1(\.0+)? 2(\.0+)? 3(\.0+)? true$
+--- no_error_log
+[error]
+
+
+
+=== TEST 3: Lua and directive callers share one count (namespace = zone name)
+--- http_config eval: $::HttpConfig
+--- config
+    location = /dir {
+        redis_ratelimit local 3r/d;
+        root html;
+    }
+    location = /lua {
+        content_by_lua_block {
+            local lim = require("resty.redis_ratelimit").new("local", "3r/d", { zone = "local" })
+            local limited = lim:is_rate_limited(ngx.var.arg_k)
+            ngx.say(limited and "limited" or "passed")
+        }
+    }
+--- user_files
+>>> dir
+ok
+--- request eval
+["GET /dir?k=s", "GET /lua?k=s", "GET /dir?k=s", "GET /lua?k=s", "GET /dir?k=s"]
+--- response_body_like eval
+["^ok\n\$", "^passed\n\$", "^ok\n\$", "^limited\n\$", "429 Too Many Requests"]
+--- error_code eval
+[200, 200, 200, 200, 429]
+
+
+
+=== TEST 4: calls from rewrite_by_lua, access_by_lua, content_by_lua and a timer
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        rewrite_by_lua_block {
+            local lim = require("resty.redis_ratelimit").new("phases", "100r/d", { zone = "local" })
+            ngx.ctx.r = lim:measure("k")
+        }
+        access_by_lua_block {
+            local lim = require("resty.redis_ratelimit").new("phases", "100r/d", { zone = "local" })
+            ngx.ctx.a = lim:measure("k")
+        }
+        content_by_lua_block {
+            local lim = require("resty.redis_ratelimit").new("phases", "100r/d", { zone = "local" })
+            local c = lim:measure("k")
+            local done = false
+            local ok, err = ngx.timer.at(0, function(premature)
+                local l = require("resty.redis_ratelimit").new("phases", "100r/d", { zone = "local" })
+                l:measure("k")
+                done = true
+            end)
+            while not done do ngx.sleep(0.01) end
+            ngx.say(ngx.ctx.r, " ", ngx.ctx.a, " ", c, " ", lim:measure("k"))
+        }
+    }
+--- request
+GET /t
+--- response_body_like
+^1(\.0+)? 2(\.0+)? 3(\.0+)? 5(\.0+)?$
+--- no_error_log
+[error]
+
+
+
+=== TEST 5: bad rate, unknown zone, bad keys: nil and a message, the request survives
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        content_by_lua_block {
+            local ratelimit = require "resty.redis_ratelimit"
+            local lim, err = ratelimit.new("x", "10r/x", { zone = "local" })
+            ngx.say(tostring(lim), ": ", err)
+            lim, err = ratelimit.new("x", "0r/s", { zone = "local" })
+            ngx.say(tostring(lim), ": ", err)
+            lim, err = ratelimit.new("x", "10r/s", { zone = "nosuchzone" })
+            ngx.say(tostring(lim), ": ", err)
+            lim, err = ratelimit.new("", "10r/s", { zone = "local" })
+            ngx.say(tostring(lim), ": ", err)
+            lim = ratelimit.new("x", "10r/s", { zone = "local" })
+            ngx.say(select("#", lim:is_rate_limited("")), " ", select(2, lim:is_rate_limited("")))
+            ngx.say(select(2, lim:measure({})))
+            ngx.say(select(2, lim:reset(nil)))
+            ngx.say("still here")
+        }
+    }
+--- request
+GET /t
+--- response_body
+nil: invalid rate "10r/x": N r/s, r/m, r/h or r/d expected (10r/s)
+nil: invalid rate "0r/s": N r/s, r/m, r/h or r/d expected (10r/s)
+nil: unknown zone "nosuchzone": declare it with redis_ratelimit_zone
+nil: namespace must be a non-empty string
+2 key must not be empty
+key must be a string
+key must be a string
+still here
+--- no_error_log
+[error]
+
+
+
+=== TEST 6: counts reach Redis under the Lua namespace
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        content_by_lua_block {
+            local lim = require("resty.redis_ratelimit").new("redisns", "100r/h")
+            for i = 1, 3 do lim:is_rate_limited("carol") end
+            ngx.sleep(0.2)
+            -- read it back with a cosocket: the key is lua:{redisns:carol}:3600:<w>
+            local sock = ngx.socket.tcp()
+            assert(sock:connect("127.0.0.1", $TEST_NGINX_REDIS_PORT))
+            local w = math.floor(ngx.time() / 3600) * 3600
+            local key = "lua:{redisns:carol}:3600:" .. w
+            sock:send("*2\r\n$3\r\nGET\r\n$" .. #key .. "\r\n" .. key .. "\r\n")
+            local line = sock:receive("*l")
+            local val = line == "$-1" and "nil" or line:sub(1, 1) == "$" and sock:receive("*l") or line
+            sock:send("*2\r\n$3\r\nTTL\r\n$" .. #key .. "\r\n" .. key .. "\r\n")
+            local ttl = tonumber(sock:receive("*l"):sub(2))
+            sock:close()
+            ngx.say(val, " ", ttl > 0 and ttl <= 7200)
+        }
+    }
+--- request
+GET /t
+--- response_body
+3 true
+--- no_error_log
+[error]
+
+
+
+=== TEST 7: reset forgets the key here and in Redis
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        content_by_lua_block {
+            local lim = require("resty.redis_ratelimit").new("resetns", "2r/h")
+            local a = lim:is_rate_limited("dave")
+            local b = lim:is_rate_limited("dave")
+            local c = lim:is_rate_limited("dave")
+            ngx.sleep(0.2)
+            local function get(key)
+                local sock = ngx.socket.tcp()
+                assert(sock:connect("127.0.0.1", $TEST_NGINX_REDIS_PORT))
+                sock:send("*2\r\n$6\r\nEXISTS\r\n$" .. #key .. "\r\n" .. key .. "\r\n")
+                local line = sock:receive("*l")
+                sock:close()
+                return line
+            end
+            local key = "lua:{resetns:dave}:3600:" .. math.floor(ngx.time() / 3600) * 3600
+            local before = get(key)
+            assert(lim:reset("dave"))
+            local d = lim:is_rate_limited("dave")
+            ngx.sleep(0.2)
+            -- after the reset the one new request is all Redis holds
+            local sock = ngx.socket.tcp()
+            assert(sock:connect("127.0.0.1", $TEST_NGINX_REDIS_PORT))
+            sock:send("*2\r\n$3\r\nGET\r\n$" .. #key .. "\r\n" .. key .. "\r\n")
+            local line = sock:receive("*l")
+            local after = line == "$-1" and "nil" or sock:receive("*l")
+            sock:close()
+            ngx.say(tostring(a), " ", tostring(b), " ", tostring(c), " ", before, " ", tostring(d), " ", after)
+        }
+    }
+--- request
+GET /t
+--- response_body
+false false true :1 false 1
+--- no_error_log
+[error]
