@@ -17,6 +17,7 @@ TARGET_DIR   := target/$(PROFILE)
 MODULE_NAME  := ngx_http_redis_ratelimit_module
 BUILD        := build
 PORT         ?= 8080
+REDIS_PORT   ?= 6379
 DEB_PACKAGES := libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config redis-server wrk curl perl
 CARGO_FLAGS  := $(if $(filter release,$(PROFILE)),--release,)
 
@@ -94,7 +95,7 @@ build: deps
 	fi
 
 run: build
-	@bash nginx-conf/run.sh $(PORT)
+	@bash nginx-conf/run.sh $(PORT) $(REDIS_PORT)
 
 unit: deps
 	$(CARGO) test $(CARGO_FLAGS) --lib
