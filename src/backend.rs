@@ -204,13 +204,27 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                 }
                 if b.is_empty() {
                     // Idle: sleep until woken, unless keys near their limit
-                    // are being watched (then wake up to refresh them).
-                    if backends.values().any(Backend::watching) {
-                        if ch.wake.wait_for(&mut b, REFRESH_INTERVAL).timed_out() && b.is_empty() {
-                            break (Vec::new(), Vec::new());
+                    // are watched (wake up to refresh them) or a backend is
+                    // down (wake up to probe it: with on_error=allow or deny
+                    // nothing is counted, so nothing else would notice it is
+                    // back).
+                    let now = Instant::now();
+                    let mut next: Option<Instant> = None;
+                    for be in backends.values() {
+                        for t in [be.next_refresh(now), be.next_probe()]
+                            .into_iter()
+                            .flatten()
+                        {
+                            next = Some(next.map_or(t, |n: Instant| n.min(t)));
                         }
-                    } else {
-                        ch.wake.wait(&mut b);
+                    }
+                    match next {
+                        Some(t) => {
+                            if ch.wake.wait_until(&mut b, t.max(now)).timed_out() && b.is_empty() {
+                                break (Vec::new(), Vec::new());
+                            }
+                        }
+                        None => ch.wake.wait(&mut b),
                     }
                     continue;
                 }
@@ -245,6 +259,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
         }
 
         for (zone, b) in backends.iter_mut() {
+            b.probe(&mut events);
             b.refresh(&mut events);
             if let Some(up) = ch.up.get(*zone as usize) {
                 up.store(b.healthy, Ordering::Relaxed);
@@ -328,8 +343,47 @@ impl Backend {
         }
     }
 
-    fn watching(&self) -> bool {
-        !self.watch.is_empty()
+    /// When watched keys need their next refresh.
+    fn next_refresh(&self, now: Instant) -> Option<Instant> {
+        if self.watch.is_empty() || !self.healthy {
+            return None;
+        }
+        Some(now + REFRESH_INTERVAL)
+    }
+
+    /// When a backend that is down should be tried again.
+    fn next_probe(&self) -> Option<Instant> {
+        if self.healthy {
+            return None;
+        }
+        self.retry_at
+    }
+
+    /// Tries a backend that is down once its backoff has passed: connects
+    /// and sends PING.
+    fn probe(&mut self, events: &mut Vec<Event>) {
+        if self.healthy || self.retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        if self.conn.is_none() {
+            match self.connect() {
+                Ok(c) => self.conn = Some(c),
+                Err(e) => {
+                    self.failed("connecting to", &e, events);
+                    return;
+                }
+            }
+        }
+        let ping = redis::cmd("PING");
+        let result: redis::RedisResult<redis::Value> = match self.conn.as_mut() {
+            Some(Conn::Single(con)) => ping.query(con),
+            Some(Conn::Cluster(con)) => ping.query(&mut **con),
+            None => return,
+        };
+        match result {
+            Ok(_) => self.recovered(events),
+            Err(e) => self.failed("sending to", &e, events),
+        }
     }
 
     /// Re-reads the counts of watched keys not confirmed in the last
