@@ -34,6 +34,9 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(10);
 const WATCH_FOR: Duration = Duration::from_secs(1);
 /// Most keys watched per zone and worker.
 const WATCH_MAX: usize = 4096;
+/// Most increments kept per zone and worker for sending again once Redis
+/// answers (beyond that they are dropped, and stay counted on this node).
+const RETRY_MAX: usize = 1 << 16;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const LOG_INTERVAL: Duration = Duration::from_secs(1);
@@ -252,6 +255,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                 let Some(b) = backends.get_mut(&zone) else {
                     continue;
                 };
+                let items = b.with_retry(items);
                 for chunk in items.chunks(PIPELINE_ITEMS) {
                     b.flush(chunk, &mut events);
                 }
@@ -260,6 +264,12 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
 
         for (zone, b) in backends.iter_mut() {
             b.probe(&mut events);
+            if b.healthy && !b.retry.is_empty() {
+                let items = b.with_retry(Vec::new());
+                for chunk in items.chunks(PIPELINE_ITEMS) {
+                    b.flush(chunk, &mut events);
+                }
+            }
             b.refresh(&mut events);
             if let Some(up) = ch.up.get(*zone as usize) {
                 up.store(b.healthy, Ordering::Relaxed);
@@ -319,6 +329,8 @@ struct Backend {
     suppressed: u64,
     secrets: Vec<String>,
     watch: HashMap<ItemId, Watch>,
+    /// Increments whose pipeline failed, sent again with the next flush.
+    retry: HashMap<ItemId, Item>,
 }
 
 impl Backend {
@@ -340,7 +352,52 @@ impl Backend {
             suppressed: 0,
             secrets,
             watch: HashMap::new(),
+            retry: HashMap::new(),
         }
+    }
+
+    /// Keeps the increments of a failed pipeline for the next flush. Redis
+    /// may have run a pipeline whose reply timed out: sending it again then
+    /// counts twice, which errs on the side of the limit; dropping it would
+    /// hide this node's traffic from the others for good.
+    fn keep_for_retry(&mut self, items: &[(ItemId, Item)]) {
+        for (id, item) in items.iter().filter(|(_, i)| i.n > 0) {
+            if let Some(r) = self.retry.get_mut(id) {
+                r.n = r.n.saturating_add(item.n);
+                r.limit = r.limit.min(item.limit);
+            } else if self.retry.len() < RETRY_MAX {
+                self.retry.insert(*id, item.clone());
+            }
+        }
+    }
+
+    /// New items plus those waiting to be sent again (merged per key and
+    /// window); increments for windows that no longer matter are dropped.
+    fn with_retry(&mut self, items: Vec<(ItemId, Item)>) -> Vec<(ItemId, Item)> {
+        if self.retry.is_empty() {
+            return items;
+        }
+        let now_ms = unix_ms();
+        let mut merged: HashMap<ItemId, Item> = self
+            .retry
+            .drain()
+            .filter(|(id, item)| {
+                let current = crate::window::window_index(now_ms, u64::from(item.period) * 1000);
+                id.window + 1 >= current
+            })
+            .collect();
+        for (id, item) in items {
+            match merged.get_mut(&id) {
+                Some(m) => {
+                    m.n = m.n.saturating_add(item.n);
+                    m.limit = m.limit.min(item.limit);
+                }
+                None => {
+                    merged.insert(id, item);
+                }
+            }
+        }
+        merged.into_iter().collect()
     }
 
     /// When watched keys need their next refresh.
@@ -507,12 +564,15 @@ impl Backend {
     fn flush(&mut self, items: &[(ItemId, Item)], events: &mut Vec<Event>) {
         if self.conn.is_none() {
             if self.retry_at.is_some_and(|t| Instant::now() < t) {
-                return; // backing off: the increments stay counted locally
+                // backing off: sent with the first flush after it
+                self.keep_for_retry(items);
+                return;
             }
             match self.connect() {
                 Ok(c) => self.conn = Some(c),
                 Err(e) => {
                     self.failed("connecting to", &e, events);
+                    self.keep_for_retry(items);
                     return;
                 }
             }
@@ -580,13 +640,19 @@ impl Backend {
                     });
                 }
             }
-            Err(e) => self.failed("sending to", &e, events),
+            Err(e) => {
+                self.failed("sending to", &e, events);
+                self.keep_for_retry(items);
+            }
         }
     }
 
     /// Deletes both windows of a key (Lua's `reset`). Best effort: a failure
     /// is logged like any other.
     fn delete(&mut self, d: &Delete, events: &mut Vec<Event>) {
+        // counted before the reset: forget them too
+        self.retry.retain(|id, _| id.entry != d.entry);
+        self.watch.retain(|id, _| id.entry != d.entry);
         if self.conn.is_none() {
             if self.retry_at.is_some_and(|t| Instant::now() < t) {
                 return;

@@ -25,7 +25,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -661,6 +660,7 @@ class Ctx:
         self.nginxes = []
         self.redises = []
         self.notes = []
+        self.failures = []          # from expect(): reported together at the end
         self.uid = "%x" % random.getrandbits(32)
 
     def key(self, base):
@@ -683,8 +683,16 @@ class Ctx:
         self.notes.append(msg)
 
     def check(self, cond, msg):
+        """Fatal assertion: the test stops here."""
         if not cond:
             raise TestFailure(msg)
+        return cond
+
+    def expect(self, cond, msg):
+        """Non-fatal assertion: recorded, the test goes on, fails at the end."""
+        if not cond:
+            self.failures.append(msg)
+        return cond
 
     def wait_minute_room(self, need):
         """Sleep until at least `need` seconds remain in the current minute
@@ -736,7 +744,7 @@ def run_one(fn, name, tmp_root, default_timeout=45):
     try:
         try:
             fn(h)
-            ok = True
+            ok = not h.failures
         except TestFailure as e:
             diag.append("FAILED: %s" % e)
         except BaseException as e:      # noqa: BLE001
@@ -746,6 +754,7 @@ def run_one(fn, name, tmp_root, default_timeout=45):
             diag.extend(traceback.format_exc().rstrip().splitlines())
         finally:
             signal.alarm(0)
+        diag[:0] = ["FAILED: %s" % m for m in h.failures]
         if not ok:
             diag.extend(h.diagnostics())
     finally:

@@ -57,6 +57,15 @@ def main():
     tmp_root = tempfile.mkdtemp(prefix="nginx-rl-scenarios-")
     os.chmod(tmp_root, 0o755)
     try:
+        # Snapshot the binaries: a concurrent `make build` that rewrites the
+        # .so in place would otherwise crash the running nginx (SIGSEGV).
+        bindir = os.path.join(tmp_root, "bin")
+        os.makedirs(bindir)
+        os.chmod(bindir, 0o755)
+        for attr in ("NGINX_BIN", "MODULE_SO"):
+            dst = os.path.join(bindir, os.path.basename(getattr(harness, attr)))
+            shutil.copy2(getattr(harness, attr), dst)
+            setattr(harness, attr, dst)
         for path in files:
             base = os.path.basename(path)
             try:

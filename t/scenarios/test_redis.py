@@ -163,7 +163,9 @@ def test_burst_single_node(h):
     h.note("400 requests in %.2fs: %d x 200, %d x 429, %d other" % (el, allowed, rejected, len(errors)))
     wait_for(lambda: redis_sum(r, "rl:{z:%s}:60:*" % key) == allowed, 2.0)
     in_redis = redis_sum(r, "rl:{z:%s}:60:*" % key)
-    h.note("count in Redis: %d" % in_redis)
+    stats = r.info_commandstats()
+    h.note("count in Redis: %d; Redis calls: INCRBY %s, GET %s, EXPIRE %s" % (
+        in_redis, *(stats.get(c, {}).get("calls", 0) for c in ("incrby", "get", "expire"))))
     h.check(not errors, "failed/odd answers: %s" % errors[:10])
     h.check(allowed <= 50, "over-admission: %d x 200 for a 50r/m limit" % allowed)
     h.check(allowed == 50, "expected exactly 50 x 200 for a fresh key, got %d" % allowed)
@@ -175,40 +177,43 @@ def test_burst_single_node(h):
 # ---------------------------------------------------------------------------
 
 def test_redis_down_modes(h):
-    """Redis stopped: every answer < 100 ms; local: fresh key 5 x 200 then 429;
-    allow: 20/20 x 200; deny: first 429 within 2 s then only 429; error lines
-    <= 1 per zone per second + 1; Redis restarted: recovery notice per zone
-    within 6.5 s and new counts land in Redis within 2 s."""
+    """Redis stopped for ~2.5 s: every answer < 100 ms; local: fresh key 5 x 200
+    then 429; allow: 20/20 x 200; deny: first 429 within 2 s then only 429;
+    error lines <= 1 per zone per second + 1; Redis restarted on the same port:
+    recovery notice per zone within 6.5 s, new counts in Redis within 2 s."""
     r = h.redis()
+    zones = ("zl", "za", "zd")
     http = (zone("zl", r.url, "on_error=local") + zone("za", r.url, "on_error=allow")
             + zone("zd", r.url, "on_error=deny"))
     server = (loc("/l", "redis_ratelimit zl 5r/m;") + loc("/a", "redis_ratelimit za 5r/m;")
               + loc("/d", "redis_ratelimit zd 5r/m;"))
     ng = h.nginx(http, server, files={"l": "l\n", "a": "a\n", "d": "d\n"})
     url_re = re.escape(r.url)
-    h.wait_minute_room(14)
+    h.wait_minute_room(8)
 
     # healthy: one request per zone, counts land
-    for p, z in (("l", "zl"), ("a", "za"), ("d", "zd")):
+    for p in ("l", "a", "d"):
         st, _ = ng.get("/%s?k=warm" % p)
-        h.check(st == 200, "healthy %s: expected 200, got %s" % (p, st))
-    h.check(wait_for(lambda: all(redis_sum(r, "rl:{%s:warm}:60:*" % z) == 1 for z in ("zl", "za", "zd")), 2.0),
+        h.check(st == 200, "healthy /%s: expected 200, got %s" % (p, st))
+    h.check(wait_for(lambda: all(redis_sum(r, "rl:{%s:warm}:60:*" % z) == 1 for z in zones), 2.0),
             "healthy: counts for key warm did not reach Redis within 2 s: %s" % r.keys("*"))
 
     r.stop()
     t_stop = time.monotonic()
     lat = []
+    odd = []
 
     def get(path):
         st, el = ng.get(path)
         lat.append(el)
+        if st not in (200, 429):
+            odd.append((path, st))
         return st
 
-    # deny: fresh key per request so a 429 can only be the deny policy
-    t0 = time.monotonic()
+    # deny: fresh key per request, so that a 429 can only come from on_error=deny
     seen = []
     i = 0
-    while time.monotonic() - t0 < 2.0:
+    while time.monotonic() - t_stop < 2.0:
         get("/l?k=notice-%d" % i)
         get("/a?k=notice-%d" % i)
         st = get("/d?k=notice-%d" % i)
@@ -217,25 +222,32 @@ def test_redis_down_modes(h):
         if st == 429:
             break
         time.sleep(0.02)
-    t_first_deny = time.monotonic() - t0
-    h.note("deny: %d answer(s) before the first 429: %s (%.0f ms after stop)"
-           % (len(seen) - 1, statuses_str(seen[-6:]), t_first_deny * 1000))
+    h.note("deny: %d answer(s) before the first 429 (%.0f ms after the stop)"
+           % (len(seen) - 1, (time.monotonic() - t_stop) * 1000))
     h.check(seen and seen[-1] == 429, "deny: no 429 within 2 s of Redis going down: %s" % statuses_str(seen[-10:]))
 
     local = [get("/l?k=" + h.key("local")) for _ in range(8)]
     allow = [get("/a?k=" + h.key("allow")) for _ in range(20)]
     deny = [get("/d?k=%s-%d" % (h.key("deny"), j)) for j in range(10)]
     h.note("down: local %s | allow %s | deny %s" % (statuses_str(local), statuses_str(allow), statuses_str(deny)))
+    h.expect(local == [200] * 5 + [429] * 3,
+             "on_error=local, 5r/m: expected 5 x 200 then 429, got %s" % statuses_str(local))
+    h.expect(allow == [200] * 20, "on_error=allow: expected 20 x 200 (limit 5r/m ignored), got %s" % statuses_str(allow))
+    h.expect(deny == [429] * 10, "on_error=deny: expected only 429 after the first, got %s" % statuses_str(deny))
+
+    # keep the outage going (~2.5 s in all) with traffic on every zone
+    j = 0
+    while time.monotonic() - t_stop < 2.5:
+        for p in ("l", "a", "d"):
+            get("/%s?k=out-%d" % (p, j))
+        j += 1
+        time.sleep(0.02)
     h.note("down: %d requests, max latency %s, p50 %s" % (len(lat), ms(max(lat)), ms(percentile(lat, 50))))
-    h.check(local == [200] * 5 + [429] * 3, "on_error=local, 5r/m: expected 5 x 200 then 429, got %s" % statuses_str(local))
-    h.check(allow == [200] * 20, "on_error=allow: expected 20 x 200 (limit 5r/m ignored), got %s" % statuses_str(allow))
-    h.check(deny == [429] * 10, "on_error=deny: expected only 429 after the first, got %s" % statuses_str(deny))
-    h.check(max(lat) < 0.100, "a request took %s while Redis was down (bound 100 ms)" % ms(max(lat)))
+    h.expect(max(lat) < 0.100, "a request took %s while Redis was down (bound 100 ms)" % ms(max(lat)))
 
     # restart on the same port; keep light traffic on every zone meanwhile
     r.start()
     t_restart = time.monotonic()
-    down_for = t_restart - t_stop
     notices = {}
     j = 0
     while time.monotonic() - t_restart < 6.5 and len(notices) < 3:
@@ -243,34 +255,38 @@ def test_redis_down_modes(h):
             get("/%s?k=rec-%d" % (p, j))
         j += 1
         text = ng.error_log_text()
-        for z in ("zl", "za", "zd"):
+        for z in zones:
             if z not in notices and re.search(
                     r'\[notice\].*redis_ratelimit: zone "%s": Redis %s is reachable again' % (z, url_re), text):
                 notices[z] = time.monotonic() - t_restart
         time.sleep(0.1)
-    h.note("outage %.2fs; recovery notices after restart: %s" % (
-        down_for, ", ".join("%s %.2fs" % (z, t) for z, t in sorted(notices.items())) or "none"))
+    h.note("outage %.2fs; recovery notices after the restart: %s" % (
+        t_restart - t_stop, ", ".join("%s %.2fs" % (z, t) for z, t in sorted(notices.items())) or "none"))
     text = ng.error_log_text()
     outage = time.monotonic() - t_stop
     bound = int(outage) + 2       # <= 1 per started second of outage, + 1
-    counts = {z: len(fail_lines(text, z)) for z in ("zl", "za", "zd")}
-    h.note("error lines per zone %s over %.1fs (bound %d each)" % (counts, outage, bound))
-    for z in ("zl", "za", "zd"):
-        h.check(counts[z] >= 1, 'no "connecting to/sending to %s failed" error line for zone %s' % (r.url, z))
-        h.check(counts[z] <= bound, "zone %s: %d error lines in %.1fs of outage (bound %d)" % (z, counts[z], outage, bound))
-    for z in ("zl", "za", "zd"):
-        h.check(z in notices, 'no "zone "%s": Redis %s is reachable again" notice within 6.5 s of the restart'
-                % (z, r.url))
+    counts = {z: len(fail_lines(text, z)) for z in zones}
+    h.note("redis error lines per zone %s in %.1fs since the stop (bound %d each)" % (counts, outage, bound))
+    h.expect(not odd, "answers other than 200/429: %s" % odd[:5])
+    for z in zones:
+        h.expect(counts[z] >= 1, 'no "connecting to/sending to %s failed" error line for zone %s' % (r.url, z))
+        h.expect(counts[z] <= bound, "zone %s: %d error lines in %.1fs (bound %d)" % (z, counts[z], outage, bound))
+        h.expect(z in notices, 'zone %s: no "Redis %s is reachable again" notice within 6.5 s of the restart'
+                 % (z, r.url))
         n = len(re.findall(r'zone "%s": Redis \S+ is reachable again' % z, text))
-        h.check(n == 1, "zone %s: recovery logged %d times (expected once)" % (z, n))
+        h.expect(n <= 1, "zone %s: recovery logged %d times (expected once)" % (z, n))
 
     # new increments land again
     k = h.key("after")
-    for p in ("l", "a", "d"):
-        st = get("/%s?k=%s" % (p, k))
-        h.check(st == 200, "after recovery /%s: expected 200, got %s" % (p, st))
-    landed = wait_for(lambda: all(redis_sum(r, "rl:{%s:%s}:60:*" % (z, k)) == 1 for z in ("zl", "za", "zd")), 2.0)
-    h.check(landed, "after recovery the new key's counts are not in Redis within 2 s: %s" % r.keys("*"))
+    after = {}
+    for p, z in (("l", "zl"), ("a", "za"), ("d", "zd")):
+        after[z] = get("/%s?k=%s" % (p, k))
+    wait_for(lambda: all(redis_sum(r, "rl:{%s:%s}:60:*" % (z, k)) == 1 for z in zones), 2.0)
+    landed = {z: redis_sum(r, "rl:{%s:%s}:60:*" % (z, k)) for z in zones}
+    h.note("after recovery: statuses %s, counts in Redis %s" % (after, landed))
+    for z in zones:
+        h.expect(after[z] == 200, "after recovery zone %s: expected 200 for a fresh key, got %s" % (z, after[z]))
+        h.expect(landed[z] == 1, "after recovery zone %s: the fresh key's count is not in Redis within 2 s" % z)
 
 
 test_redis_down_modes.timeout = 60
@@ -301,14 +317,20 @@ def test_redis_paused_latency(h):
     h.note("100 requests over %.2fs of the 2 s pause: max %s, p50 %s, p99 %s; statuses %s"
            % (during, ms(max(lat)), ms(percentile(lat, 50)), ms(percentile(lat, 99)),
               {s: sts.count(s) for s in set(sts)}))
-    h.check(sts == [200] * 100, "expected 100 x 200 (limit 1000r/m), got %s" % {s: sts.count(s) for s in set(sts)})
-    h.check(max(lat) < 0.050, "max latency %s during CLIENT PAUSE (bound 50 ms)" % ms(max(lat)))
+    h.expect(sts == [200] * 100, "expected 100 x 200 (limit 1000r/m), got %s" % {s: sts.count(s) for s in set(sts)})
+    h.expect(max(lat) < 0.050, "max latency %s during CLIENT PAUSE (bound 50 ms)" % ms(max(lat)))
     time.sleep(max(0.0, 2.0 - (time.monotonic() - t_pause)))
     t_end = time.monotonic()
     got = wait_for(lambda: redis_sum(r, "rl:{z:%s}:60:*" % key) >= 100, 6.0, 0.05)
     total = redis_sum(r, "rl:{z:%s}:60:*" % key)
     h.note("count in Redis %d after %.2fs past the pause end" % (total, time.monotonic() - t_end))
-    h.check(got and total == 100, "expected the 100 counts in Redis within 6 s after the pause, got %d" % total)
+    h.expect(got and total == 100, "expected the 100 counts in Redis within 6 s after the pause, got %d" % total)
+    if total != 100:
+        # diagnostic only: does a request after the pause land at all?
+        st, _ = ng.get("/t?k=" + key)
+        wait_for(lambda: redis_sum(r, "rl:{z:%s}:60:*" % key) > total, 2.0)
+        h.note("diagnostic: one more request after the pause (%s) -> count in Redis %d"
+               % (st, redis_sum(r, "rl:{z:%s}:60:*" % key)))
 
 
 # ---------------------------------------------------------------------------
@@ -350,14 +372,15 @@ def test_reload_under_traffic(h):
     text = ng.error_log_text()
     nasty = [l for l in text.splitlines()
              if re.search(r"\[(alert|crit|emerg)\]|exited on signal", l)]
-    h.check(len(results) >= 50, "too little traffic: %d requests" % len(results))
-    h.check(not bad, "%d failed/5xx requests, e.g. %s" % (len(bad), bad[:5]))
+    h.expect(len(results) >= 50, "too little traffic: %d requests" % len(results))
+    h.expect(not bad, "%d failed/5xx requests, e.g. %s" % (len(bad), bad[:5]))
     for i, rl in enumerate(reloads):
-        h.check(len(rl["new"]) == 2, "reload %d: new workers %s" % (i + 1, rl["new"]))
-        h.check(rl["old_gone_after"] is not None, "reload %d: old workers %s still alive after 5 s"
-                % (i + 1, rl["still_alive"]))
-    h.check(not nasty, "error.log has: %s" % nasty[:5])
-    h.check(text.count("reconfiguring") == 3, "expected 3 'reconfiguring' lines, got %d" % text.count("reconfiguring"))
+        h.expect(len(rl["new"]) == 2, "reload %d: new workers %s" % (i + 1, rl["new"]))
+        h.expect(rl["old_gone_after"] is not None, "reload %d: old workers %s still alive after 5 s"
+                 % (i + 1, rl["still_alive"]))
+    h.expect(not nasty, "error.log has: %s" % nasty[:5])
+    n = len(re.findall(r"\[notice\] \d+#\d+: reconfiguring$", text, re.M))
+    h.check(n == 3, "expected 3 'reconfiguring' notices, got %d" % n)
 
 
 # ---------------------------------------------------------------------------
@@ -394,13 +417,15 @@ def test_quit_while_redis_unreachable(h):
     el2 = ng2.quit(grace=6.0)
     h.note("CLIENT PAUSE 10000: %d requests (%s), master exited %.2fs after SIGQUIT"
            % (len(sts2), {s: sts2.count(s) for s in set(sts2)}, el2))
-    h.check(all(s == 200 for s in sts), "nothing listening: non-200 answers %s" % set(sts))
-    h.check(all(s == 200 for s in sts2), "paused: non-200 answers %s" % set(sts2))
-    h.check(el1 < 3.0, "nothing listening: master took %.2fs to exit after SIGQUIT (bound 3 s)" % el1)
-    h.check(el2 < 3.0, "CLIENT PAUSE: master took %.2fs to exit after SIGQUIT (bound 3 s)" % el2)
-    nasty = [l for n in (ng, ng2) for l in n.error_log_text().splitlines()
-             if re.search(r"\[(alert|crit|emerg)\]|exited on signal", l)]
-    h.check(not nasty, "error.log has: %s" % nasty[:5])
+    h.expect(el1 < 3.0, "nothing listening: master took %.2fs to exit after SIGQUIT (bound 3 s)" % el1)
+    h.expect(el2 < 3.0, "CLIENT PAUSE: master took %.2fs to exit after SIGQUIT (bound 3 s)" % el2)
+    h.expect(all(s == 200 for s in sts), "nothing listening: non-200 answers %s" % set(sts))
+    h.expect(all(s == 200 for s in sts2), "paused: non-200 answers %s" % set(sts2))
+    for n in (ng, ng2):
+        nasty = [l for l in n.error_log_text().splitlines()
+                 if re.search(r"\[(alert|crit|emerg)\]|exited on signal", l)]
+        h.expect(not nasty, "%s error.log has %d [alert]/[crit]/crash lines, e.g. %s"
+                 % (n.name, len(nasty), nasty[:3]))
 
 
 test_quit_while_redis_unreachable.timeout = 40
@@ -428,17 +453,18 @@ def test_wrong_password(h):
             % statuses_str(w))
     h.check(rr == [200] * 3, "right password: expected 3 x 200, got %s" % statuses_str(rr))
     got = wait_for(lambda: fail_lines(ng.error_log_text(), "zw"), 2.0)
-    lines = [l for l in ng.error_log_text().splitlines() if 'zone "zw"' in l and "[error]" in l]
+    lines = [l for l in ng.error_log_text().splitlines()
+             if re.search(FAIL_RE % "zw", l)]
     h.note("zw error line: %s" % (lines[0][lines[0].find("redis_ratelimit"):] if lines else "none"))
     h.check(got, 'no [error] "redis_ratelimit: zone "zw": ... failed" line within 2 s')
-    h.check(all("***" in l for l in lines), "an error line for zw lacks the *** placeholder: %s" % lines[:2])
+    h.expect(all("***" in l for l in lines), "an error line for zw lacks the *** placeholder: %s" % lines[:2])
     landed = wait_for(lambda: redis_sum(r, "rl:{zr:%s}:60:*" % kr) == 3, 2.0)
     h.note("right-password count in Redis: %d; wrong-password keys: %s"
            % (redis_sum(r, "rl:{zr:%s}:60:*" % kr), r.keys("rl:{zw:*")))
-    h.check(landed, "right password: count 3 not in Redis within 2 s")
-    h.check(not r.keys("rl:{zw:*"), "wrong password zone wrote to Redis")
+    h.expect(landed, "right password: count 3 not in Redis within 2 s")
+    h.expect(not r.keys("rl:{zw:*"), "wrong password zone wrote to Redis")
     time.sleep(0.3)
     text = ng.error_log_text() + ng.stderr_text()
     for secret in ("wrongpass", "s3cret"):
         leaks = [l for l in text.splitlines() if secret in l]
-        h.check(not leaks, "%r appears in the log: %s" % (secret, leaks[:2]))
+        h.expect(not leaks, "%r appears in the log: %s" % (secret, leaks[:2]))
