@@ -4,6 +4,7 @@
 #   make run     nginx in the foreground with nginx-conf/example.conf
 #   make test    unit tests + every t/*.t against the built nginx
 #   make check   cargo fmt --check + clippy -D warnings
+#   make bench   throughput, Redis cost and accuracy against nginx's limit_req
 #   make build-debian  the module for Debian's nginx (nginx-dev), in build/debian
 #   make test-lua      the Lua API tests (t/lua) on Debian's nginx + lua module
 #
@@ -26,7 +27,7 @@ DEB_BUILD    := build/debian
 DEB_PACKAGES_NGINX := nginx nginx-dev libnginx-mod-http-lua
 LUA_MODULES  := /usr/lib/nginx/modules/ndk_http_module.so /usr/lib/nginx/modules/ngx_http_lua_module.so
 
-.PHONY: all build deps deps-debian build-debian run test unit integration scenarios test-lua check clean
+.PHONY: all build deps deps-debian build-debian run test unit integration scenarios test-lua check bench clean
 
 all: build
 
@@ -119,6 +120,9 @@ test-lua: build-debian
 # Everything, with one summary line at the end.
 test: build build-debian
 	@bash t/run-all
+
+bench: build
+	python3 bench/run.py --with-trace
 
 check:
 	$(CARGO) fmt --check

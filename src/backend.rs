@@ -84,6 +84,8 @@ pub struct Channel {
     up: Vec<AtomicBool>,
     /// Increments dropped because the batch was full.
     pub dropped: AtomicU64,
+    /// An increment of a key near its limit is waiting: flush now.
+    urgent: AtomicBool,
     done: Mutex<bool>,
     done_cv: Condvar,
 }
@@ -98,21 +100,33 @@ impl Channel {
             notify_fd,
             up: (0..zones).map(|_| AtomicBool::new(true)).collect(),
             dropped: AtomicU64::new(0),
+            urgent: AtomicBool::new(false),
             done: Mutex::new(false),
             done_cv: Condvar::new(),
         }
     }
 
     /// Queues one increment (request path: never blocks on I/O).
-    pub fn push(&self, id: ItemId, namespace: &[u8], key: &[u8], period: u32, limit: u32) -> bool {
+    /// Queues one increment. `urgent` (the key is near its limit) skips the
+    /// flush pacing: other nodes should learn of it as soon as possible.
+    pub fn push(
+        &self,
+        id: ItemId,
+        namespace: &[u8],
+        key: &[u8],
+        period: u32,
+        limit: u32,
+        urgent: bool,
+    ) -> bool {
         let mut b = self.batch.lock();
         let was_empty = b.is_empty();
         let ok = b.add(id, namespace, key, period, limit);
         if !ok {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
+        let wake = ok && (was_empty || (urgent && !self.urgent.swap(true, Ordering::AcqRel)));
         drop(b);
-        if was_empty && ok {
+        if wake {
             self.wake.notify_one();
         }
         ok
@@ -232,7 +246,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                     continue;
                 }
                 let ready = last_flush.map_or(Duration::MAX, |t| t.elapsed());
-                if ready >= FLUSH_INTERVAL {
+                if ready >= FLUSH_INTERVAL || ch.urgent.swap(false, Ordering::AcqRel) {
                     break b.drain();
                 }
                 ch.wake.wait_for(&mut b, FLUSH_INTERVAL - ready);
@@ -331,6 +345,10 @@ struct Backend {
     watch: HashMap<ItemId, Watch>,
     /// Increments whose pipeline failed, sent again with the next flush.
     retry: HashMap<ItemId, Item>,
+    /// (key, window) counters whose EXPIRE this connection already set:
+    /// one EXPIRE per counter and window is enough. Cleared on reconnect (a
+    /// restarted Redis may have lost the TTL with the key).
+    expiring: std::collections::HashSet<ItemId>,
 }
 
 impl Backend {
@@ -353,6 +371,7 @@ impl Backend {
             secrets,
             watch: HashMap::new(),
             retry: HashMap::new(),
+            expiring: std::collections::HashSet::new(),
         }
     }
 
@@ -494,6 +513,7 @@ impl Backend {
     }
 
     fn connect(&mut self) -> redis::RedisResult<Conn> {
+        self.expiring.clear();
         let t = self.spec.timeout;
         if self.spec.cluster {
             let client = redis::cluster::ClusterClient::builder(self.spec.urls.clone())
@@ -598,6 +618,11 @@ impl Backend {
         match result {
             Ok(values) => {
                 self.recovered(events);
+                if self.expiring.len() > 4 * BATCH_CAPACITY {
+                    self.expiring.clear();
+                }
+                self.expiring
+                    .extend(items.iter().filter(|(_, i)| i.n > 0).map(|(id, _)| *id));
                 let now = Instant::now();
                 let now_ms = unix_ms();
                 for ((id, item), pair) in items.iter().zip(values.chunks(2)) {
@@ -652,6 +677,7 @@ impl Backend {
     fn delete(&mut self, d: &Delete, events: &mut Vec<Event>) {
         // counted before the reset: forget them too
         self.retry.retain(|id, _| id.entry != d.entry);
+        self.expiring.retain(|id| id.entry != d.entry);
         self.watch.retain(|id, _| id.entry != d.entry);
         if self.conn.is_none() {
             if self.retry_at.is_some_and(|t| Instant::now() < t) {
@@ -727,11 +753,13 @@ impl Backend {
             }
             let mut incr = redis::cmd("INCRBY");
             incr.arg(&cur).arg(item.n);
-            let mut expire = redis::cmd("EXPIRE");
-            expire.arg(&cur).arg(2 * p);
             out.push((incr, false));
             out.push((get, false));
-            out.push((expire, true));
+            if !self.expiring.contains(id) {
+                let mut expire = redis::cmd("EXPIRE");
+                expire.arg(&cur).arg(2 * p);
+                out.push((expire, true));
+            }
         }
         out
     }

@@ -168,7 +168,8 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
 
     if counted && how == Mode::Remote {
         if let Some(ch) = channel {
-            push(ch, index, id, ns, key, rate, now);
+            let urgent = after.remaining(limit) <= limit / 2;
+            push(ch, index, id, ns, key, rate, now, urgent);
         }
     }
     // SAFETY: out-pointers are checked for null; the caller owns them.
@@ -196,13 +197,23 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     }
 }
 
-fn push(ch: &Channel, zone: usize, id: [u64; 2], ns: &[u8], key: &[u8], rate: Rate, now: u64) {
+#[allow(clippy::too_many_arguments)]
+fn push(
+    ch: &Channel,
+    zone: usize,
+    id: [u64; 2],
+    ns: &[u8],
+    key: &[u8],
+    rate: Rate,
+    now: u64,
+    urgent: bool,
+) {
     let item = ItemId {
         zone: zone as u32,
         entry: id,
         window: window_index(now, rate.period_ms()),
     };
-    ch.push(item, ns, key, rate.period, rate.limit);
+    ch.push(item, ns, key, rate.period, rate.limit, urgent);
 }
 
 /// Forgets `key` (for the period) in this node's zone and in Redis.

@@ -263,8 +263,8 @@ fn decide(
     let mut remaining = u32::MAX;
     let mut tightest: Option<usize> = None;
     let mut retry_at = now;
-    // (check index, limit) of each distinct entry to send to Redis
-    let mut sends: Vec<(usize, u32)> = Vec::new();
+    // (check index, limit, near its limit) of each distinct entry to send
+    let mut sends: Vec<(usize, u32, bool)> = Vec::new();
     if rejected {
         for c in checks.iter().filter(|c| !c.result.allowed) {
             retry_at = retry_at.max(c.result.retry_at_ms);
@@ -286,7 +286,7 @@ fn decide(
                     let e = guards[c.guard].table.entry_mut(c.entry);
                     counter::count(e, c.remote);
                     if c.remote {
-                        sends.push((i, c.limit.rate.limit));
+                        sends.push((i, c.limit.rate.limit, false));
                     }
                 }
                 Some(first) => {
@@ -299,6 +299,14 @@ fn decide(
         for (i, c) in checks.iter().enumerate() {
             let e = guards[c.guard].table.entry(c.entry);
             let left = counter::estimate(e, c.limit.rate, now).remaining(c.limit.rate.limit);
+            if left <= c.limit.rate.limit / 2 {
+                if let Some(s) = sends
+                    .iter_mut()
+                    .find(|s| checks[s.0].entry == c.entry && checks[s.0].guard == c.guard)
+                {
+                    s.2 = true;
+                }
+            }
             if left < remaining {
                 remaining = left;
                 tightest = Some(i);
@@ -308,7 +316,7 @@ fn decide(
     drop(guards);
 
     if let Some(ch) = channel {
-        for &(i, limit) in &sends {
+        for &(i, limit, urgent) in &sends {
             let c = &checks[i];
             let p = c.limit.rate.period_ms();
             let id = ItemId {
@@ -322,6 +330,7 @@ fn decide(
                 c.key.as_bytes(),
                 c.limit.rate.period,
                 limit,
+                urgent,
             );
         }
     }

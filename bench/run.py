@@ -1,0 +1,838 @@
+#!/usr/bin/env python3
+"""Benchmark harness for ngx_http_redis_ratelimit_module.
+
+    python3 bench/run.py [--quick] [--duration S] [--with-trace | --no-trace]
+
+Starts one redis-server and two nginx instances (build/sbin/nginx + the
+built module; 1 worker each, access_log off, 127.0.0.1, free ports) in a
+temporary directory, then in the same run:
+
+  * throughput: wrk -t1 -c32 -dS --latency against six cases that all serve
+    the same small static file (baseline, limit_req, embedded zone, Redis
+    zone with one hot key, Redis zone with 10 000 keys, the breaker path)
+    plus a `return 429` reference for the breaker path, with a 1 s warm-up
+    each, 2 rounds in alternating order (best kept); Redis commands per
+    allowed request from INFO commandstats; shared-memory bytes per key
+    measured by filling a 1m zone until its first key is evicted;
+  * accuracy: single-node flood, two-node flood, steady 2x overload, and
+    (--with-trace) the trace simulation over the crate's decision code
+    (cargo test --release --test trace_sim -- --nocapture --exact trace_simulation;
+    Cargo.toml needs [[test]] name = "trace_sim", path = "bench/trace_sim.rs").
+
+Prints two markdown tables with the targets and a check mark next to each
+figure (nothing is asserted: the exit status is 0 unless the harness itself
+failed). Every process started here is stopped by its PID on exit, on
+failure and on Ctrl-C. Python 3.11 stdlib, wrk and redis-server only.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MODULE_NAME = "ngx_http_redis_ratelimit_module"
+FILE_BODY = b"x" * 63 + b"\n"  # the small static file every case serves
+
+# --------------------------------------------------------------------------
+# processes
+# --------------------------------------------------------------------------
+
+STARTED = []  # (description, Popen) of every long-running process we own
+NGINXES = []  # Nginx instances, for their error logs when something fails
+ODDITIES = []  # things to print after the tables
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def child_pids(pid):
+    """PIDs whose parent is `pid` (nginx workers of a master)."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            out = [int(x) for x in f.read().split()]
+    except OSError:
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def stop(desc, p, sig=signal.SIGTERM, wait=5.0):
+    """Stops one process we started (and, for an nginx master, its workers)
+    by PID: `sig`, then SIGKILL after `wait` seconds."""
+    if p.poll() is not None:
+        return
+    kids = child_pids(p.pid)
+    try:
+        os.kill(p.pid, sig)
+    except ProcessLookupError:
+        pass
+    try:
+        p.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        log(f"{desc} (pid {p.pid}) did not stop: SIGKILL")
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(timeout=5)
+    # workers exit with their master; make sure of it
+    deadline = time.time() + 3
+    for k in kids:
+        while time.time() < deadline and os.path.exists(f"/proc/{k}"):
+            try:
+                with open(f"/proc/{k}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except OSError:
+                break
+            time.sleep(0.05)
+        if os.path.exists(f"/proc/{k}") and time.time() >= deadline:
+            try:
+                os.kill(k, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def stop_all():
+    while STARTED:
+        desc, p = STARTED.pop()
+        try:
+            stop(desc, p)
+        except Exception as e:  # keep stopping the others
+            log(f"stopping {desc}: {e}")
+
+
+def on_signal(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def free_port(taken):
+    for _ in range(100):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        finally:
+            s.close()
+        if port not in taken:
+            taken.add(port)
+            return port
+    raise RuntimeError("no free port")
+
+
+def wait_port(port, proc, desc, timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{desc} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{desc} does not listen on {port}")
+
+
+# --------------------------------------------------------------------------
+# Redis (a minimal RESP client, enough for INFO / GET / PING)
+# --------------------------------------------------------------------------
+
+
+class Redis:
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.rf = self.sock.makefile("rb")
+
+    def cmd(self, *args):
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        self.sock.sendall(b"".join(out))
+        return self._reply()
+
+    def _reply(self):
+        line = self.rf.readline()
+        if not line:
+            raise ConnectionError("redis closed the connection")
+        t, rest = line[:1], line[1:-2]
+        if t == b"+":
+            return rest.decode()
+        if t == b"-":
+            raise RuntimeError("redis: " + rest.decode())
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = self.rf.read(n + 2)[:-2]
+            return data
+        if t == b"*":
+            return [self._reply() for _ in range(int(rest))]
+        raise RuntimeError(f"redis: unexpected reply {line!r}")
+
+    def commands(self):
+        """Total calls of every command but INFO itself, from commandstats."""
+        info = self.cmd("INFO", "commandstats").decode()
+        total = 0
+        for m in re.finditer(r"^cmdstat_([^:]+):calls=(\d+)", info, re.M):
+            if m.group(1) != "info":
+                total += int(m.group(2))
+        return total
+
+    def close(self):
+        self.sock.close()
+
+
+def start_redis(work, port):
+    d = os.path.join(work, "redis")
+    os.makedirs(d)
+    cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+           "--save", "", "--appendonly", "no", "--dir", d,
+           "--logfile", os.path.join(d, "redis.log"), "--daemonize", "no"]
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    STARTED.append(("redis-server", p))
+    wait_port(port, p, "redis-server")
+    r = Redis(port)
+    for _ in range(50):
+        try:
+            if r.cmd("PING") == "PONG":
+                break
+        except RuntimeError:  # LOADING
+            time.sleep(0.1)
+    return r
+
+
+# --------------------------------------------------------------------------
+# nginx
+# --------------------------------------------------------------------------
+
+NGINX_CONF = """\
+load_module {module};
+worker_processes 1;
+{affinity}
+error_log logs/error.log error;
+pid logs/nginx.pid;
+events {{
+    worker_connections 4096;
+}}
+http {{
+    access_log off;
+    server_tokens off;
+    default_type text/plain;
+    keepalive_requests 10000000;
+    keepalive_timeout 300s;
+
+    limit_req_zone $binary_remote_addr zone=lr:10m rate=100000000r/s;
+
+    redis_ratelimit_zone $binary_remote_addr zone=e:10m;
+    redis_ratelimit_zone $binary_remote_addr zone=r:10m redis={redis};
+    redis_ratelimit_zone $http_x_key zone=k:10m redis={redis};
+    redis_ratelimit_zone $binary_remote_addr zone=x:10m redis={redis};
+    redis_ratelimit_zone $arg_k zone=m:1m;
+    redis_ratelimit_zone $arg_k zone=acc:10m redis={redis};
+
+    # rejections are logged at info, below error_log's level: no log cost
+    redis_ratelimit_log_level info;
+    redis_ratelimit_status 429;
+
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        root html;
+
+        location = /b {{ try_files /f.txt =404; }}
+        location = /lr {{
+            limit_req zone=lr burst=1000000 nodelay;
+            try_files /f.txt =404;
+        }}
+        location = /e {{ redis_ratelimit e 1000000000r/s; try_files /f.txt =404; }}
+        location = /r {{ redis_ratelimit r 1000000000r/s; try_files /f.txt =404; }}
+        location = /k {{ redis_ratelimit k 1000000000r/s; try_files /f.txt =404; }}
+        location = /x {{ redis_ratelimit x 1r/d; try_files /f.txt =404; }}
+        location = /m {{ redis_ratelimit m 1r/d; try_files /f.txt =404; }}
+        location = /a {{ redis_ratelimit acc 1000r/m; try_files /f.txt =404; }}
+        location = /s {{ redis_ratelimit acc 200r/s; try_files /f.txt =404; }}
+        location = /z {{ return 429; }}
+    }}
+}}
+"""
+
+
+class Nginx:
+    def __init__(self, binary, module, work, name, port, redis_port, cpu):
+        self.binary = binary
+        self.name = name
+        self.port = port
+        self.prefix = os.path.join(work, name)
+        for sub in ("conf", "logs", "html"):
+            os.makedirs(os.path.join(self.prefix, sub))
+        with open(os.path.join(self.prefix, "html", "f.txt"), "wb") as f:
+            f.write(FILE_BODY)
+        conf = NGINX_CONF.format(
+            module=module, port=port, redis=f"redis://127.0.0.1:{redis_port}",
+            affinity=(f"worker_cpu_affinity {1 << cpu:b};" if cpu is not None else ""))
+        self.conf = os.path.join(self.prefix, "conf", "nginx.conf")
+        with open(self.conf, "w") as f:
+            f.write(conf)
+        # the master runs as root, the workers as nobody
+        for dirpath, dirs, files in os.walk(self.prefix):
+            os.chmod(dirpath, 0o755)
+            for fn in files:
+                os.chmod(os.path.join(dirpath, fn), 0o644)
+        self.proc = None
+        NGINXES.append(self)
+
+    def start(self):
+        base = [self.binary, "-p", self.prefix + "/", "-c", self.conf]
+        t = subprocess.run(base + ["-t", "-q"], capture_output=True, text=True)
+        if t.returncode != 0:
+            raise RuntimeError(f"nginx -t failed for {self.name}:\n{t.stderr}")
+        self.proc = subprocess.Popen(base + ["-g", "daemon off;"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        STARTED.append((f"nginx {self.name}", self.proc))
+        wait_port(self.port, self.proc, f"nginx {self.name}")
+        deadline = time.time() + 5
+        while not child_pids(self.proc.pid) and time.time() < deadline:
+            time.sleep(0.05)
+        self.workers = child_pids(self.proc.pid)
+
+    def check_workers(self, when):
+        """Notes a worker that died (and was respawned) since the last check."""
+        now = child_pids(self.proc.pid)
+        if now != self.workers:
+            msg = f"nginx {self.name}: worker pids {self.workers} -> {now} during {when} (crash?)"
+            log(msg)
+            ODDITIES.append(msg)
+            self.workers = now
+
+    def error_lines(self):
+        try:
+            with open(os.path.join(self.prefix, "logs", "error.log"), errors="replace") as f:
+                return [l.rstrip("\n") for l in f if l.strip()]
+        except OSError:
+            return []
+
+
+# --------------------------------------------------------------------------
+# a raw HTTP/1.1 keep-alive client (pipelined batches)
+# --------------------------------------------------------------------------
+
+
+class Http:
+    def __init__(self, port, timeout=10):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.rf = self.sock.makefile("rb", buffering=1 << 16)
+
+    @staticmethod
+    def request(path, headers=b""):
+        return b"GET " + path + b" HTTP/1.1\r\nHost: bench\r\n" + headers + b"\r\n"
+
+    def read_status(self):
+        line = self.rf.readline()
+        if not line:
+            raise ConnectionError("nginx closed the connection")
+        status = int(line.split()[1])
+        length = 0
+        while True:
+            h = self.rf.readline()
+            if h in (b"\r\n", b"\n"):
+                break
+            if not h:
+                raise ConnectionError("truncated response")
+            k, _, v = h.partition(b":")
+            k = k.strip().lower()
+            if k == b"content-length":
+                length = int(v)
+            elif k == b"transfer-encoding":
+                raise RuntimeError("chunked response not expected")
+        if length:
+            self.rf.read(length)
+        return status
+
+    def get(self, path):
+        self.sock.sendall(self.request(path))
+        return self.read_status()
+
+    def pipeline(self, paths, batch=512):
+        out = []
+        pending = 0
+        for i in range(0, len(paths), batch):
+            chunk = paths[i:i + batch]
+            self.sock.sendall(b"".join(self.request(p) for p in chunk))
+            # keep one batch in flight while reading the previous one
+            if pending:
+                out.extend(self.read_status() for _ in range(pending))
+            pending = len(chunk)
+        out.extend(self.read_status() for _ in range(pending))
+        return out
+
+    def close(self):
+        self.sock.close()
+
+
+# --------------------------------------------------------------------------
+# wrk
+# --------------------------------------------------------------------------
+
+BENCH_RE = re.compile(r"^BENCH (.*)$", re.M)
+
+
+def run_wrk(url, conns, duration, script, cpu=None, args=(), timeout_extra=30):
+    cmd = (["taskset", "-c", str(cpu)] if cpu is not None else []) + [
+        "wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", "--timeout", "10s",
+        "-s", script, url]
+    if args:
+        cmd += ["--"] + list(args)
+    return cmd
+
+
+def parse_wrk(out, cmd):
+    m = BENCH_RE.search(out)
+    if not m:
+        raise RuntimeError(f"no result from {' '.join(cmd)}:\n{out}")
+    r = {}
+    for kv in m.group(1).split():
+        k, v = kv.split("=")
+        r[k] = float(v)
+    r["allowed"] = int(r["requests"] - r["non2xx"])
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    r["sock_errors"] = int(r["connect"] + r["read"] + r["write"] + r["timeout"])
+    return r
+
+
+def wrk(url, conns, duration, script, cpu=None, args=()):
+    cmd = run_wrk(url, conns, duration, script, cpu, args)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}{p.stderr}")
+    return parse_wrk(p.stdout, cmd)
+
+
+def wrk_parallel(jobs):
+    """Runs several wrk at once (each a tuple of run_wrk arguments)."""
+    procs = []
+    try:
+        for j in jobs:
+            cmd = run_wrk(*j)
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            procs.append((cmd, p))
+        results = []
+        for cmd, p in procs:
+            out, err = p.communicate(timeout=max(j[2] for j in jobs) + 60)
+            if p.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed:\n{out}{err}")
+            results.append(parse_wrk(out, cmd))
+        return results
+    finally:
+        for cmd, p in procs:
+            if p.poll() is None:
+                stop("wrk", p, signal.SIGTERM, 2)
+
+
+# --------------------------------------------------------------------------
+# measurements
+# --------------------------------------------------------------------------
+
+
+def shm_bytes_per_key(port, zone_bytes):
+    """Capacity of the 1m zone `m` (1r/d per `$arg_k`), found empirically.
+
+    Insert keys 0..M-1 once each (all 200). If key 0 still answers 429 the
+    zone holds at least M keys: double M and retry with fresh keys (older
+    keys are least recently used, so they go first). Otherwise key 0 was
+    evicted; asking for it again re-inserted it and evicted the oldest
+    survivor, M-C. Walking down from M-1, survivors answer 429 (which only
+    touches them) until M-C, the first 200: capacity C = M - (M-C)."""
+    c = Http(port)
+    try:
+        m = 1024
+        trial = 0
+        while True:
+            trial += 1
+            pfx = b"/m?k=t%d-" % trial
+            st = c.pipeline([pfx + b"%d" % i for i in range(m)])
+            bad = sum(1 for s in st if s != 200)
+            if bad:
+                raise RuntimeError(f"shm probe: {bad} of {m} fresh keys were not allowed")
+            if c.get(pfx + b"0") == 429:
+                if m >= 1 << 24:
+                    raise RuntimeError("shm probe: zone never evicts")
+                m *= 2
+                continue
+            down = list(range(m - 1, 0, -1))
+            st = c.pipeline([pfx + b"%d" % j for j in down])
+            first = next((j for j, s in zip(down, st) if s == 200), None)
+            if first is None:
+                raise RuntimeError("shm probe: no evicted key found")
+            cap = m - first
+            return zone_bytes / cap, cap, m
+    finally:
+        c.close()
+
+
+def paced(port, path, rate, duration, conns=4):
+    """Sends `rate` req/s for `duration` s, evenly spaced, over `conns`
+    keep-alive connections (connection i takes slots i, i+conns, ...).
+    Starts 1 ms after a whole second. Returns (sent, allowed, max lag s)."""
+    interval = 1.0 / rate
+    total = int(rate * duration)
+    t0 = int(time.time()) + 1.001
+    results = [None] * conns
+    errors = []
+
+    def worker(i):
+        sent = allowed = 0
+        lag = 0.0
+        try:
+            h = Http(port)
+            req = Http.request(path)
+            for slot in range(i, total, conns):
+                at = t0 + slot * interval
+                while True:
+                    d = at - time.time()
+                    if d <= 0:
+                        break
+                    time.sleep(d if d > 0.002 else d / 2)
+                lag = max(lag, time.time() - at)
+                h.sock.sendall(req)
+                s = h.read_status()
+                sent += 1
+                allowed += 1 if 200 <= s < 300 else 0
+            h.close()
+        except Exception as e:
+            errors.append(e)
+        results[i] = (sent, allowed, lag)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(duration + 30)
+    if errors:
+        raise RuntimeError(f"pacing client: {errors[0]}")
+    return (sum(r[0] for r in results), sum(r[1] for r in results),
+            max(r[2] for r in results))
+
+
+def wait_minute_safe(limit=50):
+    """Waits for the next minute if fewer than 60-limit seconds are left."""
+    s = time.time() % 60
+    if s > limit:
+        log(f"waiting {60 - s:.1f} s for the start of a minute")
+        time.sleep(60 - s + 0.05)
+
+
+# --------------------------------------------------------------------------
+# formatting
+# --------------------------------------------------------------------------
+
+
+def mark(ok):
+    return "✓" if ok else "✗"
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(out)
+
+
+def ms(us):
+    return f"{us / 1000:.2f} ms"
+
+
+# --------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 s per throughput case")
+    ap.add_argument("--duration", type=int, default=None,
+                    help="seconds per throughput case (default 5, --quick 2)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds over all throughput cases, best kept (default 2, --quick 1)")
+    ap.add_argument("--with-trace", dest="trace", action="store_true",
+                    help="also run the trace simulation (cargo test --release --test trace_sim)")
+    ap.add_argument("--no-trace", dest="trace", action="store_false")
+    ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--nginx", default=os.path.join(ROOT, "build", "sbin", "nginx"))
+    ap.add_argument("--module", default=os.path.join(ROOT, "build", "modules", MODULE_NAME + ".so"))
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.set_defaults(trace=False)
+    a = ap.parse_args()
+    duration = a.duration or (2 if a.quick else 5)
+    rounds = a.rounds or (1 if a.quick else 2)
+
+    for exe in ("wrk", "redis-server"):
+        if not shutil.which(exe):
+            sys.exit(f"bench: {exe} not found (apt-get install {exe.split('-')[0]})")
+    for f in (a.nginx, a.module):
+        if not os.path.exists(f):
+            sys.exit(f"bench: {f} not found (make build)")
+
+    ncpu = os.cpu_count() or 1
+    pin = bool(shutil.which("taskset")) and ncpu >= 2
+    cpu_nginx, cpu_wrk, cpu_nginx_b = (0, 1, 1) if pin else (None, None, None)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    work = tempfile.mkdtemp(prefix="rrl-bench-")
+    os.chmod(work, 0o755)
+    taken = set()
+    try:
+        return bench(a, duration, rounds, work, taken, pin, cpu_nginx, cpu_wrk, cpu_nginx_b)
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    except Exception:
+        for n in NGINXES:
+            if n.proc is not None:
+                log(f"nginx {n.name}: worker pids now {child_pids(n.proc.pid)}; error.log tail:")
+                for l in n.error_lines()[-10:]:
+                    log("    " + l)
+        raise
+    finally:
+        stop_all()
+        if a.keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def bench(a, duration, rounds, work, taken, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
+    t_start = time.time()
+    redis_port = free_port(taken)
+    redis = start_redis(work, redis_port)
+    a_port, b_port = free_port(taken), free_port(taken)
+    # Run private copies: a concurrent `make build` rewrites build/ in place,
+    # which would crash (SIGBUS/SIGSEGV) an nginx that has the files mapped.
+    os.makedirs(os.path.join(work, "bin"))
+    binary = os.path.join(work, "bin", "nginx")
+    module = os.path.join(work, "bin", MODULE_NAME + ".so")
+    shutil.copyfile(a.nginx, binary)
+    shutil.copyfile(a.module, module)
+    os.chmod(os.path.join(work, "bin"), 0o755)
+    os.chmod(binary, 0o755)
+    os.chmod(module, 0o755)
+    na = Nginx(binary, module, work, "a", a_port, redis_port, cpu_nginx)
+    nb = Nginx(binary, module, work, "b", b_port, redis_port, cpu_nginx_b)
+    na.start()
+    nb.start()
+    stats = os.path.join(HERE, "stats.lua")
+    keys = os.path.join(HERE, "keys.lua")
+    base = f"http://127.0.0.1:{a_port}"
+
+    ver = subprocess.run([binary, "-v"], capture_output=True, text=True).stderr.strip()
+    rver = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
+    rver = (re.search(r"v=(\S+)", rver) or re.search(r"(\S+)", rver)).group(1)
+    print(f"# ngx_http_redis_ratelimit benchmark — {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    print()
+    print(f"{ver.replace('nginx version: ', '')}, 1 worker per instance, access_log off; "
+          f"redis-server {rver}; {os.cpu_count()} CPUs; "
+          f"wrk -t1 -c32 -d{duration}s --latency after a 1 s warm-up per case; "
+          f"{rounds} round(s) in alternating order, the best kept.")
+    if pin:
+        print("CPU pinning: nginx worker on CPU 0 (worker_cpu_affinity, its Redis I/O thread "
+              "included), wrk on CPU 1 (taskset); redis-server not pinned. Two-node flood: "
+              "the second nginx worker on CPU 1, both wrk unpinned.")
+    else:
+        print("CPU pinning: none (taskset missing or a single CPU).")
+    print()
+
+    # ---- throughput -------------------------------------------------------
+    cases = [
+        ("baseline", "no limiting", "/b", stats, ()),
+        ("limit_req", "nginx limit_req, 10m zone, rate never reached", "/lr", stats, ()),
+        ("embedded", "module, embedded zone, limit never reached", "/e", stats, ()),
+        ("redis-hot", "module, Redis zone, one hot key", "/r", stats, ()),
+        ("redis-10k", "module, Redis zone, 10 000 keys (X-Key)", "/k", keys, ("10000",)),
+        ("breaker", "module, Redis zone, every request over 1r/d", "/x", stats, ()),
+        ("ref-429", "reference: `return 429`, no limiter", "/z", stats, ()),
+    ]
+    h = Http(a_port)
+    first = [h.get(b"/x") for _ in range(3)]
+    h.close()
+    time.sleep(0.5)  # let Redis confirm and open the breaker
+    if first[0] != 200 or 200 in first[1:]:
+        ODDITIES.append(f"breaker pre-warm (1r/d) answered {first}, expected 200 then 429s")
+    runs = {name: [] for name, *_ in cases}
+    for rnd in range(rounds):
+        # alternate the order so that a drift of the machine cancels out
+        order = cases if rnd % 2 == 0 else cases[::-1]
+        for name, desc, path, script, args in order:
+            log(f"throughput: {name} (round {rnd + 1}/{rounds})")
+            wrk(base + path, 32, 1, script, cpu_wrk, args)  # warm-up
+            time.sleep(0.3)
+            before = redis.commands()
+            r = wrk(base + path, 32, duration, script, cpu_wrk, args)
+            time.sleep(0.5)  # the background thread flushes what it queued
+            r["cmds"] = redis.commands() - before
+            runs[name].append(r)
+            na.check_workers(name)
+    res = {}
+    for name, rs in runs.items():
+        best = dict(max(rs, key=lambda r: r["rps"]))
+        # Redis commands per allowed request over every round
+        best["cmds"] = sum(r["cmds"] for r in rs)
+        best["allowed_all"] = sum(r["allowed"] for r in rs)
+        best["spread"] = (max(r["rps"] for r in rs) - min(r["rps"] for r in rs)) / best["rps"]
+        res[name] = best
+
+    log("shared memory per key")
+    zone_bytes = 1 << 20
+    per_key, cap, probe_m = shm_bytes_per_key(a_port, zone_bytes)
+
+    b = res["baseline"]["rps"]
+    rows = []
+    for name, desc, _, _, _ in cases:
+        r = res[name]
+        ratio = r["rps"] / b
+        if r["allowed_all"]:
+            cpa = f"{r['cmds'] / r['allowed_all']:.4f}"
+        else:
+            cpa = f"n/a (0 allowed, {r['cmds']} cmds)"
+        targets = []
+        if name == "embedded":
+            v = r["rps"] / res["limit_req"]["rps"]
+            targets.append((f"÷ limit_req = {v:.2f} ≥ 1.00", v >= 1.00))
+        elif name == "redis-hot":
+            targets.append((f"÷ baseline ≥ 0.90", ratio >= 0.90))
+            cp = r["cmds"] / max(r["allowed_all"], 1)
+            targets.append((f"cmds/allowed ≤ 0.05", cp <= 0.05))
+        elif name == "breaker":
+            targets.append((f"÷ baseline ≥ 1.00", ratio >= 1.00))
+            targets.append((f"(÷ ref-429 = {r['rps'] / res['ref-429']['rps']:.2f})", None))
+        notes = []
+        if name == "breaker" and r["allowed"]:
+            notes.append(f"{r['allowed']} allowed!")
+        if r["sock_errors"]:
+            notes.append(f"{r['sock_errors']} socket errors")
+        if name not in ("breaker", "ref-429") and r["non2xx"]:
+            notes.append(f"{int(r['non2xx'])} non-2xx!")
+        label = f"{name}: {desc}" + (f" ({'; '.join(notes)})" if notes else "")
+        rps = f"{r['rps']:,.0f}" + (f" (±{r['spread'] * 50:.0f}%)" if rounds > 1 else "")
+        rows.append([label, rps, ms(r["p50_us"]), ms(r["p99_us"]),
+                     f"{ratio:.3f}", cpa,
+                     "; ".join(t for t, _ in targets) or "—",
+                     " ".join(mark(ok) for _, ok in targets if ok is not None)])
+    rows.append([f"shared memory per key (zone=1m holds {cap} keys; probe M={probe_m})",
+                 "", "", "", "", "", f"{per_key:.1f} B ≤ 128", mark(per_key <= 128)])
+    print("## Throughput")
+    print()
+    na.check_workers("shm probe")
+    print(table(["case", "req/s", "p50", "p99", "÷ baseline", "Redis cmds / allowed",
+                 "target", "✓/✗"], rows))
+    print()
+    sys.stdout.flush()
+
+    # ---- accuracy -----------------------------------------------------------
+    if not a.skip_accuracy:
+        arows = []
+        stamp = int(time.time())
+
+        log("accuracy: single-node flood")
+        # a and b each flood a fresh key for 3 s inside one minute window:
+        # start both before second 50 of the minute
+        wait_minute_safe(45)
+        r = wrk(f"{base}/a?k=one-{stamp}", 64, 3, stats, cpu_wrk)
+        v = r["allowed"] / 1000
+        na.check_workers("single-node flood")
+        arows.append(["a. single node, fresh key, 64 conns flood 3 s", "1000r/m",
+                      f"{int(r['requests']):,}", r["allowed"], f"{v:.3f}", "≤ 1.02",
+                      mark(v <= 1.02)])
+
+        log("accuracy: two-node flood")
+        wait_minute_safe(50)
+        key = f"two-{stamp}"
+        ra, rb = wrk_parallel([
+            (f"{base}/a?k={key}", 32, 3, stats, None),
+            (f"http://127.0.0.1:{b_port}/a?k={key}", 32, 3, stats, None)])
+        tot = ra["allowed"] + rb["allowed"]
+        v = tot / 1000
+        na.check_workers("two-node flood")
+        nb.check_workers("two-node flood")
+        arows.append([f"b. two nodes, same key, 2×32 conns flood 3 s "
+                      f"({ra['allowed']} + {rb['allowed']})", "1000r/m",
+                      f"{int(ra['requests'] + rb['requests']):,}", tot, f"{v:.3f}", "≤ 1.10",
+                      mark(v <= 1.10)])
+
+        log("accuracy: steady 2x overload (10 s)")
+        sent, allowed, lag = paced(a_port, f"/s?k=steady-{stamp}".encode(), 400, 10)
+        v = allowed / 10 / 200
+        na.check_workers("steady overload")
+        arows.append([f"c. steady 2× overload: 400 req/s paced for 10 s, from a window start "
+                      f"(sent {sent}, max lag {lag * 1000:.1f} ms)", "200r/s",
+                      f"{sent:,}", allowed, f"{v:.3f} (rate ÷ L)", "0.97–1.03",
+                      mark(0.97 <= v <= 1.03)])
+
+        print("## Accuracy")
+        print()
+        print(table(["case", "limit L", "requests", "allowed", "allowed ÷ L", "target", "✓/✗"],
+                    arows))
+        print()
+        sys.stdout.flush()
+
+    # ---- sanity: workers and error logs -----------------------------------
+    for o in ODDITIES:
+        print(f"NOTE: {o}")
+    for n in (na, nb):
+        lines = n.error_lines()
+        if lines:
+            print(f"nginx {n.name} error.log: {len(lines)} line(s) at level error or above; last:")
+            for l in lines[-5:]:
+                print(f"    {l}")
+            print()
+    redis.close()
+    stop_all()  # before cargo: free the CPUs
+
+    # ---- trace simulation -----------------------------------------------------
+    rc = 0
+    if a.trace:
+        log("trace simulation: cargo test --release --test trace_sim")
+        print("## Trace simulation (counter::check over simulated traffic vs an exact sliding log)")
+        print()
+        p = subprocess.run(["cargo", "test", "--release", "--test", "trace_sim", "--",
+                            "--nocapture", "--exact", "trace_simulation"],
+                           cwd=ROOT, capture_output=True, text=True)
+        keep = [l for l in p.stdout.splitlines()
+                if l.startswith(("|", "trace simulation", "wr.allow", "wrong decisions",
+                                 "test ", "thread"))]
+        print("\n".join(keep) if keep else p.stdout)
+        if p.returncode != 0:
+            print("```")
+            print(p.stderr[-3000:])
+            print("```")
+            rc = 1
+        print()
+    print(f"(whole run: {time.time() - t_start:.0f} s)")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
