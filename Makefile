@@ -34,41 +34,12 @@ all: build
 # Installs the Debian/Ubuntu packages the build and tests need, when missing
 # and when we are root (CI is root on a fresh machine).
 deps:
-	@missing=""; \
-	for p in $(DEB_PACKAGES); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing:$$missing"; \
-	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	  else \
-	    echo "missing packages:$$missing (install them, or run as root)"; exit 1; \
-	  fi; \
-	fi
+	@bash scripts/ensure-packages $(DEB_PACKAGES)
 
 # Debian's nginx, its configured source and its Lua module. A policy-rc.d
 # keeps the package from starting an nginx service on port 80.
 deps-debian: deps
-	@missing=""; \
-	for p in $(DEB_PACKAGES_NGINX); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing:$$missing"; \
-	    export DEBIAN_FRONTEND=noninteractive; \
-	    had_policy=0; [ -e /usr/sbin/policy-rc.d ] && had_policy=1; \
-	    [ $$had_policy = 1 ] || printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; \
-	    chmod +x /usr/sbin/policy-rc.d; \
-	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; rc=$$?; \
-	    [ $$had_policy = 1 ] || rm -f /usr/sbin/policy-rc.d; \
-	    [ $$rc = 0 ] || exit $$rc; \
-	  else \
-	    echo "missing packages:$$missing (install them, or run as root)"; exit 1; \
-	  fi; \
-	fi
+	@bash scripts/ensure-packages $(DEB_PACKAGES_NGINX)
 
 # The module for Debian's nginx: its nginx-dev source, configured with the
 # flags Debian used, and NGINX_BUILD_DIR pointing at it.

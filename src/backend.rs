@@ -441,20 +441,11 @@ impl Backend {
         if self.healthy || self.retry_at.is_some_and(|t| Instant::now() < t) {
             return;
         }
-        if self.conn.is_none() {
-            match self.connect() {
-                Ok(c) => self.conn = Some(c),
-                Err(e) => {
-                    self.failed("connecting to", &e, events);
-                    return;
-                }
-            }
+        if !self.ensure_conn(events) {
+            return;
         }
-        let ping = redis::cmd("PING");
-        let result: redis::RedisResult<redis::Value> = match self.conn.as_mut() {
-            Some(Conn::Single(con)) => ping.query(con),
-            Some(Conn::Cluster(con)) => ping.query(&mut **con),
-            None => return,
+        let Some(result) = self.exec(vec![(redis::cmd("PING"), false)]) else {
+            return;
         };
         match result {
             Ok(_) => self.recovered(events),
@@ -582,38 +573,14 @@ impl Backend {
     }
 
     fn flush(&mut self, items: &[(ItemId, Item)], events: &mut Vec<Event>) {
-        if self.conn.is_none() {
-            if self.retry_at.is_some_and(|t| Instant::now() < t) {
-                // backing off: sent with the first flush after it
-                self.keep_for_retry(items);
-                return;
-            }
-            match self.connect() {
-                Ok(c) => self.conn = Some(c),
-                Err(e) => {
-                    self.failed("connecting to", &e, events);
-                    self.keep_for_retry(items);
-                    return;
-                }
-            }
+        if !self.ensure_conn(events) {
+            // backing off or unreachable: sent with the first flush after it
+            self.keep_for_retry(items);
+            return;
         }
         let cmds = self.commands(items);
-        let result: redis::RedisResult<Vec<redis::Value>> = match self.conn.as_mut() {
-            Some(Conn::Single(con)) => {
-                let mut p = redis::pipe();
-                for c in cmds {
-                    add(&mut p, c);
-                }
-                p.query(con)
-            }
-            Some(Conn::Cluster(con)) => {
-                let mut p = redis::cluster::cluster_pipe();
-                for c in cmds {
-                    add_cluster(&mut p, c);
-                }
-                p.query(con)
-            }
-            None => return,
+        let Some(result) = self.exec(cmds) else {
+            return;
         };
         match result {
             Ok(values) => {
@@ -672,6 +639,49 @@ impl Backend {
         }
     }
 
+    /// A connection, unless backing off or connecting fails (then false).
+    fn ensure_conn(&mut self, events: &mut Vec<Event>) -> bool {
+        if self.conn.is_some() {
+            return true;
+        }
+        if self.retry_at.is_some_and(|t| Instant::now() < t) {
+            return false;
+        }
+        match self.connect() {
+            Ok(c) => {
+                self.conn = Some(c);
+                true
+            }
+            Err(e) => {
+                self.failed("connecting to", &e, events);
+                false
+            }
+        }
+    }
+
+    /// Sends the commands as one pipeline (per node, in a cluster).
+    fn exec(
+        &mut self,
+        cmds: Vec<(redis::Cmd, bool)>,
+    ) -> Option<redis::RedisResult<Vec<redis::Value>>> {
+        match self.conn.as_mut()? {
+            Conn::Single(con) => {
+                let mut p = redis::pipe();
+                for c in cmds {
+                    add(&mut p, c);
+                }
+                Some(p.query(con))
+            }
+            Conn::Cluster(con) => {
+                let mut p = redis::cluster::cluster_pipe();
+                for c in cmds {
+                    add_cluster(&mut p, c);
+                }
+                Some(p.query(con))
+            }
+        }
+    }
+
     /// Deletes both windows of a key (Lua's `reset`). Best effort: a failure
     /// is logged like any other.
     fn delete(&mut self, d: &Delete, events: &mut Vec<Event>) {
@@ -679,17 +689,8 @@ impl Backend {
         self.retry.retain(|id, _| id.entry != d.entry);
         self.expiring.retain(|id| id.entry != d.entry);
         self.watch.retain(|id, _| id.entry != d.entry);
-        if self.conn.is_none() {
-            if self.retry_at.is_some_and(|t| Instant::now() < t) {
-                return;
-            }
-            match self.connect() {
-                Ok(c) => self.conn = Some(c),
-                Err(e) => {
-                    self.failed("connecting to", &e, events);
-                    return;
-                }
-            }
+        if !self.ensure_conn(events) {
+            return;
         }
         let p = u64::from(d.period);
         let keys: Vec<Vec<u8>> = [d.window, d.window.saturating_sub(1)]
@@ -705,22 +706,8 @@ impl Backend {
                 (c, false)
             })
             .collect();
-        let result: redis::RedisResult<Vec<redis::Value>> = match self.conn.as_mut() {
-            Some(Conn::Single(con)) => {
-                let mut p = redis::pipe();
-                for c in cmds {
-                    add(&mut p, c);
-                }
-                p.query(con)
-            }
-            Some(Conn::Cluster(con)) => {
-                let mut p = redis::cluster::cluster_pipe();
-                for c in cmds {
-                    add_cluster(&mut p, c);
-                }
-                p.query(con)
-            }
-            None => return,
+        let Some(result) = self.exec(cmds) else {
+            return;
         };
         match result {
             Ok(_) => self.recovered(events),

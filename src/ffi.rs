@@ -11,12 +11,13 @@ use ngx::http::HttpModuleMainConf;
 
 use crate::backend::Channel;
 use crate::batch::{Delete, ItemId};
-use crate::conf::MainConf;
+use crate::conf::{MainConf, ZoneConf};
 use crate::counter;
 use crate::handler::{mode, now_ms, Mode};
 use crate::key::entry_id;
 use crate::rate::Rate;
 use crate::window::window_index;
+use crate::zone::Shared;
 use crate::Module;
 
 pub const OK: c_int = 0;
@@ -49,6 +50,49 @@ unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
     }
     // SAFETY: per the function's contract.
     Some(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// What every per-key call checks first: its bytes, the period, the zone.
+struct Call<'a> {
+    index: usize,
+    zone: &'a ZoneConf,
+    shared: &'a Shared,
+    ns: &'a [u8],
+    key: &'a [u8],
+}
+
+impl<'a> Call<'a> {
+    /// # Safety
+    /// Pointers must be valid for their lengths.
+    unsafe fn new(
+        zone: c_int,
+        namespace: *const u8,
+        namespace_len: usize,
+        period: u32,
+        key: *const u8,
+        key_len: usize,
+    ) -> Result<Call<'a>, c_int> {
+        // SAFETY: per the function's contract.
+        let (Some(ns), Some(key)) = (unsafe { bytes(namespace, namespace_len) }, unsafe {
+            bytes(key, key_len)
+        }) else {
+            return Err(ERR_ARGS);
+        };
+        if key.is_empty() || ns.is_empty() || !matches!(period, 1 | 60 | 3600 | 86400) {
+            return Err(ERR_ARGS);
+        }
+        let mcf = main_conf().ok_or(ERR_ZONE)?;
+        let index = usize::try_from(zone).map_err(|_| ERR_ZONE)?;
+        let z = mcf.zones.get(index).ok_or(ERR_ZONE)?;
+        let shared = z.shared.as_ref().ok_or(ERR_ZONE)?;
+        Ok(Call {
+            index,
+            zone: z,
+            shared,
+            ns,
+            key,
+        })
+    }
 }
 
 /// Index of the zone declared with `redis_ratelimit_zone ... zone=<name>:...`,
@@ -126,25 +170,21 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     retry_ms: *mut u64,
 ) -> c_int {
     // SAFETY: per the function's contract.
-    let (Some(ns), Some(key)) = (unsafe { bytes(namespace, namespace_len) }, unsafe {
-        bytes(key, key_len)
-    }) else {
-        return ERR_ARGS;
+    let call = match unsafe { Call::new(zone, namespace, namespace_len, period, key, key_len) } {
+        Ok(c) => c,
+        Err(rc) => return rc,
     };
-    if key.is_empty() || ns.is_empty() || limit == 0 || !matches!(period, 1 | 60 | 3600 | 86400) {
+    if limit == 0 {
         return ERR_ARGS;
     }
+    let Call {
+        index,
+        zone: z,
+        shared,
+        ns,
+        key,
+    } = call;
     let rate = Rate { limit, period };
-    let Some(mcf) = main_conf() else {
-        return ERR_ZONE;
-    };
-    let Some(z) = usize::try_from(zone).ok().and_then(|i| mcf.zones.get(i)) else {
-        return ERR_ZONE;
-    };
-    let Some(shared) = z.shared.as_ref() else {
-        return ERR_ZONE;
-    };
-    let index = zone as usize;
     let channel = crate::worker::channel();
     let how = mode(z, index, channel);
     let now = now_ms();
@@ -230,22 +270,15 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     key_len: usize,
 ) -> c_int {
     // SAFETY: per the function's contract.
-    let (Some(ns), Some(key)) = (unsafe { bytes(namespace, namespace_len) }, unsafe {
-        bytes(key, key_len)
-    }) else {
-        return ERR_ARGS;
-    };
-    if key.is_empty() || ns.is_empty() || !matches!(period, 1 | 60 | 3600 | 86400) {
-        return ERR_ARGS;
-    }
-    let Some(mcf) = main_conf() else {
-        return ERR_ZONE;
-    };
-    let Some(z) = usize::try_from(zone).ok().and_then(|i| mcf.zones.get(i)) else {
-        return ERR_ZONE;
-    };
-    let Some(shared) = z.shared.as_ref() else {
-        return ERR_ZONE;
+    let Call {
+        index,
+        zone: z,
+        shared,
+        ns,
+        key,
+    } = match unsafe { Call::new(zone, namespace, namespace_len, period, key, key_len) } {
+        Ok(c) => c,
+        Err(rc) => return rc,
     };
     let id = {
         let mut locked = shared.lock();
@@ -257,7 +290,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     if has_backend {
         if let Some(ch) = crate::worker::channel() {
             ch.delete(Delete {
-                zone: zone as u32,
+                zone: index as u32,
                 entry: id,
                 namespace: ns.to_vec(),
                 key: key.to_vec(),
