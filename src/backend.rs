@@ -40,6 +40,7 @@ const RETRY_MAX: usize = 1 << 16;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const LOG_INTERVAL: Duration = Duration::from_secs(1);
+const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A zone with a Redis backend, as the thread needs it.
 #[derive(Clone, Debug)]
@@ -212,6 +213,9 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
         .map(|z| (z.index, Backend::new(z)))
         .collect();
     let mut last_flush: Option<Instant> = None;
+    let mut drops_reported = 0u64;
+    let mut drops_logged: Option<Instant> = None;
+    let any_zone = backends.keys().copied().min().unwrap_or(0);
     loop {
         let (items, deletes) = {
             let mut b = ch.batch.lock();
@@ -288,6 +292,23 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
             if let Some(up) = ch.up.get(*zone as usize) {
                 up.store(b.healthy, Ordering::Relaxed);
             }
+        }
+        // A full queue drops increments (they stay counted on this node):
+        // say so, rarely.
+        let dropped = ch.dropped.load(Ordering::Relaxed);
+        if dropped > drops_reported && drops_logged.is_none_or(|t| t.elapsed() >= DROP_LOG_INTERVAL)
+        {
+            events.push(Event::Log {
+                zone: any_zone,
+                level: Level::Error,
+                message: format!(
+                    "redis_ratelimit: {} increments dropped: more than {} distinct keys waited for one flush",
+                    dropped - drops_reported,
+                    BATCH_CAPACITY
+                ),
+            });
+            drops_reported = dropped;
+            drops_logged = Some(Instant::now());
         }
         ch.publish(events);
     }
