@@ -465,8 +465,12 @@ impl Backend {
         if !self.ensure_conn(events) {
             return;
         }
-        let Some(result) = self.exec(vec![(redis::cmd("PING"), false)]) else {
-            return;
+        // A single command: a cluster pipeline refuses PING.
+        let ping = redis::cmd("PING");
+        let result: redis::RedisResult<redis::Value> = match self.conn.as_mut() {
+            Some(Conn::Single(con)) => ping.query(con),
+            Some(Conn::Cluster(con)) => ping.query(&mut **con),
+            None => return,
         };
         match result {
             Ok(_) => self.recovered(events),
@@ -599,9 +603,14 @@ impl Backend {
             self.keep_for_retry(items);
             return;
         }
-        let cmds = self.commands(items);
-        let Some(result) = self.exec(cmds) else {
-            return;
+        let groups = self.commands(items);
+        let result = match self.conn.as_mut() {
+            Some(Conn::Cluster(con)) => exec_cluster_items(con, groups),
+            Some(_) => match self.exec(groups.into_iter().flat_map(|g| g.cmds).collect()) {
+                Some(r) => r,
+                None => return,
+            },
+            None => return,
         };
         match result {
             Ok(values) => {
@@ -736,9 +745,13 @@ impl Backend {
         }
     }
 
-    fn commands(&self, items: &[(ItemId, Item)]) -> Vec<(redis::Cmd, bool)> {
-        let mut out = Vec::with_capacity(items.len() * 3);
+    /// Per item: the command whose reply is the current window's count
+    /// (`INCRBY`, or `GET` for a refresh), `GET` of the previous window, and
+    /// maybe `EXPIRE` (its reply ignored).
+    fn commands(&self, items: &[(ItemId, Item)]) -> Vec<Group> {
+        let mut all = Vec::with_capacity(items.len());
         for (id, item) in items {
+            let mut out = Vec::with_capacity(3);
             let ns = &item.namespace;
             let p = u64::from(item.period);
             let cur = redis_key(&self.spec.prefix, ns, &item.key, item.period, id.window * p);
@@ -757,6 +770,11 @@ impl Backend {
                 get_cur.arg(&cur);
                 out.push((get_cur, false));
                 out.push((get, false));
+                all.push(Group {
+                    incr: false,
+                    cur,
+                    cmds: out,
+                });
                 continue;
             }
             let mut incr = redis::cmd("INCRBY");
@@ -768,9 +786,86 @@ impl Backend {
                 expire.arg(&cur).arg(2 * p);
                 out.push((expire, true));
             }
+            all.push(Group {
+                incr: true,
+                cur,
+                cmds: out,
+            });
         }
-        out
+        all
     }
+}
+
+/// The commands of one item, and what a cluster fallback needs to know.
+struct Group {
+    /// Whether the first command is `INCRBY` (else a refresh's `GET`).
+    incr: bool,
+    /// The current window's key.
+    cur: Vec<u8>,
+    cmds: Vec<(redis::Cmd, bool)>,
+}
+
+/// Runs the item groups on a cluster as one pipeline (grouped per node by
+/// redis-rs). When the topology moved under it (MOVED, ASK, TRYAGAIN,
+/// CLUSTERDOWN replies: those commands were not run), the failed commands
+/// are sent again one by one, which follows redirections, and the counts of
+/// the items whose `INCRBY` did run are read back with `GET`. Returns two
+/// values per item, like a plain pipeline whose `EXPIRE`s are ignored.
+fn exec_cluster_items(
+    con: &mut redis::cluster::ClusterConnection,
+    groups: Vec<Group>,
+) -> redis::RedisResult<Vec<redis::Value>> {
+    let mut p = redis::cluster::cluster_pipe();
+    for g in &groups {
+        for c in &g.cmds {
+            add_cluster(&mut p, c.clone());
+        }
+    }
+    let err = match p.query::<Vec<redis::Value>>(con) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let redirected = |k: Option<redis::ServerErrorKind>| {
+        matches!(
+            k,
+            Some(
+                redis::ServerErrorKind::Moved
+                    | redis::ServerErrorKind::Ask
+                    | redis::ServerErrorKind::TryAgain
+                    | redis::ServerErrorKind::ClusterDown
+            )
+        )
+    };
+    let failed: std::collections::HashSet<usize> = match err.clone().into_server_errors() {
+        Some(errs) if !errs.is_empty() && errs.iter().all(|(_, e)| redirected(e.kind())) => {
+            errs.iter().map(|(i, _)| *i).collect()
+        }
+        _ => return Err(err),
+    };
+    let mut values = Vec::with_capacity(groups.len() * 2);
+    let mut index = 0;
+    for g in groups {
+        let base = index;
+        index += g.cmds.len();
+        let mut cmds = g.cmds.into_iter();
+        let (Some((first, _)), Some((get_prev, _))) = (cmds.next(), cmds.next()) else {
+            continue;
+        };
+        let cur = if g.incr && !failed.contains(&base) {
+            // it ran: read the count it left
+            redis::cmd("GET").arg(&g.cur).query(con)?
+        } else {
+            first.query(con)?
+        };
+        values.push(cur);
+        values.push(get_prev.query(con)?);
+        if let Some((expire, _)) = cmds.next() {
+            if failed.contains(&(base + 2)) {
+                expire.query::<redis::Value>(con)?;
+            }
+        }
+    }
+    Ok(values)
 }
 
 fn add(p: &mut redis::Pipeline, (cmd, ignore): (redis::Cmd, bool)) {

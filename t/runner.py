@@ -20,7 +20,10 @@ TEST_NGINX_WORKER_USER, TEST_NGINX_EVENT_TYPE, TEST_NGINX_POSTPONE_OUTPUT,
 TEST_NGINX_CHECK_ACCUM_ERR_LOG.  Every TEST_NGINX_* variable is available as
 ``$TEST_NGINX_NAME`` in config text and in %ENV for Perl code.  The runner
 adds TEST_NGINX_SERVER_PORT, TEST_NGINX_SERVER_ROOT, TEST_NGINX_HTML_DIR and
-(when Redis is needed and available) TEST_NGINX_REDIS_PORT.
+(when Redis is needed and available) TEST_NGINX_REDIS_PORT; for files that
+mention TEST_NGINX_REDIS_CLUSTER it starts a 3 masters + 3 replicas Redis
+Cluster and adds TEST_NGINX_REDIS_CLUSTER_PORTS ("P1 ... P6") and
+TEST_NGINX_REDIS_CLUSTER_PORT_1 .. _6 (masters FLUSHALLed before each file).
 
 Output: one ``ok N - <file> <block name>`` / ``not ok ...`` line per block,
 diagnostics indented below failures, and a final line
@@ -363,22 +366,246 @@ class RedisManager:
             self.tmpdir = None
 
 
-def start_redis_cluster(used_ports):
-    """STUB -- Redis Cluster is NOT implemented yet (do not fake it).
+def redis_call(port, *args, timeout=2.0):
+    """One RESP command on a fresh connection; returns the decoded reply
+    (str/int/list/None); an error reply comes back as RedisReplyError."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        s.sendall(b"".join(out))
+        f = s.makefile("rb")
 
-    Plan for whoever adds it: pick 6 free loopback ports; for each start
-    ``redis-server --port P --bind 127.0.0.1 --cluster-enabled yes
-    --cluster-config-file nodes-P.conf --cluster-node-timeout 5000 --save ''
-    --appendonly no --daemonize no`` in its own temp dir (register every
-    Popen in REAPER.others so it is stopped by pid); then run
-    ``redis-cli --cluster create 127.0.0.1:P1 ... 127.0.0.1:P6
-    --cluster-replicas 1 --cluster-yes`` (3 masters + 3 replicas), poll
-    ``redis-cli -p P1 cluster info`` until ``cluster_state:ok`` and export
-    ``TEST_NGINX_REDIS_CLUSTER_PORTS="P1 P2 P3 P4 P5 P6"``.  Hook it up in
-    Runner.prepare_services() next to RedisManager.ensure(), lazily, only
-    when a selected file mentions TEST_NGINX_REDIS_CLUSTER.
-    """
-    raise NotImplementedError("Redis Cluster support is not implemented in t/runner.py")
+        def read():
+            line = f.readline()
+            if not line:
+                raise OSError("redis on port %d closed the connection" % port)
+            kind, rest = line[:1], line[1:].rstrip(b"\r\n")
+            if kind == b"+":
+                return rest.decode(L1)
+            if kind == b"-":
+                return RedisReplyError(rest.decode(L1))
+            if kind == b":":
+                return int(rest)
+            if kind == b"$":
+                n = int(rest)
+                if n < 0:
+                    return None
+                return f.read(n + 2)[:-2].decode(L1)
+            if kind == b"*":
+                n = int(rest)
+                return None if n < 0 else [read() for _ in range(n)]
+            raise OSError("bad RESP reply %r" % line[:80])
+        return read()
+    finally:
+        s.close()
+
+
+class RedisReplyError(str):
+    pass
+
+
+def _port_bindable(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def cluster_node_ports(used_ports, n=6):
+    """n distinct free loopback ports in [20000, 50000) whose cluster bus
+    ports (+10000) are free too."""
+    rnd = random.Random()
+    chosen = []
+    for _ in range(5000):
+        p = rnd.randrange(20000, 50000)
+        if p in used_ports or p in chosen or (p + 10000) in chosen or (p - 10000) in chosen:
+            continue
+        if (p + 10000) in used_ports:
+            continue
+        if _port_bindable(p) and _port_bindable(p + 10000):
+            chosen.append(p)
+            if len(chosen) == n:
+                return chosen
+    raise RuntimeError("cannot find %d free port pairs (P < 50000, P+10000)" % n)
+
+
+def cluster_state_ok(port):
+    try:
+        info = redis_call(port, "CLUSTER", "INFO", timeout=1.0)
+    except OSError:
+        return False
+    return isinstance(info, str) and not isinstance(info, RedisReplyError) \
+        and "cluster_state:ok" in info and "cluster_slots_assigned:16384" in info \
+        and "cluster_known_nodes:6" in info
+
+
+def start_redis_cluster(used_ports, verbose=False, timeout=30.0):
+    """Start a 3 masters + 3 replicas Redis Cluster on loopback.
+
+    6 ``redis-server --cluster-enabled yes`` nodes on free ports below 50000
+    (their bus ports, +10000, free too), each in its own temp dir, every
+    Popen registered in REAPER.others (stopped by pid); ``redis-cli
+    --cluster create ... --cluster-replicas 1 --cluster-yes``; then waits
+    until every node reports cluster_state:ok with 16384 slots and 6 known
+    nodes.  Returns (ports, popens, tmpdirs).  Raises RuntimeError (after
+    stopping whatever it started) on failure."""
+    exe = shutil.which("redis-server")
+    cli = shutil.which("redis-cli")
+    if not exe or not cli:
+        raise RuntimeError("redis-server/redis-cli not on PATH")
+    popens, tmpdirs, ports = [], [], []
+    try:
+        for attempt in range(3):
+            ports = cluster_node_ports(used_ports | set(ports))
+            started = True
+            for port in ports:
+                d = tempfile.mkdtemp(prefix="ngxtest-rcluster-%d-" % port)
+                tmpdirs.append(d)
+                logf = open(os.path.join(d, "redis.log"), "ab")
+                try:
+                    po = subprocess.Popen(
+                        [exe, "--port", str(port), "--bind", "127.0.0.1",
+                         "--cluster-enabled", "yes", "--cluster-config-file", "nodes-%d.conf" % port,
+                         "--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no",
+                         "--daemonize", "no", "--dir", d, "--protected-mode", "no",
+                         "--shutdown-on-sigterm", "now", "--repl-diskless-sync-delay", "0"],
+                        stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                        cwd=d, start_new_session=True)
+                finally:
+                    logf.close()
+                REAPER.others[po.pid] = po
+                popens.append(po)
+            deadline = time.monotonic() + 5.0
+            pending = list(zip(ports, popens[-6:]))
+            while pending and time.monotonic() < deadline:
+                for port, po in list(pending):
+                    if po.poll() is not None:
+                        started = False
+                        pending = []
+                        break
+                    try:
+                        if redis_call(port, "PING", timeout=0.5) == "PONG":
+                            pending.remove((port, po))
+                    except OSError:
+                        pass
+                time.sleep(0.05)
+            if started and not pending:
+                break
+            for po in popens:
+                stop_popen(po)
+            popens = []
+        else:
+            raise RuntimeError("could not start 6 cluster nodes (ports taken?)")
+        args = [cli, "--cluster", "create"] + ["127.0.0.1:%d" % p for p in ports] + \
+            ["--cluster-replicas", "1", "--cluster-yes"]
+        try:
+            p = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError("redis-cli --cluster create did not finish within %.0fs" % timeout)
+        out = (p.stdout + p.stderr).decode(L1)
+        if p.returncode != 0 or "[OK] All 16384 slots covered" not in out:
+            raise RuntimeError("redis-cli --cluster create failed (exit %d): %s"
+                               % (p.returncode, out[-1500:]))
+        deadline = time.monotonic() + timeout
+        while not all(cluster_state_ok(port) for port in ports):
+            if time.monotonic() > deadline:
+                raise RuntimeError("cluster not ok on every node within %.0fs: %s" % (
+                    timeout, " ".join("%d=%s" % (port, "ok" if cluster_state_ok(port) else "NOT ok")
+                                      for port in ports)))
+            time.sleep(0.1)
+        for port in ports:
+            used_ports.add(port)
+            used_ports.add(port + 10000)
+        if verbose:
+            emit("# started Redis Cluster (pids %s) on ports %s" % (
+                " ".join(str(po.pid) for po in popens), " ".join(map(str, ports))))
+        return ports, popens, tmpdirs
+    except BaseException:
+        for po in popens:
+            stop_popen(po)
+        for d in tmpdirs:
+            shutil.rmtree(d, ignore_errors=True)
+        raise
+
+
+class RedisClusterManager:
+    """Starts ONE 3+3 Redis Cluster lazily (only if some selected file
+    mentions TEST_NGINX_REDIS_CLUSTER); exports TEST_NGINX_REDIS_CLUSTER_PORTS
+    ("P1 ... P6", space-separated) and TEST_NGINX_REDIS_CLUSTER_PORT_1..6.
+    An externally given TEST_NGINX_REDIS_CLUSTER_PORTS is used as is (and
+    never flushed)."""
+
+    def __init__(self, verbose=False):
+        self.verbose = verbose
+        self.ports = []
+        self.popens = []
+        self.tmpdirs = []
+        self.error = None
+        self.tried = False
+        self.external = False
+
+    def ensure(self, used_ports):
+        if self.tried:
+            return
+        self.tried = True
+        ext = os.environ.get("TEST_NGINX_REDIS_CLUSTER_PORTS")
+        if ext:
+            try:
+                self.ports = [int(x) for x in ext.replace(",", " ").split()]
+            except ValueError:
+                self.error = "TEST_NGINX_REDIS_CLUSTER_PORTS=%r is not a list of ports" % ext
+                self.ports = []
+                return
+            self.external = True
+            return
+        try:
+            self.ports, self.popens, self.tmpdirs = start_redis_cluster(used_ports, self.verbose)
+        except Exception as e:
+            self.error = "could not start a Redis Cluster: %s" % e
+
+    def env(self):
+        if not self.ports:
+            return {}
+        e = {"TEST_NGINX_REDIS_CLUSTER_PORTS": " ".join(str(p) for p in self.ports)}
+        for i, p in enumerate(self.ports, 1):
+            e["TEST_NGINX_REDIS_CLUSTER_PORT_%d" % i] = str(p)
+        return e
+
+    def flush(self):
+        """FLUSHALL every master of our own (never an external) cluster,
+        then wait (briefly) for the replicas to follow."""
+        if not self.ports or self.external:
+            return
+        for port in self.ports:
+            try:
+                role = redis_call(port, "ROLE")
+                if isinstance(role, list) and role and role[0] == "master":
+                    redis_call(port, "FLUSHALL")
+            except OSError:
+                pass
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                if all(redis_call(port, "DBSIZE") == 0 for port in self.ports):
+                    break
+            except OSError:
+                break
+            time.sleep(0.02)
+
+    def stop(self):
+        for po in self.popens:
+            stop_popen(po)
+        self.popens = []
+        for d in self.tmpdirs:
+            shutil.rmtree(d, ignore_errors=True)
+        self.tmpdirs = []
 
 
 # --------------------------------------------------------------------------
@@ -1179,6 +1406,7 @@ class FileRunner:
         self.started_nginx = False
         self.own_servroot = True
         self.file_needs_redis = False
+        self.file_needs_cluster = False
         self.file_warnings = []
         self.use_hup_now = False
         self.block_used_nginx = False
@@ -1295,7 +1523,8 @@ class FileRunner:
                 if name == "TEST_NGINX_REDIS_PORT":
                     hint = " (Redis could not be started: %s)" % (self.runner.redis.error or "unknown reason")
                 elif name.startswith("TEST_NGINX_REDIS_CLUSTER"):
-                    hint = " (Redis Cluster support is not implemented in t/runner.py yet)"
+                    hint = " (Redis Cluster could not be started: %s)" % (
+                        self.runner.cluster.error or "unknown reason")
                 raise BlockError("No environment %s defined%s." % (name, hint))
             return v
         return re.sub(r"\$(TEST_NGINX_[_A-Z0-9]+)", rep, text)
@@ -1697,6 +1926,10 @@ class FileRunner:
             if redis.port:
                 self.env["TEST_NGINX_REDIS_PORT"] = str(redis.port)
                 redis.flush()
+            cluster = self.runner.cluster
+            if cluster.ports:
+                self.env.update(cluster.env())
+                cluster.flush()
             self.run_eval_helper(blocks, self.pre)
             if self.env.get("TEST_NGINX_SERVER_PORT") != str(port):
                 port = int(self.env["TEST_NGINX_SERVER_PORT"])
@@ -1730,6 +1963,7 @@ class FileRunner:
             for w in self.file_warnings:
                 emit("# WARNING: %s" % w)
             self.file_needs_redis = "TEST_NGINX_REDIS_PORT" in text
+            self.file_needs_cluster = "TEST_NGINX_REDIS_CLUSTER" in text
             for b, why in skipped:
                 results.append((b.name, "skip", [why], []))
                 self.runner.report(self.rel, results[-1])
@@ -1868,9 +2102,10 @@ class FileRunner:
 
         # Redis requirement (never skip: fail)
         blob = json.dumps([str(v) for vs in block.values.values() for v in vs])
-        if "TEST_NGINX_REDIS_CLUSTER" in blob:
-            raise BlockError("this block needs TEST_NGINX_REDIS_CLUSTER_PORTS but Redis Cluster support "
-                             "is not implemented in t/runner.py yet (see start_redis_cluster())")
+        if ("TEST_NGINX_REDIS_CLUSTER" in blob or self.file_needs_cluster) \
+                and not self.env.get("TEST_NGINX_REDIS_CLUSTER_PORTS"):
+            raise BlockError("this test file uses TEST_NGINX_REDIS_CLUSTER but the Redis Cluster is not "
+                             "available: %s" % (self.runner.cluster.error or "not started"))
         if ("TEST_NGINX_REDIS_PORT" in blob or self.file_needs_redis) and not self.env.get("TEST_NGINX_REDIS_PORT"):
             raise BlockError("this test file uses TEST_NGINX_REDIS_PORT but Redis is not available: %s"
                              % (self.runner.redis.error or "not started"))
@@ -2446,13 +2681,18 @@ class Runner:
         self.cfg = cfg
         self.used_ports = set()
         self.redis = RedisManager(cfg.verbose)
+        self.cluster = RedisClusterManager(cfg.verbose)
         self.passed = self.failed = self.skipped = 0
         self.counter = 0
         self.nginx_V = ""
         self.nginx_has_e = True
 
     def needs_redis(self, text):
-        return "TEST_NGINX_REDIS" in text
+        # TEST_NGINX_REDIS_PORT & co, but not the cluster's variables alone
+        return re.search(r"TEST_NGINX_REDIS(?!_CLUSTER)", text) is not None
+
+    def needs_cluster(self, text):
+        return "TEST_NGINX_REDIS_CLUSTER" in text
 
     def report(self, rel, res):
         name, status, msgs, warns = res
@@ -2503,6 +2743,11 @@ class Runner:
             if self.redis.error:
                 emit("# WARNING: Redis unavailable (%s); files using TEST_NGINX_REDIS_PORT will FAIL"
                      % self.redis.error)
+        if any(self.needs_cluster(t) for t in texts.values()):
+            self.cluster.ensure(self.used_ports)
+            if self.cluster.error:
+                emit("# WARNING: Redis Cluster unavailable (%s); files using "
+                     "TEST_NGINX_REDIS_CLUSTER will FAIL" % self.cluster.error)
         if self.cfg.server_port is not None:
             self.used_ports.add(self.cfg.server_port)
         try:
@@ -2588,6 +2833,7 @@ def main(argv=None):
     runner = Runner(cfg)
     atexit.register(REAPER.cleanup)
     atexit.register(runner.redis.stop)
+    atexit.register(runner.cluster.stop)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     try:
@@ -2595,6 +2841,7 @@ def main(argv=None):
     finally:
         REAPER.cleanup()
         runner.redis.stop()
+        runner.cluster.stop()
 
 
 if __name__ == "__main__":
