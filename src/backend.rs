@@ -581,6 +581,11 @@ impl Backend {
     }
 
     fn recovered(&mut self, events: &mut Vec<Event>) {
+        // A cluster coming back answers on some nodes before it serves all
+        // slots: call it back only once it says so, or it would flap.
+        if !self.healthy && !self.cluster_ok() {
+            return;
+        }
         self.backoff = BACKOFF_MIN;
         self.retry_at = None;
         if !self.healthy {
@@ -595,6 +600,16 @@ impl Backend {
                 ),
             });
         }
+    }
+
+    /// For a cluster, whether a node reports `cluster_state:ok`; true for a
+    /// single Redis.
+    fn cluster_ok(&mut self) -> bool {
+        let Some(Conn::Cluster(con)) = self.conn.as_mut() else {
+            return true;
+        };
+        let info: redis::RedisResult<String> = redis::cmd("CLUSTER").arg("INFO").query(&mut **con);
+        info.is_ok_and(|text| text.contains("cluster_state:ok"))
     }
 
     fn flush(&mut self, items: &[(ItemId, Item)], events: &mut Vec<Event>) {

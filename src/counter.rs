@@ -109,7 +109,8 @@ fn clamp(v: u64) -> u32 {
 }
 
 /// Merges a confirmation, then arms the breaker for `rate` (the tightest
-/// limit that uses this entry) when the global estimate is at the limit.
+/// limit that uses this entry) when the global count puts the estimate at
+/// the limit.
 /// Counts only grow within a window, so replies applied out of order (from
 /// several workers) keep the largest.
 pub fn confirm(e: &mut Entry, c: &Confirmation, rate: Rate, now_ms: u64) {
@@ -132,11 +133,16 @@ pub fn confirm(e: &mut Entry, c: &Confirmation, rate: Rate, now_ms: u64) {
     if now_idx != w {
         return;
     }
+    // The breaker follows the global counts alone. This node's unconfirmed
+    // requests may already be in a count Redis returned (sent by another
+    // worker, reply not applied yet): adding them would count them twice
+    // and could hold the breaker shut for the rest of the window. Decisions
+    // (`check`) still add them, which only errs on the side of the limit
+    // until the replies are in.
     let ws = w * p;
-    let total = e.cur.saturating_add(e.inflight);
-    let est = Estimate::new(e.prev, total, now_ms.saturating_sub(ws), p);
+    let est = Estimate::new(e.prev, e.cur, now_ms.saturating_sub(ws), p);
     if !est.below(rate.limit) {
-        e.blocked_until_ms = free_at(rate, e.prev, total, ws, now_ms);
+        e.blocked_until_ms = free_at(rate, e.prev, e.cur, ws, now_ms);
         e.blocked_limit = rate.limit;
     }
 }
@@ -295,6 +301,52 @@ mod tests {
         let c = check(&mut e, R, T0 + 200_000);
         assert_eq!(e.prev, 0);
         assert!(c.allowed);
+    }
+
+    #[test]
+    fn breaker_ignores_requests_counted_twice_in_flight() {
+        // Two workers each allowed 5 (inflight 10 in shared memory). Worker
+        // A's INCRBY reply already includes worker B's 5 (cur = 10) before
+        // B's own reply is applied: the total is briefly 15, but only the
+        // global 10 may arm the breaker, and a limit of 12 is not reached.
+        let r = Rate {
+            limit: 12,
+            period: 60,
+        };
+        let mut e = fresh();
+        for _ in 0..10 {
+            assert!(check(&mut e, r, T0).allowed);
+            count(&mut e, true);
+        }
+        let idx = window_index(T0, r.period_ms());
+        confirm(
+            &mut e,
+            &Confirmation {
+                window: idx,
+                sent: 5,
+                cur: 10,
+                prev: 0,
+            },
+            r,
+            T0 + 1,
+        );
+        assert_eq!((e.cur, e.inflight), (10, 5));
+        assert_eq!(e.blocked_until_ms, 0, "no breaker from a double count");
+        // until B's reply arrives decisions are conservative...
+        assert!(!check(&mut e, r, T0 + 2).allowed);
+        confirm(
+            &mut e,
+            &Confirmation {
+                window: idx,
+                sent: 5,
+                cur: 10,
+                prev: 0,
+            },
+            r,
+            T0 + 3,
+        );
+        // ...then exact again: 2 more pass
+        assert!(check(&mut e, r, T0 + 4).allowed);
     }
 
     #[test]
