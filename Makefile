@@ -19,7 +19,7 @@ MODULE_NAME  := ngx_http_redis_ratelimit_module
 BUILD        := build
 PORT         ?= 8080
 REDIS_PORT   ?= 6379
-DEB_PACKAGES := libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config redis-server wrk curl perl
+DEB_PACKAGES := libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config redis-server wrk curl perl openssl
 CARGO_FLAGS  := $(if $(filter release,$(PROFILE)),--release,)
 
 DEB_NGINX_SRC := /usr/share/nginx/src

@@ -89,6 +89,39 @@ mod tests {
         assert_eq!(bin, [&b"rl:{z:"[..], &[0, 10, 13, 255], b"}:1:5"].concat());
     }
 
+    /// The slot-deciding hash tag of a key name, as Redis Cluster reads it:
+    /// from the first `{` to the first `}` after it, if not empty.
+    fn hash_tag(name: &[u8]) -> &[u8] {
+        if let Some(open) = name.iter().position(|&b| b == b'{') {
+            if let Some(len) = name[open + 1..].iter().position(|&b| b == b'}') {
+                if len > 0 {
+                    return &name[open + 1..open + 1 + len];
+                }
+            }
+        }
+        name
+    }
+
+    #[test]
+    fn both_windows_share_a_slot_whatever_the_key_bytes() {
+        for key in [
+            &b"plain"[..],
+            b"a}b",
+            b"}",
+            b"{",
+            b"{x}",
+            b"\r\n*3",
+            &[0, 255, b'}', b'{'],
+        ] {
+            let cur = redis_key(b"rl:", b"z", key, 60, 120);
+            let prev = redis_key(b"rl:", b"z", key, 60, 60);
+            assert_eq!(hash_tag(&cur), hash_tag(&prev), "{:?}", String::from_utf8_lossy(key));
+            // the tag always starts with the namespace: a key cannot move
+            // its counter to another zone's tag
+            assert!(hash_tag(&cur).starts_with(b"z:"));
+        }
+    }
+
     #[test]
     fn long_keys_become_a_digest() {
         let k256 = vec![b'a'; 256];
