@@ -115,7 +115,12 @@ mod tests {
         ] {
             let cur = redis_key(b"rl:", b"z", key, 60, 120);
             let prev = redis_key(b"rl:", b"z", key, 60, 60);
-            assert_eq!(hash_tag(&cur), hash_tag(&prev), "{:?}", String::from_utf8_lossy(key));
+            assert_eq!(
+                hash_tag(&cur),
+                hash_tag(&prev),
+                "{:?}",
+                String::from_utf8_lossy(key)
+            );
             // the tag always starts with the namespace: a key cannot move
             // its counter to another zone's tag
             assert!(hash_tag(&cur).starts_with(b"z:"));
