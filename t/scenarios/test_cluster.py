@@ -12,6 +12,7 @@ import time
 
 from harness import HOST, ms, percentile, wait_for, window
 from cluster import REDIS_CLI, Cluster, keyslot
+from test_redis import recording_get, until_denied
 
 NASTY_RE = r"\[(alert|crit|emerg)\]|exited on signal|panick"
 FAIL_RE = r'\[error\].*redis_ratelimit: zone "%s": (?:connecting to|sending to) \S+ failed: '
@@ -363,26 +364,8 @@ def test_whole_cluster_down_and_back(h):
 
     c.stop_all()
     t_stop = time.monotonic()
-    lat, odd = [], []
-
-    def get(path):
-        st, el = ng.get(path)
-        lat.append(el)
-        if st not in (200, 429):
-            odd.append((path, st))
-        return st
-
-    seen = []
-    i = 0
-    while time.monotonic() - t_stop < 2.0:
-        get("/l?k=notice-%d" % i)
-        get("/a?k=notice-%d" % i)
-        st = get("/d?k=notice-%d" % i)
-        seen.append(st)
-        i += 1
-        if st == 429:
-            break
-        time.sleep(0.02)
+    get, lat, odd = recording_get(ng)
+    seen = until_denied(get, t_stop)
     deny_after = time.monotonic() - t_stop
     h.note("deny: %d answer(s) before the first 429 (%.0f ms after the stop)" % (len(seen) - 1, deny_after * 1000))
     h.check(seen and seen[-1] == 429, "deny: no 429 within 2 s of the cluster going down: %s" % seen[-10:])

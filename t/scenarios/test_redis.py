@@ -34,6 +34,39 @@ def redis_sum(r, pattern):
     return total
 
 
+def recording_get(ng):
+    """A get(path) -> status that records latencies and unexpected statuses."""
+    lat, odd = [], []
+
+    def get(path):
+        st, el = ng.get(path)
+        lat.append(el)
+        if st not in (200, 429):
+            odd.append((path, st))
+        return st
+
+    return get, lat, odd
+
+
+def until_denied(get, t_stop, within=2.0):
+    """After the backend went down at t_stop: requests on /l, /a and /d (a
+    fresh key each time, so that a 429 on /d can only come from
+    on_error=deny) until /d answers 429 or `within` seconds pass. Returns
+    the /d statuses."""
+    seen = []
+    i = 0
+    while time.monotonic() - t_stop < within:
+        get("/l?k=notice-%d" % i)
+        get("/a?k=notice-%d" % i)
+        st = get("/d?k=notice-%d" % i)
+        seen.append(st)
+        i += 1
+        if st == 429:
+            break
+        time.sleep(0.02)
+    return seen
+
+
 def fail_lines(text, zone_name):
     return re.findall(FAIL_RE % re.escape(zone_name), text)
 
@@ -200,28 +233,8 @@ def test_redis_down_modes(h):
 
     r.stop()
     t_stop = time.monotonic()
-    lat = []
-    odd = []
-
-    def get(path):
-        st, el = ng.get(path)
-        lat.append(el)
-        if st not in (200, 429):
-            odd.append((path, st))
-        return st
-
-    # deny: fresh key per request, so that a 429 can only come from on_error=deny
-    seen = []
-    i = 0
-    while time.monotonic() - t_stop < 2.0:
-        get("/l?k=notice-%d" % i)
-        get("/a?k=notice-%d" % i)
-        st = get("/d?k=notice-%d" % i)
-        seen.append(st)
-        i += 1
-        if st == 429:
-            break
-        time.sleep(0.02)
+    get, lat, odd = recording_get(ng)
+    seen = until_denied(get, t_stop)
     h.note("deny: %d answer(s) before the first 429 (%.0f ms after the stop)"
            % (len(seen) - 1, (time.monotonic() - t_stop) * 1000))
     h.check(seen and seen[-1] == 429, "deny: no 429 within 2 s of Redis going down: %s" % statuses_str(seen[-10:]))
