@@ -26,6 +26,11 @@ use crate::Module;
 
 static CHANNEL: OnceLock<Arc<Channel>> = OnceLock::new();
 static MAIN_CONF: AtomicPtr<MainConf> = AtomicPtr::new(ptr::null_mut());
+/// The cycle the thread was started for. A worker keeps its cycle for life,
+/// but nginx without a master process (`master_process off`) reloads in
+/// place, without `init_process`: the thread's zones are then stale, and
+/// the zones fall back to counting on this node.
+static CYCLE: AtomicPtr<ngx_cycle_t> = AtomicPtr::new(ptr::null_mut());
 static HANDLE: Mutex<Option<Handle>> = Mutex::new(None);
 
 struct Handle {
@@ -41,6 +46,11 @@ unsafe impl Send for Handle {}
 
 /// This worker's channel to its background thread, if it has one.
 pub fn channel() -> Option<&'static Arc<Channel>> {
+    // SAFETY: reads nginx's current cycle pointer on the worker's thread.
+    let current = unsafe { nginx_sys::ngx_cycle };
+    if CYCLE.load(Ordering::Relaxed) != current {
+        return None;
+    }
     CHANNEL.get()
 }
 
@@ -133,6 +143,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     match backend::spawn(channel.clone(), specs) {
         Ok(thread) => {
             MAIN_CONF.store(ptr::from_mut(mcf), Ordering::Release);
+            CYCLE.store(cycle, Ordering::Release);
             let _ = CHANNEL.set(channel);
             *HANDLE.lock() = Some(Handle {
                 thread,
@@ -213,6 +224,12 @@ fn apply(log: *mut ngx_log_t) {
     let Some(ch) = CHANNEL.get() else {
         return;
     };
+    if channel().is_none() {
+        // reloaded in place (no master): these answers are for zones of a
+        // configuration that is gone
+        drop(ch.take_events());
+        return;
+    }
     let mcf = MAIN_CONF.load(Ordering::Acquire);
     if mcf.is_null() {
         return;
