@@ -191,10 +191,21 @@ class Cluster:
     def owner(self, key, port=None):
         return self.owner_of_slot(keyslot(key), port)
 
-    def replica_of(self, master_port):
-        nodes = self.cluster_nodes()
-        mid = next(n["id"] for n in nodes if n["port"] == master_port)
-        return next(n["port"] for n in nodes if n["master_id"] == mid)
+    def replica_of(self, master_port, timeout=5.0):
+        """The port of a replica of `master_port`, asked of the master itself
+        (another node may not have heard of the replica yet); waits for it."""
+        found = []
+
+        def look():
+            nodes = self.cluster_nodes(master_port)
+            mid = next((n["id"] for n in nodes if n["port"] == master_port), None)
+            ports = [n["port"] for n in nodes if mid and n["master_id"] == mid]
+            found[:] = ports
+            return bool(ports)
+
+        if not wait_for(look, timeout, 0.05):
+            raise RedisError("no replica of :%d known after %.0f s" % (master_port, timeout))
+        return found[0]
 
     def node_id(self, port):
         return self.node(port).cmd("CLUSTER", "MYID")
