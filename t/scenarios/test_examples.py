@@ -1,0 +1,58 @@
+"""The example configurations in nginx-conf/ stay valid: `nginx -t` accepts
+each one with the module built from this tree (and, for the Lua example,
+Debian's nginx with its Lua module and the module built for it)."""
+
+import os
+import shutil
+import subprocess
+
+import harness
+from harness import ROOT
+
+DEBIAN_NGINX = "/usr/sbin/nginx"
+DEBIAN_MODULE = os.path.join(ROOT, "build", "debian", "modules", "ngx_http_redis_ratelimit_module.so")
+LUA_MODULES = ("/usr/lib/nginx/modules/ndk_http_module.so", "/usr/lib/nginx/modules/ngx_http_lua_module.so")
+
+
+def nginx_t(h, nginx, conf_text, modules):
+    """Runs `nginx -t` on conf_text in a fresh prefix whose modules/ holds
+    `modules`; returns (exit code, output)."""
+    prefix = os.path.join(h.tmp, "prefix-%d" % len(os.listdir(h.tmp)))
+    for d in ("conf", "logs", "modules", "html"):
+        os.makedirs(os.path.join(prefix, d), exist_ok=True)
+    for m in modules:
+        shutil.copy(m, os.path.join(prefix, "modules", os.path.basename(m)))
+    conf = os.path.join(prefix, "conf", "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(conf_text)
+    p = subprocess.run([nginx, "-p", prefix + "/", "-c", conf, "-t"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+    return p.returncode, p.stdout.decode("utf-8", "replace")
+
+
+def read(name):
+    with open(os.path.join(ROOT, "nginx-conf", name)) as f:
+        return f.read()
+
+
+def test_example_conf(h):
+    """nginx-conf/example.conf (used by make run) passes nginx -t."""
+    rc, out = nginx_t(h, harness.NGINX_BIN, read("example.conf"), [harness.MODULE_SO])
+    h.note(out.strip().splitlines()[-1] if out.strip() else "(no output)")
+    h.check(rc == 0, "nginx -t failed on example.conf:\n" + out)
+
+
+def test_cluster_conf(h):
+    """nginx-conf/cluster.conf passes nginx -t (no cluster needed for that)."""
+    rc, out = nginx_t(h, harness.NGINX_BIN, read("cluster.conf"), [harness.MODULE_SO])
+    h.check(rc == 0, "nginx -t failed on cluster.conf:\n" + out)
+
+
+def test_lua_conf(h):
+    """nginx-conf/lua.conf passes nginx -t on Debian's nginx with its Lua
+    module (the lines loading ndk and lua enabled)."""
+    for path in (DEBIAN_NGINX, DEBIAN_MODULE) + LUA_MODULES:
+        h.check(os.path.exists(path), "%s is missing (make build-debian installs and builds it)" % path)
+    text = read("lua.conf").replace("#   load_module", "load_module")
+    rc, out = nginx_t(h, DEBIAN_NGINX, text, (DEBIAN_MODULE,) + LUA_MODULES)
+    h.check(rc == 0, "nginx -t failed on lua.conf:\n" + out)
