@@ -190,7 +190,28 @@ pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<Joi
         .name("redis_ratelimit".into())
         .spawn(move || {
             block_signals();
-            run(&channel, zones);
+            let names: Vec<(u32, String)> = zones.iter().map(|z| (z.index, z.name.clone())).collect();
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&channel, zones)));
+            if outcome.is_err() {
+                // A bug, not an outage: say so, and let the zones count on
+                // this node (their on_error policy) from now on.
+                let events = names
+                    .iter()
+                    .map(|(index, name)| {
+                        if let Some(up) = channel.up.get(*index as usize) {
+                            up.store(false, Ordering::Relaxed);
+                        }
+                        Event::Log {
+                            zone: *index,
+                            level: Level::Error,
+                            message: format!(
+                                "redis_ratelimit: zone \"{name}\": the background thread failed; counting on this node only until the worker restarts"
+                            ),
+                        }
+                    })
+                    .collect();
+                channel.publish(events);
+            }
             *channel.done.lock() = true;
             channel.done_cv.notify_all();
         })
