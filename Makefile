@@ -12,6 +12,8 @@
 # nginx instead of the vendored one (no nginx binary is copied then).
 
 SHELL        := /bin/bash
+# rustup's cargo, also when the caller's PATH lacks it
+export PATH  := $(HOME)/.cargo/bin:$(PATH)
 CARGO        ?= cargo
 PROFILE      ?= release
 TARGET_DIR   := target/$(PROFILE)
@@ -19,7 +21,7 @@ MODULE_NAME  := ngx_http_redis_ratelimit_module
 BUILD        := build
 PORT         ?= 8080
 REDIS_PORT   ?= 6379
-DEB_PACKAGES := libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config redis-server wrk curl perl openssl
+DEB_PACKAGES := libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config redis-server wrk curl perl openssl python3
 CARGO_FLAGS  := $(if $(filter release,$(PROFILE)),--release,)
 
 DEB_NGINX_SRC := /usr/share/nginx/src
