@@ -37,6 +37,9 @@ const WATCH_MAX: usize = 4096;
 /// Most increments kept per zone and worker for sending again once Redis
 /// answers (beyond that they are dropped, and stay counted on this node).
 const RETRY_MAX: usize = 1 << 16;
+/// How long into a window the previous window's count may still grow (late
+/// flushes of other workers and nodes); after that it is read once.
+const PREV_SETTLE_MS: u64 = 2000;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const LOG_INTERVAL: Duration = Duration::from_secs(1);
@@ -391,6 +394,9 @@ struct Backend {
     /// one EXPIRE per counter and window is enough. Cleared on reconnect (a
     /// restarted Redis may have lost the TTL with the key).
     expiring: std::collections::HashSet<ItemId>,
+    /// Final counts of previous windows (read after `PREV_SETTLE_MS`), so
+    /// that each key's previous window is read about once per window.
+    prev_final: HashMap<ItemId, u64>,
 }
 
 impl Backend {
@@ -414,6 +420,7 @@ impl Backend {
             watch: HashMap::new(),
             retry: HashMap::new(),
             expiring: std::collections::HashSet::new(),
+            prev_final: HashMap::new(),
         }
     }
 
@@ -551,6 +558,7 @@ impl Backend {
 
     fn connect(&mut self) -> redis::RedisResult<Conn> {
         self.expiring.clear();
+        self.prev_final.clear();
         let t = self.spec.timeout;
         if self.spec.cluster {
             let client = redis::cluster::ClusterClient::builder(self.spec.urls.clone())
@@ -640,12 +648,20 @@ impl Backend {
             return;
         }
         let groups = self.commands(items);
+        let has_prev: Vec<bool> = groups.iter().map(Group::has_prev).collect();
         let result = match self.conn.as_mut() {
             Some(Conn::Cluster(con)) => exec_cluster_items(con, groups),
-            Some(_) => match self.exec(groups.into_iter().flat_map(|g| g.cmds).collect()) {
-                Some(r) => r,
-                None => return,
-            },
+            Some(_) => {
+                let cmds = groups
+                    .into_iter()
+                    .flat_map(|g| g.cmds)
+                    .map(|(c, role)| (c, role == Role::Expire))
+                    .collect();
+                match self.exec(cmds) {
+                    Some(r) => r.map(|values| per_group(&has_prev, values)),
+                    None => return,
+                }
+            }
             None => return,
         };
         match result {
@@ -658,9 +674,25 @@ impl Backend {
                     .extend(items.iter().filter(|(_, i)| i.n > 0).map(|(id, _)| *id));
                 let now = Instant::now();
                 let now_ms = unix_ms();
-                for ((id, item), pair) in items.iter().zip(values.chunks(2)) {
-                    let cur = pair.first().map_or(0, as_count);
-                    let prev = pair.get(1).map_or(0, as_count);
+                if self.prev_final.len() > 4 * BATCH_CAPACITY {
+                    self.prev_final.clear();
+                }
+                for ((id, item), (cur, prev)) in items.iter().zip(values) {
+                    let cur = as_count(&cur);
+                    let prev = match prev {
+                        Some(v) => {
+                            let prev = as_count(&v);
+                            // late increments of the previous window arrive
+                            // within a flush or two: after PREV_SETTLE its
+                            // count is final and need not be read again
+                            let start = id.window * u64::from(item.period) * 1000;
+                            if item.n > 0 && now_ms >= start + PREV_SETTLE_MS {
+                                self.prev_final.insert(*id, prev);
+                            }
+                            prev
+                        }
+                        None => self.prev_final.get(id).copied().unwrap_or(0),
+                    };
                     let confirmation = Confirmation {
                         window: id.window,
                         sent: item.n,
@@ -754,6 +786,7 @@ impl Backend {
         // counted before the reset: forget them too
         self.retry.retain(|id, _| id.entry != d.entry);
         self.expiring.retain(|id| id.entry != d.entry);
+        self.prev_final.retain(|id, _| id.entry != d.entry);
         self.watch.retain(|id, _| id.entry != d.entry);
         if !self.ensure_conn(events) {
             return;
@@ -782,8 +815,9 @@ impl Backend {
     }
 
     /// Per item: the command whose reply is the current window's count
-    /// (`INCRBY`, or `GET` for a refresh), `GET` of the previous window, and
-    /// maybe `EXPIRE` (its reply ignored).
+    /// (`INCRBY`, or `GET` for a refresh), `GET` of the previous window
+    /// unless its count is already known to be final, and `EXPIRE` once per
+    /// counter and window.
     fn commands(&self, items: &[(ItemId, Item)]) -> Vec<Group> {
         let mut all = Vec::with_capacity(items.len());
         for (id, item) in items {
@@ -804,8 +838,8 @@ impl Backend {
                 // a refresh: read both windows, change nothing
                 let mut get_cur = redis::cmd("GET");
                 get_cur.arg(&cur);
-                out.push((get_cur, false));
-                out.push((get, false));
+                out.push((get_cur, Role::Cur));
+                out.push((get, Role::Prev));
                 all.push(Group {
                     incr: false,
                     cur,
@@ -815,12 +849,14 @@ impl Backend {
             }
             let mut incr = redis::cmd("INCRBY");
             incr.arg(&cur).arg(item.n);
-            out.push((incr, false));
-            out.push((get, false));
+            out.push((incr, Role::Cur));
+            if !self.prev_final.contains_key(id) {
+                out.push((get, Role::Prev));
+            }
             if !self.expiring.contains(id) {
                 let mut expire = redis::cmd("EXPIRE");
                 expire.arg(&cur).arg(2 * p);
-                out.push((expire, true));
+                out.push((expire, Role::Expire));
             }
             all.push(Group {
                 incr: true,
@@ -832,13 +868,48 @@ impl Backend {
     }
 }
 
-/// The commands of one item, and what a cluster fallback needs to know.
+/// What a command of an item is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// `INCRBY` (or a refresh's `GET`): its reply is the current count.
+    Cur,
+    /// `GET` of the previous window.
+    Prev,
+    /// `EXPIRE`: its reply is ignored.
+    Expire,
+}
+
+/// The commands of one item.
 struct Group {
-    /// Whether the first command is `INCRBY` (else a refresh's `GET`).
+    /// Whether the `Cur` command is `INCRBY` (else a refresh's `GET`).
     incr: bool,
     /// The current window's key.
     cur: Vec<u8>,
-    cmds: Vec<(redis::Cmd, bool)>,
+    cmds: Vec<(redis::Cmd, Role)>,
+}
+
+impl Group {
+    fn has_prev(&self) -> bool {
+        self.cmds.iter().any(|(_, r)| *r == Role::Prev)
+    }
+}
+
+/// Splits a pipeline's replies (ignored `EXPIRE`s left out) into the
+/// (current, previous) counts of each group; `None` where no `GET` of the
+/// previous window was sent.
+fn per_group(
+    has_prev: &[bool],
+    values: Vec<redis::Value>,
+) -> Vec<(redis::Value, Option<redis::Value>)> {
+    let mut it = values.into_iter();
+    has_prev
+        .iter()
+        .map(|&p| {
+            let cur = it.next().unwrap_or(redis::Value::Nil);
+            let prev = if p { it.next() } else { None };
+            (cur, prev)
+        })
+        .collect()
 }
 
 /// Runs the item groups on a cluster as one pipeline (grouped per node by
@@ -850,15 +921,16 @@ struct Group {
 fn exec_cluster_items(
     con: &mut redis::cluster::ClusterConnection,
     groups: Vec<Group>,
-) -> redis::RedisResult<Vec<redis::Value>> {
+) -> redis::RedisResult<Vec<(redis::Value, Option<redis::Value>)>> {
+    let has_prev: Vec<bool> = groups.iter().map(Group::has_prev).collect();
     let mut p = redis::cluster::cluster_pipe();
     for g in &groups {
-        for c in &g.cmds {
-            add_cluster(&mut p, c.clone());
+        for (c, role) in &g.cmds {
+            add_cluster(&mut p, (c.clone(), *role == Role::Expire));
         }
     }
     let err = match p.query::<Vec<redis::Value>>(con) {
-        Ok(v) => return Ok(v),
+        Ok(v) => return Ok(per_group(&has_prev, v)),
         Err(e) => e,
     };
     let redirected = |k: Option<redis::ServerErrorKind>| {
@@ -878,30 +950,31 @@ fn exec_cluster_items(
         }
         _ => return Err(err),
     };
-    let mut values = Vec::with_capacity(groups.len() * 2);
+    let mut out = Vec::with_capacity(groups.len());
     let mut index = 0;
     for g in groups {
-        let base = index;
-        index += g.cmds.len();
-        let mut cmds = g.cmds.into_iter();
-        let (Some((first, _)), Some((get_prev, _))) = (cmds.next(), cmds.next()) else {
-            continue;
-        };
-        let cur = if g.incr && !failed.contains(&base) {
-            // it ran: read the count it left
-            redis::cmd("GET").arg(&g.cur).query(con)?
-        } else {
-            first.query(con)?
-        };
-        values.push(cur);
-        values.push(get_prev.query(con)?);
-        if let Some((expire, _)) = cmds.next() {
-            if failed.contains(&(base + 2)) {
-                expire.query::<redis::Value>(con)?;
+        let mut cur = redis::Value::Nil;
+        let mut prev = None;
+        for (cmd, role) in g.cmds {
+            let i = index;
+            index += 1;
+            match role {
+                Role::Cur if g.incr && !failed.contains(&i) => {
+                    // it ran: read the count it left
+                    cur = redis::cmd("GET").arg(&g.cur).query(con)?;
+                }
+                Role::Cur => cur = cmd.query(con)?,
+                Role::Prev => prev = Some(cmd.query(con)?),
+                Role::Expire => {
+                    if failed.contains(&i) {
+                        cmd.query::<redis::Value>(con)?;
+                    }
+                }
             }
         }
+        out.push((cur, prev));
     }
-    Ok(values)
+    Ok(out)
 }
 
 fn add(p: &mut redis::Pipeline, (cmd, ignore): (redis::Cmd, bool)) {
