@@ -38,8 +38,12 @@ const WATCH_MAX: usize = 4096;
 /// answers (beyond that they are dropped, and stay counted on this node).
 const RETRY_MAX: usize = 1 << 16;
 /// How long into a window the previous window's count may still grow (late
-/// flushes of other workers and nodes); after that it is read once.
-const PREV_SETTLE_MS: u64 = 2000;
+/// flushes of other workers and nodes): a tenth of the period, at most 2 s.
+/// A key's previous window is read at its first flush in a window and once
+/// more after that, not on every flush.
+fn prev_settle_ms(period: u32) -> u64 {
+    (u64::from(period) * 100).min(2000)
+}
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const LOG_INTERVAL: Duration = Duration::from_secs(1);
@@ -394,9 +398,9 @@ struct Backend {
     /// one EXPIRE per counter and window is enough. Cleared on reconnect (a
     /// restarted Redis may have lost the TTL with the key).
     expiring: std::collections::HashSet<ItemId>,
-    /// Final counts of previous windows (read after `PREV_SETTLE_MS`), so
-    /// that each key's previous window is read about once per window.
-    prev_final: HashMap<ItemId, u64>,
+    /// Counts of previous windows already read: (count, final). Final once
+    /// read after `prev_settle_ms` into the window.
+    prev_final: HashMap<ItemId, (u64, bool)>,
 }
 
 impl Backend {
@@ -683,15 +687,16 @@ impl Backend {
                         Some(v) => {
                             let prev = as_count(&v);
                             // late increments of the previous window arrive
-                            // within a flush or two: after PREV_SETTLE its
-                            // count is final and need not be read again
+                            // within a flush or two of its end: read after
+                            // the settle time, its count is final
                             let start = id.window * u64::from(item.period) * 1000;
-                            if item.n > 0 && now_ms >= start + PREV_SETTLE_MS {
-                                self.prev_final.insert(*id, prev);
+                            let settled = now_ms >= start + prev_settle_ms(item.period);
+                            if item.n > 0 {
+                                self.prev_final.insert(*id, (prev, settled));
                             }
                             prev
                         }
-                        None => self.prev_final.get(id).copied().unwrap_or(0),
+                        None => self.prev_final.get(id).map_or(0, |(v, _)| *v),
                     };
                     let confirmation = Confirmation {
                         window: id.window,
@@ -819,6 +824,7 @@ impl Backend {
     /// unless its count is already known to be final, and `EXPIRE` once per
     /// counter and window.
     fn commands(&self, items: &[(ItemId, Item)]) -> Vec<Group> {
+        let now_ms = unix_ms();
         let mut all = Vec::with_capacity(items.len());
         for (id, item) in items {
             let mut out = Vec::with_capacity(3);
@@ -850,8 +856,11 @@ impl Backend {
             let mut incr = redis::cmd("INCRBY");
             incr.arg(&cur).arg(item.n);
             out.push((incr, Role::Cur));
-            if !self.prev_final.contains_key(id) {
-                out.push((get, Role::Prev));
+            let settled = now_ms >= id.window * p * 1000 + prev_settle_ms(item.period);
+            match self.prev_final.get(id) {
+                Some((_, true)) => {}
+                Some((_, false)) if !settled => {}
+                _ => out.push((get, Role::Prev)),
             }
             if !self.expiring.contains(id) {
                 let mut expire = redis::cmd("EXPIRE");
