@@ -12,6 +12,7 @@ use nginx_sys::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
+use smallvec::SmallVec;
 
 use crate::batch::ItemId;
 use std::sync::Arc;
@@ -180,7 +181,7 @@ fn decide(
     limits: &[Limit],
 ) -> Result<ngx_int_t, ()> {
     // Evaluate each zone's key once; an empty key is not limited.
-    let mut keys: Vec<(usize, ngx_str_t)> = Vec::with_capacity(limits.len());
+    let mut keys: SmallVec<[(usize, ngx_str_t); 4]> = SmallVec::new();
     for l in limits {
         if keys.iter().any(|(z, _)| *z == l.zone) {
             continue;
@@ -198,7 +199,7 @@ fn decide(
     // Lock the zones involved in index order (so two requests never wait on
     // each other), then decide and count under all the locks at once: a
     // request rejected by one limit consumes nothing from the others.
-    let mut zones: Vec<usize> = keys
+    let mut zones: SmallVec<[usize; 4]> = keys
         .iter()
         .filter(|(_, k)| k.len > 0)
         .map(|(z, _)| *z)
@@ -207,7 +208,7 @@ fn decide(
         return Ok(NGX_DECLINED as ngx_int_t);
     }
     zones.sort_unstable();
-    let mut guards: Vec<Locked<'_>> = Vec::with_capacity(zones.len());
+    let mut guards: SmallVec<[Locked<'_>; 4]> = SmallVec::new();
     for &z in &zones {
         match &mcf.zones[z].shared {
             Some(shared) => guards.push(shared.lock()),
@@ -217,7 +218,7 @@ fn decide(
 
     let now = now_ms();
     let channel = crate::worker::channel();
-    let mut checks: Vec<Check> = Vec::with_capacity(limits.len());
+    let mut checks: SmallVec<[Check; 4]> = SmallVec::new();
     for l in limits {
         let Some((_, key)) = keys.iter().find(|(z, _)| *z == l.zone) else {
             continue;
@@ -264,7 +265,7 @@ fn decide(
     let mut tightest: Option<usize> = None;
     let mut retry_at = now;
     // (check index, limit, near its limit) of each distinct entry to send
-    let mut sends: Vec<(usize, u32, bool)> = Vec::new();
+    let mut sends: SmallVec<[(usize, u32, bool); 4]> = SmallVec::new();
     if rejected {
         for c in checks.iter().filter(|c| !c.result.allowed) {
             retry_at = retry_at.max(c.result.retry_at_ms);
