@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Instructions per request, counted by valgrind's callgrind (repeatable,
+# unlike req/s on a shared VM): nginx in one process serves N keep-alive
+# requests to one location, and the same with 200 requests; the difference
+# divided by (N - 200) is the cost of one request. Locations: a static file
+# (baseline), the same behind limit_req, and behind an embedded zone.
+#
+#   bash bench/callgrind.sh [N]        (needs valgrind; about a minute)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-2400}
+command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
+work=$(mktemp -d)
+chmod 755 "$work"
+nginx_pid=
+cleanup() {
+    if [ -n "$nginx_pid" ] && kill -0 "$nginx_pid" 2>/dev/null; then
+        kill -QUIT "$nginx_pid"; sleep 2; kill -KILL "$nginx_pid" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir -p "$work"/{conf,logs,html}
+echo ok > "$work/html/b"
+chmod -R a+rX "$work"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cat > "$work/conf/nginx.conf" <<CONF
+load_module $PWD/build/modules/ngx_http_redis_ratelimit_module.so;
+daemon off; master_process off;
+error_log logs/error.log error;
+events {}
+http {
+    access_log off;
+    limit_req_zone \$binary_remote_addr zone=lr:10m rate=100000000r/s;
+    redis_ratelimit_zone \$binary_remote_addr zone=e:10m;
+    server {
+        listen 127.0.0.1:$port;
+        keepalive_requests 1000000;
+        location = /base { root html; try_files /b =404; }
+        location = /limit_req { root html; try_files /b =404; limit_req zone=lr burst=1000000 nodelay; }
+        location = /embedded { root html; try_files /b =404; redis_ratelimit e 1000000000r/s; }
+    }
+}
+CONF
+cat > "$work/load.py" <<'PY'
+import socket, sys
+port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+s = socket.create_connection(("127.0.0.1", port))
+req = ("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode()
+buf = b""
+for _ in range(n):
+    s.sendall(req)
+    while b"\r\n\r\nok\n" not in buf:
+        d = s.recv(65536)
+        if not d:
+            raise SystemExit("connection closed")
+        buf += d
+    buf = buf[buf.index(b"\r\n\r\nok\n") + 7:]
+s.close()
+PY
+run() { # location requests -> instructions
+    valgrind --tool=callgrind --callgrind-out-file="$work/out" build/sbin/nginx \
+        -p "$work/" -c conf/nginx.conf > "$work/vg.log" 2>&1 &
+    nginx_pid=$!
+    for _ in $(seq 150); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        sleep 0.2
+    done
+    python3 "$work/load.py" "$port" "$1" "$2"
+    kill -QUIT "$nginx_pid"; wait "$nginx_pid" 2>/dev/null || true; nginx_pid=
+    sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$work/vg.log"
+}
+echo "| location | instructions per request | beyond the baseline |"
+echo "|---|---:|---:|"
+base=
+for loc in base limit_req embedded; do
+    small=$(run "/$loc" 200)
+    total=$(run "/$loc" "$n")
+    per=$(( (total - small) / (n - 200) ))
+    [ -n "$base" ] || base=$per
+    echo "| /$loc | $per | $(( per - base )) |"
+done
