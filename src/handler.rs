@@ -168,10 +168,103 @@ pub unsafe extern "C" fn preaccess(r: *mut ngx_http_request_t) -> ngx_int_t {
     let Some(mcf) = Module::main_conf(req) else {
         return NGX_DECLINED as ngx_int_t;
     };
-    match decide(r, mcf, lcf, limits) {
+    let decided = match limits {
+        [one] => decide_one(r, mcf, lcf, one),
+        _ => decide(r, mcf, lcf, limits),
+    };
+    match decided {
         Ok(rc) => rc,
         Err(()) => NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
     }
+}
+
+/// The common case, one limit in the location: the same steps as `decide`
+/// without its bookkeeping for several zones and shared entries.
+fn decide_one(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    l: &Limit,
+) -> Result<ngx_int_t, ()> {
+    let zone = &mcf.zones[l.zone];
+    let mut key = ngx_str_t::empty();
+    // SAFETY: the complex value was compiled at configuration time for this
+    // cycle; the result lives in the request pool.
+    if unsafe { ngx_http_complex_value(r, zone.key, &mut key) } != NGX_OK as ngx_int_t {
+        return Err(());
+    }
+    if key.len == 0 {
+        return Ok(NGX_DECLINED as ngx_int_t);
+    }
+    let shared = zone.shared.as_ref().ok_or(())?;
+    let now = now_ms();
+    let channel = crate::worker::channel();
+    let how = mode(zone, l.zone, channel);
+    let rate = l.rate;
+    let (id, entry, result, remaining) = {
+        let mut locked = shared.lock();
+        let table = &mut locked.table;
+        let id = entry_id(
+            table.seed(),
+            zone.name.as_bytes(),
+            rate.period,
+            key.as_bytes(),
+        );
+        let (entry, _) = table.get_or_insert(id);
+        let e = table.entry_mut(entry);
+        let mut result = counter::check(e, rate, now);
+        match how {
+            Mode::Allow => result.allowed = true,
+            Mode::Deny => {
+                result.allowed = false;
+                result.retry_at_ms = now + 1000;
+            }
+            Mode::Local | Mode::Remote => {}
+        }
+        let mut remaining = 0;
+        if result.allowed {
+            if how != Mode::Allow {
+                counter::count(e, how == Mode::Remote);
+            }
+            remaining = counter::estimate(e, rate, now).remaining(rate.limit);
+        }
+        (id, entry, result, remaining)
+    };
+    if result.allowed && how == Mode::Remote {
+        if let Some(ch) = channel {
+            let item = ItemId {
+                zone: l.zone as u32,
+                entry: id,
+                window: window_index(now, rate.period_ms()),
+            };
+            let urgent = remaining <= rate.limit / 2;
+            ch.push(
+                item,
+                zone.name.as_bytes(),
+                key.as_bytes(),
+                rate.period,
+                rate.limit,
+                urgent,
+            );
+        }
+    }
+    let check = Check {
+        limit: *l,
+        guard: 0,
+        entry,
+        id,
+        key,
+        remote: how == Mode::Remote,
+        skip: how == Mode::Allow,
+        result,
+    };
+    let rejected = !result.allowed;
+    let retry_at = if rejected {
+        result.retry_at_ms.max(now)
+    } else {
+        now
+    };
+    finish(r, mcf, lcf, now, rejected, remaining, retry_at, &[check], 0)
 }
 
 fn decide(
@@ -260,7 +353,6 @@ fn decide(
     }
 
     let rejected = checks.iter().any(|c| !c.result.allowed);
-    let dry_run = lcf.dry_run.unwrap_or(false);
     let mut remaining = u32::MAX;
     let mut tightest: Option<usize> = None;
     let mut retry_at = now;
@@ -339,6 +431,26 @@ fn decide(
     let Some(tightest) = tightest else {
         return Ok(NGX_DECLINED as ngx_int_t);
     };
+    finish(
+        r, mcf, lcf, now, rejected, remaining, retry_at, &checks, tightest,
+    )
+}
+
+/// What every decided request ends with: the log line of a rejection, the
+/// recorded state (for the variables), the headers, and the status.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    now: u64,
+    rejected: bool,
+    remaining: u32,
+    retry_at: u64,
+    checks: &[Check],
+    tightest: usize,
+) -> Result<ngx_int_t, ()> {
+    let dry_run = lcf.dry_run.unwrap_or(false);
     let outcome = match (rejected, dry_run) {
         (false, _) => Outcome::Passed,
         (true, false) => Outcome::Rejected,

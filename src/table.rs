@@ -10,9 +10,10 @@
 
 /// "RRLTABLE" — marks a formatted region.
 pub const MAGIC: u64 = 0x5252_4c54_4142_4c45;
-/// Bumped whenever `Header` or `Entry` change layout: a region written by
-/// another version is formatted anew instead of being misread.
-pub const VERSION: u32 = 1;
+/// Bumped whenever `Header` or `Entry` change layout, or entry ids change
+/// meaning (`key::entry_id`): a region written by another version is
+/// formatted anew instead of being misread.
+pub const VERSION: u32 = 2;
 
 const NIL: u32 = u32::MAX;
 
