@@ -14,7 +14,6 @@ use crate::batch::{Delete, ItemId};
 use crate::conf::{MainConf, ZoneConf};
 use crate::counter;
 use crate::handler::{mode, now_ms, Mode};
-use crate::key::entry_id;
 use crate::rate::Rate;
 use crate::window::window_index;
 use crate::zone::Shared;
@@ -190,7 +189,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     let now = now_ms();
 
     let mut locked = shared.lock();
-    let id = entry_id(locked.table.seed(), ns, period, key);
+    let id = shared.ids.id(ns, period, key);
     let (entry, _) = locked.table.get_or_insert(id);
     let e = locked.table.entry_mut(entry);
     let check = counter::check(e, rate, now);
@@ -282,7 +281,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     };
     let id = {
         let mut locked = shared.lock();
-        let id = entry_id(locked.table.seed(), ns, period, key);
+        let id = shared.ids.id(ns, period, key);
         locked.table.remove(id);
         id
     };

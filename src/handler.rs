@@ -20,7 +20,6 @@ use std::sync::Arc;
 use crate::backend::Channel;
 use crate::conf::{Limit, LocConf, MainConf, ZoneConf, DEFAULT_LOG_LEVEL, DEFAULT_STATUS};
 use crate::counter;
-use crate::key::entry_id;
 use crate::params::OnError;
 use crate::window::{seconds_until, window_index};
 use crate::zone::Locked;
@@ -201,15 +200,12 @@ fn decide_one(
     let channel = crate::worker::channel();
     let how = mode(zone, l.zone, channel);
     let rate = l.rate;
-    let (id, entry, result, remaining) = {
+    let id = shared
+        .ids
+        .id(zone.name.as_bytes(), rate.period, key.as_bytes());
+    let (entry, result, remaining) = {
         let mut locked = shared.lock();
         let table = &mut locked.table;
-        let id = entry_id(
-            table.seed(),
-            zone.name.as_bytes(),
-            rate.period,
-            key.as_bytes(),
-        );
         let (entry, _) = table.get_or_insert(id);
         let e = table.entry_mut(entry);
         let mut result = counter::check(e, rate, now);
@@ -228,7 +224,7 @@ fn decide_one(
             }
             remaining = counter::estimate(e, rate, now).remaining(rate.limit);
         }
-        (id, entry, result, remaining)
+        (entry, result, remaining)
     };
     if result.allowed && how == Mode::Remote {
         if let Some(ch) = channel {
@@ -324,13 +320,13 @@ fn decide(
         };
         let zone = &mcf.zones[l.zone];
         let how = mode(zone, l.zone, channel);
+        let Some(shared) = zone.shared.as_ref() else {
+            continue;
+        };
+        let id = shared
+            .ids
+            .id(zone.name.as_bytes(), l.rate.period, key.as_bytes());
         let table = &mut guards[guard].table;
-        let id = entry_id(
-            table.seed(),
-            zone.name.as_bytes(),
-            l.rate.period,
-            key.as_bytes(),
-        );
         let (entry, _) = table.get_or_insert(id);
         let mut result = counter::check(table.entry_mut(entry), l.rate, now);
         let skip = how == Mode::Allow;

@@ -13,31 +13,35 @@ pub const MAX_KEY_BYTES: usize = 256;
 /// derived from the zone's random seed, so clients cannot aim keys at one
 /// hash bucket, and two keys share a counter only if both 64-bit halves
 /// collide. aHash is several times cheaper than SipHash on short keys, and
-/// this runs on every request.
+/// this runs on every request: the hasher states are set up once per zone.
+#[derive(Clone)]
+pub struct IdHasher([RandomState; 2]);
+
+impl IdHasher {
+    pub fn new(seed: [u64; 2]) -> IdHasher {
+        let [a, b] = seed;
+        IdHasher([
+            RandomState::with_seeds(a, b, a ^ 0x243f_6a88_85a3_08d3, b ^ 0x1319_8a2e_0370_7344),
+            RandomState::with_seeds(b, a, a ^ 0xa409_3822_299f_31d0, b ^ 0x082e_fa98_ec4e_6c89),
+        ])
+    }
+
+    pub fn id(&self, namespace: &[u8], period: u32, key: &[u8]) -> [u64; 2] {
+        let hash = |s: &RandomState| {
+            let mut h = s.build_hasher();
+            h.write_usize(namespace.len());
+            h.write(namespace);
+            h.write_u32(period);
+            h.write(key);
+            h.finish()
+        };
+        [hash(&self.0[0]), hash(&self.0[1])]
+    }
+}
+
+/// `IdHasher::new(seed).id(...)`, for one-off use.
 pub fn entry_id(seed: [u64; 2], namespace: &[u8], period: u32, key: &[u8]) -> [u64; 2] {
-    let hash = |s: RandomState| {
-        let mut h = s.build_hasher();
-        h.write_usize(namespace.len());
-        h.write(namespace);
-        h.write_u32(period);
-        h.write(key);
-        h.finish()
-    };
-    let [a, b] = seed;
-    [
-        hash(RandomState::with_seeds(
-            a,
-            b,
-            a ^ 0x243f_6a88_85a3_08d3,
-            b ^ 0x1319_8a2e_0370_7344,
-        )),
-        hash(RandomState::with_seeds(
-            b,
-            a,
-            a ^ 0xa409_3822_299f_31d0,
-            b ^ 0x082e_fa98_ec4e_6c89,
-        )),
-    ]
+    IdHasher::new(seed).id(namespace, period, key)
 }
 
 /// The key bytes as they appear inside a Redis key name: as given, or

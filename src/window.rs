@@ -30,9 +30,12 @@ pub fn roll(stored: u64, prev: u32, cur: u32, now: u64) -> (u32, u32) {
 }
 
 /// The estimate at one instant, kept scaled by the period in milliseconds.
+/// With counts of at most `u32::MAX` and periods of at most a day
+/// (8.64e7 ms < 2^27), every product below stays under 2^60: plain u64
+/// arithmetic (saturating, should a caller pass more) is exact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Estimate {
-    scaled: u128,
+    scaled: u64,
     period_ms: u64,
 }
 
@@ -40,24 +43,24 @@ impl Estimate {
     /// `elapsed_ms` is the time since the current window started (`t - w`).
     pub fn new(prev: u32, cur: u32, elapsed_ms: u64, period_ms: u64) -> Estimate {
         let elapsed = elapsed_ms.min(period_ms);
-        let scaled = u128::from(prev) * u128::from(period_ms - elapsed)
-            + u128::from(cur) * u128::from(period_ms);
+        let scaled = u64::from(prev)
+            .saturating_mul(period_ms - elapsed)
+            .saturating_add(u64::from(cur).saturating_mul(period_ms));
         Estimate { scaled, period_ms }
     }
 
     /// Is another request allowed under `limit`?
     pub fn below(&self, limit: u32) -> bool {
-        self.scaled < u128::from(limit) * u128::from(self.period_ms)
+        self.scaled < u64::from(limit).saturating_mul(self.period_ms)
     }
 
     /// How many more requests `limit` allows right now (`ceil(L - estimate)`).
     pub fn remaining(&self, limit: u32) -> u32 {
-        let cap = u128::from(limit) * u128::from(self.period_ms);
+        let cap = u64::from(limit).saturating_mul(self.period_ms);
         if self.scaled >= cap {
             return 0;
         }
-        let p = u128::from(self.period_ms);
-        ((cap - self.scaled).div_ceil(p)).min(u128::from(u32::MAX)) as u32
+        ((cap - self.scaled).div_ceil(self.period_ms)).min(u64::from(u32::MAX)) as u32
     }
 
     /// The estimate as a number of requests (for logs and Lua's `measure`).

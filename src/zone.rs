@@ -17,6 +17,7 @@ use nginx_sys::{
 use ngx::ngx_log_error;
 
 use crate::conf::ZoneConf;
+use crate::key::IdHasher;
 use crate::table::{Entry, Header, Layout, Table};
 
 const LEN_PREFIX: usize = 8;
@@ -26,6 +27,8 @@ pub struct Shared {
     pool: *mut ngx_slab_pool_t,
     table: *mut u8,
     layout: Layout,
+    /// Entry ids for this zone's seed (process-local, set up once).
+    pub ids: IdHasher,
 }
 
 /// The table, locked for the lifetime of this guard.
@@ -184,10 +187,14 @@ pub unsafe extern "C" fn init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) 
             })
         };
     }
+    // SAFETY: the table was formatted or checked above; the seed never
+    // changes after formatting.
+    let seed = unsafe { (*table.cast::<Header>()).seed };
     zone.shared = Some(Shared {
         pool,
         table,
         layout,
+        ids: IdHasher::new(seed),
     });
     NGX_OK as ngx_int_t
 }
