@@ -9,11 +9,10 @@ use std::ffi::c_int;
 use nginx_sys::ngx_cycle;
 use ngx::http::HttpModuleMainConf;
 
-use crate::backend::Channel;
-use crate::batch::{Delete, ItemId};
+use crate::batch::Delete;
 use crate::conf::{MainConf, ZoneConf};
 use crate::counter;
-use crate::handler::{mode, now_ms, Mode};
+use crate::handler::{mode, now_ms, send, Mode};
 use crate::rate::Rate;
 use crate::window::window_index;
 use crate::zone::Shared;
@@ -188,16 +187,13 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     let how = mode(z, index, channel);
     let now = now_ms();
 
-    let mut locked = shared.lock();
     let id = shared.ids.id(ns, period, key);
+    let mut locked = shared.lock();
     let (entry, _) = locked.table.get_or_insert(id);
     let e = locked.table.entry_mut(entry);
-    let check = counter::check(e, rate, now);
-    let allowed = match how {
-        Mode::Allow => true,
-        Mode::Deny => false,
-        _ => check.allowed,
-    };
+    let mut check = counter::check(e, rate, now);
+    how.apply(&mut check, now);
+    let allowed = check.allowed;
     let counted = matches!(how, Mode::Local | Mode::Remote) && (allowed || take == TAKE_ALWAYS);
     if counted {
         counter::count(e, how == Mode::Remote);
@@ -208,7 +204,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     if counted && how == Mode::Remote {
         if let Some(ch) = channel {
             let urgent = after.remaining(limit) <= limit / 2;
-            push(ch, index, id, ns, key, rate, now, urgent);
+            send(ch, index, id, ns, key, period, limit, now, urgent);
         }
     }
     // SAFETY: out-pointers are checked for null; the caller owns them.
@@ -222,8 +218,6 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
         if !retry_ms.is_null() {
             *retry_ms = if allowed {
                 0
-            } else if how == Mode::Deny {
-                1000
             } else {
                 check.retry_at_ms.saturating_sub(now)
             };
@@ -234,25 +228,6 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     } else {
         LIMITED
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn push(
-    ch: &Channel,
-    zone: usize,
-    id: [u64; 2],
-    ns: &[u8],
-    key: &[u8],
-    rate: Rate,
-    now: u64,
-    urgent: bool,
-) {
-    let item = ItemId {
-        zone: zone as u32,
-        entry: id,
-        window: window_index(now, rate.period_ms()),
-    };
-    ch.push(item, ns, key, rate.period, rate.limit, urgent);
 }
 
 /// Forgets `key` (for the period) in this node's zone and in Redis.

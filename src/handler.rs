@@ -114,6 +114,46 @@ pub enum Mode {
     Deny,
 }
 
+/// How long a request rejected by `on_error=deny` is told to wait.
+const DENY_RETRY_MS: u64 = 1000;
+
+impl Mode {
+    /// What the zone's backend state makes of a decision from the counts.
+    pub fn apply(self, result: &mut counter::Check, now: u64) {
+        match self {
+            Mode::Allow => result.allowed = true,
+            Mode::Deny => {
+                result.allowed = false;
+                result.retry_at_ms = now + DENY_RETRY_MS;
+            }
+            Mode::Local | Mode::Remote => {}
+        }
+    }
+}
+
+/// Queues one counted request of `key` for the zone's Redis backend.
+/// `limit` is the tightest limit counting it (for the breaker); `urgent`
+/// when the key is near it.
+#[allow(clippy::too_many_arguments)]
+pub fn send(
+    ch: &Channel,
+    zone: usize,
+    id: [u64; 2],
+    namespace: &[u8],
+    key: &[u8],
+    period: u32,
+    limit: u32,
+    now: u64,
+    urgent: bool,
+) {
+    let item = ItemId {
+        zone: zone as u32,
+        entry: id,
+        window: window_index(now, u64::from(period) * 1000),
+    };
+    ch.push(item, namespace, key, period, limit, urgent);
+}
+
 pub fn mode(zone: &ZoneConf, index: usize, channel: Option<&Arc<Channel>>) -> Mode {
     let Some(on_error) = zone
         .params
@@ -209,14 +249,7 @@ fn decide_one(
         let (entry, _) = table.get_or_insert(id);
         let e = table.entry_mut(entry);
         let mut result = counter::check(e, rate, now);
-        match how {
-            Mode::Allow => result.allowed = true,
-            Mode::Deny => {
-                result.allowed = false;
-                result.retry_at_ms = now + 1000;
-            }
-            Mode::Local | Mode::Remote => {}
-        }
+        how.apply(&mut result, now);
         let mut remaining = 0;
         if result.allowed {
             if how != Mode::Allow {
@@ -228,18 +261,17 @@ fn decide_one(
     };
     if result.allowed && how == Mode::Remote {
         if let Some(ch) = channel {
-            let item = ItemId {
-                zone: l.zone as u32,
-                entry: id,
-                window: window_index(now, rate.period_ms()),
-            };
             let urgent = remaining <= rate.limit / 2;
-            ch.push(
-                item,
-                zone.name.as_bytes(),
+            let name = zone.name.as_bytes();
+            send(
+                ch,
+                l.zone,
+                id,
+                name,
                 key.as_bytes(),
                 rate.period,
                 rate.limit,
+                now,
                 urgent,
             );
         }
@@ -329,13 +361,8 @@ fn decide(
         let table = &mut guards[guard].table;
         let (entry, _) = table.get_or_insert(id);
         let mut result = counter::check(table.entry_mut(entry), l.rate, now);
+        how.apply(&mut result, now);
         let skip = how == Mode::Allow;
-        if skip {
-            result.allowed = true;
-        } else if how == Mode::Deny {
-            result.allowed = false;
-            result.retry_at_ms = now + 1000;
-        }
         checks.push(Check {
             limit: *l,
             guard,
@@ -407,18 +434,17 @@ fn decide(
     if let Some(ch) = channel {
         for &(i, limit, urgent) in &sends {
             let c = &checks[i];
-            let p = c.limit.rate.period_ms();
-            let id = ItemId {
-                zone: c.limit.zone as u32,
-                entry: c.id,
-                window: window_index(now, p),
-            };
-            ch.push(
-                id,
-                mcf.zones[c.limit.zone].name.as_bytes(),
+            let name = mcf.zones[c.limit.zone].name.as_bytes();
+            let period = c.limit.rate.period;
+            send(
+                ch,
+                c.limit.zone,
+                c.id,
+                name,
                 c.key.as_bytes(),
-                c.limit.rate.period,
+                period,
                 limit,
+                now,
                 urgent,
             );
         }

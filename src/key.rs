@@ -39,11 +39,6 @@ impl IdHasher {
     }
 }
 
-/// `IdHasher::new(seed).id(...)`, for one-off use.
-pub fn entry_id(seed: [u64; 2], namespace: &[u8], period: u32, key: &[u8]) -> [u64; 2] {
-    IdHasher::new(seed).id(namespace, period, key)
-}
-
 /// The key bytes as they appear inside a Redis key name: as given, or
 /// `sha256:<hex>` when longer than `MAX_KEY_BYTES`.
 pub fn redis_key_part(key: &[u8]) -> std::borrow::Cow<'_, [u8]> {
@@ -87,6 +82,7 @@ mod tests {
     #[test]
     fn ids_separate_namespace_period_and_key() {
         let s = [1, 2];
+        let entry_id = |seed, ns: &[u8], p, k: &[u8]| IdHasher::new(seed).id(ns, p, k);
         let a = entry_id(s, b"login", 1, b"k");
         assert_eq!(a, entry_id(s, b"login", 1, b"k"));
         assert_ne!(a, entry_id(s, b"login", 60, b"k"));

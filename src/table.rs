@@ -11,7 +11,7 @@
 /// "RRLTABLE" — marks a formatted region.
 pub const MAGIC: u64 = 0x5252_4c54_4142_4c45;
 /// Bumped whenever `Header` or `Entry` change layout, or entry ids change
-/// meaning (`key::entry_id`): a region written by another version is
+/// meaning (`key::IdHasher`): a region written by another version is
 /// formatted anew instead of being misread.
 pub const VERSION: u32 = 2;
 
@@ -177,20 +177,12 @@ impl<'a> Table<'a> {
         }
     }
 
-    pub fn seed(&self) -> [u64; 2] {
-        self.hdr.seed
-    }
-
     pub fn len(&self) -> usize {
         self.hdr.len as usize
     }
 
     pub fn is_empty(&self) -> bool {
         self.hdr.len == 0
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.entries.len()
     }
 
     /// Claims the right to log a line of this kind in second `sec`: true for
