@@ -1,10 +1,14 @@
 //! Coalescing of increments between a worker and its background thread:
 //! every request allowed for the same (zone, key, period, window) adds to one
 //! pending item, so a hot key costs one `INCRBY` per flush, not per request.
-//! Bounded: once `capacity` distinct items wait, new ones are dropped (and
-//! counted), never blocking the worker.
+//! Bounded by items and by bytes: an item holds the key's Redis hash tag
+//! (at most ~400 bytes, whatever the key), and once `max_items` items or
+//! `max_bytes` bytes wait, new keys are dropped (and counted), never
+//! blocking the worker.
 
 use std::collections::HashMap;
+
+use crate::key::redis_tag;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ItemId {
@@ -15,16 +19,24 @@ pub struct ItemId {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Item {
-    /// The namespace of the Redis key: the zone name for directives, the
-    /// caller's for Lua.
-    pub namespace: Vec<u8>,
-    /// The key bytes as the request produced them.
-    pub key: Vec<u8>,
+    /// `<namespace>:<key part>`: the hash tag of the key's Redis counters.
+    pub tag: Box<[u8]>,
     pub period: u32,
     /// The tightest limit that counted this item (for the breaker).
     pub limit: u32,
     /// Increments coalesced into this item.
     pub n: u32,
+}
+
+/// What one pending item costs in memory, beyond its tag: the map slot,
+/// the id and the item itself.
+pub const ITEM_OVERHEAD: usize = 96;
+
+impl Item {
+    /// Bytes this item holds (for the byte bounds).
+    pub fn bytes(&self) -> usize {
+        ITEM_OVERHEAD + self.tag.len()
+    }
 }
 
 /// A key to forget in Redis (both windows around `window`).
@@ -33,8 +45,7 @@ pub struct Delete {
     pub zone: u32,
     /// The table entry of the key (drops its pending increments).
     pub entry: [u64; 2],
-    pub namespace: Vec<u8>,
-    pub key: Vec<u8>,
+    pub tag: Box<[u8]>,
     pub period: u32,
     pub window: u64,
 }
@@ -43,17 +54,21 @@ pub struct Delete {
 pub struct Batch {
     items: HashMap<ItemId, Item>,
     deletes: Vec<Delete>,
-    capacity: usize,
+    max_items: usize,
+    max_bytes: usize,
+    bytes: usize,
     /// Increments dropped because the batch was full.
     pub dropped: u64,
 }
 
 impl Batch {
-    pub fn new(capacity: usize) -> Batch {
+    pub fn new(max_items: usize, max_bytes: usize) -> Batch {
         Batch {
             items: HashMap::new(),
             deletes: Vec::new(),
-            capacity,
+            max_items,
+            max_bytes,
+            bytes: 0,
             dropped: 0,
         }
     }
@@ -66,21 +81,41 @@ impl Batch {
         self.items.len()
     }
 
+    /// Bytes held by the pending items and deletes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn full(&self, more: usize) -> bool {
+        self.items.len() + self.deletes.len() >= self.max_items
+            || self.bytes + more > self.max_bytes
+    }
+
     /// Queues a delete. Increments of the key still waiting were counted
     /// before it and are dropped with it; deletes are sent before the
     /// increments of the same flush, so what is counted after it stays.
     pub fn delete(&mut self, d: Delete) -> bool {
-        if self.deletes.len() >= self.capacity {
+        let size = ITEM_OVERHEAD + d.tag.len();
+        let mut freed = 0;
+        self.items.retain(|id, item| {
+            let keep = !(id.zone == d.zone && id.entry == d.entry);
+            if !keep {
+                freed += item.bytes();
+            }
+            keep
+        });
+        self.bytes -= freed;
+        if self.full(size) {
             self.dropped += 1;
             return false;
         }
-        self.items
-            .retain(|id, _| !(id.zone == d.zone && id.entry == d.entry));
+        self.bytes += size;
         self.deletes.push(d);
         true
     }
 
-    /// Adds one increment; false if it had to be dropped.
+    /// Adds one increment; false if it had to be dropped. The key's tag is
+    /// made (and a long key digested) only when the item is new.
     pub fn add(
         &mut self,
         id: ItemId,
@@ -94,26 +129,25 @@ impl Batch {
             item.limit = item.limit.min(limit);
             return true;
         }
-        if self.items.len() >= self.capacity {
+        let tag = redis_tag(namespace, key);
+        let item = Item {
+            tag,
+            period,
+            limit,
+            n: 1,
+        };
+        if self.full(item.bytes()) {
             self.dropped += 1;
             return false;
         }
-        self.items.insert(
-            id,
-            Item {
-                namespace: namespace.to_vec(),
-                key: key.to_vec(),
-                period,
-                limit,
-                n: 1,
-            },
-        );
+        self.bytes += item.bytes();
+        self.items.insert(id, item);
         true
     }
 
-    /// Takes every pending item, leaving the batch empty (its allocation is
-    /// kept for the next round).
+    /// Takes every pending item, leaving the batch empty.
     pub fn drain(&mut self) -> (Vec<(ItemId, Item)>, Vec<Delete>) {
+        self.bytes = 0;
         (
             self.items.drain().collect(),
             std::mem::take(&mut self.deletes),
@@ -135,7 +169,7 @@ mod tests {
 
     #[test]
     fn coalesces_per_key_and_window() {
-        let mut b = Batch::new(10);
+        let mut b = Batch::new(10, 1 << 20);
         for _ in 0..1000 {
             assert!(b.add(id(0, 1, 5), b"z", b"hot", 1, 100));
         }
@@ -145,7 +179,7 @@ mod tests {
         let mut items = b.drain().0;
         items.sort_by_key(|(i, _)| (i.zone, i.window));
         assert_eq!(items[0].1.n, 1000);
-        assert_eq!(items[0].1.key, b"hot");
+        assert_eq!(&*items[0].1.tag, b"z:hot");
         assert_eq!(items[1].1.n, 1);
         assert_eq!(items[2].1.limit, 50);
         assert!(b.is_empty());
@@ -153,7 +187,7 @@ mod tests {
 
     #[test]
     fn keeps_the_tightest_limit() {
-        let mut b = Batch::new(10);
+        let mut b = Batch::new(10, 1 << 20);
         b.add(id(0, 1, 5), b"z", b"k", 60, 100);
         b.add(id(0, 1, 5), b"z", b"k", 60, 10);
         b.add(id(0, 1, 5), b"z", b"k", 60, 50);
@@ -162,7 +196,7 @@ mod tests {
 
     #[test]
     fn drops_new_items_when_full_but_still_coalesces() {
-        let mut b = Batch::new(2);
+        let mut b = Batch::new(2, 1 << 20);
         assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1));
         assert!(b.add(id(0, 2, 0), b"z", b"b", 1, 1));
         assert!(!b.add(id(0, 3, 0), b"z", b"c", 1, 1));
@@ -173,16 +207,35 @@ mod tests {
     }
 
     #[test]
+    fn bounded_in_bytes_whatever_the_key_size() {
+        // 5 000 distinct 7 KB keys: each item holds a 73-byte tag, and the
+        // byte bound stops the batch long before the keys' own size would
+        let mut b = Batch::new(1 << 16, 64 * 1024);
+        let mut kept = 0;
+        for n in 0..5000u64 {
+            let mut key = vec![b'k'; 7000];
+            key.extend_from_slice(&n.to_le_bytes());
+            if b.add(id(0, n, 0), b"z", &key, 60, 10) {
+                kept += 1;
+            }
+        }
+        assert!(b.bytes() <= 64 * 1024, "{}", b.bytes());
+        assert_eq!(kept, 64 * 1024 / (ITEM_OVERHEAD + 2 + 71));
+        assert_eq!(b.dropped, 5000 - kept as u64);
+        b.drain();
+        assert_eq!(b.bytes(), 0);
+    }
+
+    #[test]
     fn deletes_drop_pending_increments_of_their_key() {
-        let mut b = Batch::new(4);
+        let mut b = Batch::new(4, 1 << 20);
         assert!(b.is_empty());
         assert!(b.add(id(0, 9, 7), b"ns", b"k", 60, 5));
         assert!(b.add(id(0, 8, 7), b"ns", b"other", 60, 5));
         let d = Delete {
             zone: 0,
             entry: [9, 0],
-            namespace: b"ns".to_vec(),
-            key: b"k".to_vec(),
+            tag: redis_tag(b"ns", b"k"),
             period: 60,
             window: 7,
         };
@@ -194,7 +247,7 @@ mod tests {
             1,
             "the deleted key's pending increment is gone"
         );
-        assert_eq!(items[0].1.key, b"other");
+        assert_eq!(&*items[0].1.tag, b"ns:other");
         assert_eq!(deletes, vec![d]);
         assert!(b.is_empty());
     }

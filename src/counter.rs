@@ -12,12 +12,36 @@ use crate::rate::Rate;
 use crate::table::Entry;
 use crate::window::{free_at, window_index, Estimate};
 
-/// Brings the entry to window `idx`. What the previous window ended with
-/// becomes `prev`; anything older is forgotten.
-pub fn roll(e: &mut Entry, idx: u64) {
+/// How far back of an entry's window the clock may be before it counts as
+/// stepped back: workers' cached clocks differ by a few milliseconds around
+/// a window's start, and a request decided in such a worker must not reset
+/// a key the others already moved on. Half a period, at most a second.
+pub fn step_tolerance_ms(period_ms: u64) -> u64 {
+    (period_ms / 2).min(1000)
+}
+
+/// Brings the entry to the window of `now_ms` and returns the window it is
+/// in. Forwards: what the previous window ended with becomes `prev`,
+/// anything older is forgotten. A clock a little behind the entry (another
+/// worker's cached time) keeps the entry as it is. A clock stepped back
+/// further starts the entry afresh in the earlier window: a key is never
+/// held longer than a period by a clock step (nginx's `limit_req` forgets
+/// backward steps the same way), and about `L` pass in that window.
+pub fn roll(e: &mut Entry, now_ms: u64, period_ms: u64) -> u64 {
+    let idx = window_index(now_ms, period_ms);
     let stored = u64::from(e.window);
     if idx <= stored {
-        return;
+        let start = stored * period_ms;
+        if now_ms.saturating_add(step_tolerance_ms(period_ms)) >= start {
+            return stored;
+        }
+        e.prev = 0;
+        e.cur = 0;
+        e.inflight = 0;
+        e.blocked_until_ms = 0;
+        e.blocked_limit = 0;
+        e.window = idx as u32;
+        return idx;
     }
     e.prev = if idx == stored + 1 {
         e.cur.saturating_add(e.inflight)
@@ -27,6 +51,7 @@ pub fn roll(e: &mut Entry, idx: u64) {
     e.cur = 0;
     e.inflight = 0;
     e.window = idx as u32;
+    idx
 }
 
 /// The outcome of checking one limit against an entry.
@@ -34,8 +59,11 @@ pub fn roll(e: &mut Entry, idx: u64) {
 pub struct Check {
     pub allowed: bool,
     pub estimate: Estimate,
-    /// When rejected: the earliest time (ms) the limit allows a request.
+    /// When rejected: the earliest time (ms) the limit allows a request,
+    /// never more than a period away.
     pub retry_at_ms: u64,
+    /// The window the entry is in (increments are sent for this window).
+    pub window: u64,
     pub window_start_ms: u64,
 }
 
@@ -43,16 +71,21 @@ pub struct Check {
 /// the current window first. An open breaker for this limit rejects at once.
 pub fn check(e: &mut Entry, rate: Rate, now_ms: u64) -> Check {
     let p = rate.period_ms();
-    let idx = window_index(now_ms, p);
-    roll(e, idx);
-    let window_start_ms = idx * p;
+    let window = roll(e, now_ms, p);
+    let window_start_ms = window * p;
     let total = e.cur.saturating_add(e.inflight);
-    let estimate = Estimate::new(e.prev, total, now_ms - window_start_ms, p);
+    let estimate = Estimate::new(e.prev, total, now_ms.saturating_sub(window_start_ms), p);
+    let latest = now_ms.saturating_add(p);
+    if e.blocked_until_ms > latest {
+        // set before the clock stepped back: not a time this key can wait for
+        e.blocked_until_ms = 0;
+    }
     if e.blocked_until_ms > now_ms && rate.limit <= e.blocked_limit {
         return Check {
             allowed: false,
             estimate,
             retry_at_ms: e.blocked_until_ms,
+            window,
             window_start_ms,
         };
     }
@@ -63,8 +96,16 @@ pub fn check(e: &mut Entry, rate: Rate, now_ms: u64) -> Check {
         retry_at_ms: if allowed {
             now_ms
         } else {
-            free_at(rate, e.prev, total, window_start_ms, now_ms)
+            free_at(
+                rate,
+                e.prev,
+                total,
+                window_start_ms,
+                now_ms.max(window_start_ms),
+            )
+            .min(latest)
         },
+        window,
         window_start_ms,
     }
 }
@@ -82,7 +123,7 @@ pub fn count(e: &mut Entry, backend: bool) {
 /// The estimate after counting (for `$redis_ratelimit_remaining`).
 pub fn estimate(e: &Entry, rate: Rate, now_ms: u64) -> Estimate {
     let p = rate.period_ms();
-    let ws = window_index(now_ms, p) * p;
+    let ws = u64::from(e.window) * p;
     Estimate::new(
         e.prev,
         e.cur.saturating_add(e.inflight),
@@ -100,12 +141,20 @@ pub struct Confirmation {
     pub sent: u32,
     /// `INCRBY` result: that window's global count, ours included.
     pub cur: u64,
-    /// `GET` of the window before: its global count (0 when absent).
-    pub prev: u64,
+    /// `GET` of the window before: its global count (0 when absent), or
+    /// `None` when it was not read this time.
+    pub prev: Option<u64>,
 }
 
 fn clamp(v: u64) -> u32 {
     v.min(u64::from(u32::MAX)) as u32
+}
+
+/// The window a reply may speak of at `now_ms`: replies for a later one
+/// (sent before the clock stepped back, or by a thread whose clock is a
+/// little ahead) are not applied.
+fn reply_window_ok(window: u64, now_ms: u64, p: u64) -> bool {
+    window <= window_index(now_ms.saturating_add(step_tolerance_ms(p)), p)
 }
 
 /// Merges a confirmation, then arms the breaker for `rate` (the tightest
@@ -115,22 +164,23 @@ fn clamp(v: u64) -> u32 {
 /// several workers) keep the largest.
 pub fn confirm(e: &mut Entry, c: &Confirmation, rate: Rate, now_ms: u64) {
     let p = rate.period_ms();
-    let now_idx = window_index(now_ms, p);
+    if !reply_window_ok(c.window, now_ms, p) {
+        return;
+    }
     if c.window > u64::from(e.window) {
-        roll(e, c.window);
+        roll(e, c.window * p, p);
     }
     let w = u64::from(e.window);
     if c.window == w {
         e.inflight = e.inflight.saturating_sub(c.sent);
         e.cur = e.cur.max(clamp(c.cur));
-        e.prev = e.prev.max(clamp(c.prev));
+        if let Some(prev) = c.prev {
+            e.prev = e.prev.max(clamp(prev));
+        }
     } else if c.window + 1 == w {
         // A late answer for the window that just ended: it is our `prev`.
         e.prev = e.prev.max(clamp(c.cur));
     } else {
-        return;
-    }
-    if now_idx != w {
         return;
     }
     // The breaker follows the global counts alone. This node's unconfirmed
@@ -142,8 +192,20 @@ pub fn confirm(e: &mut Entry, c: &Confirmation, rate: Rate, now_ms: u64) {
     let ws = w * p;
     let est = Estimate::new(e.prev, e.cur, now_ms.saturating_sub(ws), p);
     if !est.below(rate.limit) {
-        e.blocked_until_ms = free_at(rate, e.prev, e.cur, ws, now_ms);
+        let at = free_at(rate, e.prev, e.cur, ws, now_ms.max(ws));
+        e.blocked_until_ms = at.min(now_ms.saturating_add(p));
         e.blocked_limit = rate.limit;
+    }
+}
+
+/// Increments Redis could not take (an error reply for that key, or a
+/// connection lost with the outcome unknown): they stay counted on this
+/// node alone, as final local counts instead of in flight.
+pub fn keep_local(e: &mut Entry, window: u64, sent: u32) {
+    if window == u64::from(e.window) {
+        let n = sent.min(e.inflight);
+        e.inflight -= n;
+        e.cur = e.cur.saturating_add(n);
     }
 }
 
@@ -192,7 +254,7 @@ mod tests {
                 window: idx,
                 sent: 3,
                 cur: 8,
-                prev: 0,
+                prev: Some(0),
             },
             R,
             T0 + 5,
@@ -221,7 +283,7 @@ mod tests {
                 window: idx,
                 sent: 1,
                 cur: 6,
-                prev: 0,
+                prev: Some(0),
             },
             R,
             T0,
@@ -232,7 +294,7 @@ mod tests {
                 window: idx,
                 sent: 1,
                 cur: 4,
-                prev: 0,
+                prev: Some(0),
             },
             R,
             T0,
@@ -252,7 +314,7 @@ mod tests {
                 window: idx,
                 sent: 1,
                 cur: 10,
-                prev: 0,
+                prev: Some(0),
             },
             R,
             T0 + 1,
@@ -290,7 +352,7 @@ mod tests {
                 window: old,
                 sent: 4,
                 cur: 12,
-                prev: 0,
+                prev: Some(0),
             },
             R,
             T0 + 90_001,
@@ -325,7 +387,7 @@ mod tests {
                 window: idx,
                 sent: 5,
                 cur: 10,
-                prev: 0,
+                prev: Some(0),
             },
             r,
             T0 + 1,
@@ -340,13 +402,129 @@ mod tests {
                 window: idx,
                 sent: 5,
                 cur: 10,
-                prev: 0,
+                prev: Some(0),
             },
             r,
             T0 + 3,
         );
         // ...then exact again: 2 more pass
         assert!(check(&mut e, r, T0 + 4).allowed);
+    }
+
+    const HOUR: u64 = 3_600_000;
+
+    /// Requests every 10 ms for `ms` from `start`, each confirmed by an
+    /// exact single-node Redis (so inflight drains): how many pass.
+    fn run(
+        e: &mut Entry,
+        r: Rate,
+        start: u64,
+        ms: u64,
+        redis: &mut std::collections::HashMap<u64, u64>,
+    ) -> (u32, u64) {
+        let mut allowed = 0;
+        let mut worst_retry = 0;
+        let mut t = start;
+        while t < start + ms {
+            let c = check(e, r, t);
+            if c.allowed {
+                count(e, true);
+                allowed += 1;
+                let cur = redis.entry(c.window).or_default();
+                *cur += 1;
+                let prev = redis.get(&(c.window.wrapping_sub(1))).copied().unwrap_or(0);
+                let conf = Confirmation {
+                    window: c.window,
+                    sent: 1,
+                    cur: *redis.get(&c.window).unwrap_or(&0),
+                    prev: Some(prev),
+                };
+                confirm(e, &conf, r, t);
+            } else {
+                worst_retry = worst_retry.max(c.retry_at_ms - t);
+            }
+            t += 10;
+        }
+        (allowed, worst_retry)
+    }
+
+    #[test]
+    fn clock_step_back_of_an_hour_neither_blocks_nor_floods() {
+        let r = Rate {
+            limit: 10,
+            period: 1,
+        };
+        let mut e = fresh();
+        let mut redis = std::collections::HashMap::new();
+        let (a, _) = run(&mut e, r, T0, 3000, &mut redis);
+        assert!((28..=31).contains(&a), "{a} in 3 s before the step");
+        // an item sent just before the step comes back after it: ignored
+        let late = Confirmation {
+            window: window_index(T0 + 3000, 1000),
+            sent: 1,
+            cur: 99,
+            prev: Some(99),
+        };
+        let back = T0 + 3000 - HOUR;
+        confirm(&mut e, &late, r, back);
+        let (a, worst) = run(&mut e, r, back, 10_000, &mut redis);
+        assert!((95..=105).contains(&a), "{a} in 10 s after a 1 h step back");
+        assert!(worst <= 1000, "Retry-After {worst} ms > the period");
+    }
+
+    #[test]
+    fn clock_step_forward_of_an_hour_forgets_and_goes_on() {
+        let r = Rate {
+            limit: 10,
+            period: 60,
+        };
+        let mut e = fresh();
+        let mut redis = std::collections::HashMap::new();
+        let (a, _) = run(&mut e, r, T0, 1000, &mut redis);
+        assert_eq!(a, 10);
+        let (a, worst) = run(&mut e, r, T0 + HOUR, 1000, &mut redis);
+        assert_eq!(a, 10, "a fresh window after the step");
+        assert!(worst <= 60_000);
+        // and a step back to where it was: never more than a period blocked
+        let (a, worst) = run(&mut e, r, T0 + 2000, 61_000, &mut redis);
+        assert!(a <= 11, "{a}");
+        assert!(worst <= 60_000, "{worst}");
+    }
+
+    #[test]
+    fn a_worker_a_little_behind_keeps_the_entry() {
+        let r = Rate {
+            limit: 10,
+            period: 1,
+        };
+        let mut e = fresh();
+        let w = T0 / 1000 + 1;
+        for _ in 0..10 {
+            assert!(check(&mut e, r, w * 1000 + 5).allowed);
+            count(&mut e, true);
+        }
+        // another worker's cached clock, 3 ms behind the window start
+        let c = check(&mut e, r, w * 1000 - 3);
+        assert!(!c.allowed);
+        assert_eq!(c.window, w);
+        assert_eq!(e.inflight, 10);
+        // a breaker set far in the future (clock stepped back) is dropped
+        e.blocked_until_ms = w * 1000 + HOUR;
+        e.blocked_limit = 10;
+        let c = check(&mut e, r, w * 1000 + 10);
+        assert!(c.retry_at_ms <= w * 1000 + 10 + 1000);
+    }
+
+    #[test]
+    fn failed_increments_stay_counted_here() {
+        let mut e = fresh();
+        let c = check(&mut e, R, T0);
+        count(&mut e, true);
+        count(&mut e, true);
+        keep_local(&mut e, c.window, 2);
+        assert_eq!((e.cur, e.inflight), (2, 0));
+        keep_local(&mut e, c.window + 5, 2);
+        assert_eq!((e.cur, e.inflight), (2, 0));
     }
 
     #[test]
@@ -360,7 +538,7 @@ mod tests {
                 window: old,
                 sent: 1,
                 cur: 99,
-                prev: 99,
+                prev: Some(99),
             },
             R,
             T0 + 180_000,

@@ -6,13 +6,14 @@
 
 use std::ffi::c_int;
 
-use nginx_sys::ngx_cycle;
+use nginx_sys::{ngx_cycle, ngx_process, ngx_uint_t, NGX_PROCESS_SINGLE, NGX_PROCESS_WORKER};
 use ngx::http::HttpModuleMainConf;
 
 use crate::batch::Delete;
 use crate::conf::{MainConf, ZoneConf};
 use crate::counter;
 use crate::handler::{mode, now_ms, send, Mode};
+use crate::key::{redis_tag, MAX_NAMESPACE_BYTES};
 use crate::rate::Rate;
 use crate::window::window_index;
 use crate::zone::Shared;
@@ -29,15 +30,27 @@ pub const ERR_ARGS: c_int = -2;
 /// allowed; `TAKE_ALWAYS` (`measure`) counts it whatever the estimate.
 pub const TAKE_ALWAYS: c_int = 1;
 
+/// The zone is declared but cannot be used from here: outside a worker
+/// (`init_by_lua*` runs in the master, while the configuration is read).
+pub const ERR_NOT_READY: c_int = -3;
+
+/// The configuration of the running cycle, in a worker process (or nginx
+/// without a master) only. `init_by_lua*` runs in the master while the
+/// configuration is being read: the cycle it sees then is a placeholder
+/// without configuration (first start) or the previous one (reload, whose
+/// zone numbers may differ), so nothing is answered there.
 fn main_conf() -> Option<&'static MainConf> {
-    // SAFETY: `ngx_cycle` is the worker's current cycle; these functions are
-    // only called on the worker's main thread, while that cycle lives.
-    let cycle = unsafe { ngx_cycle };
-    if cycle.is_null() {
+    // SAFETY: plain reads of nginx globals, on the thread nginx runs Lua on.
+    let (process, cycle) = unsafe { (ngx_process, ngx_cycle) };
+    if process != NGX_PROCESS_WORKER as ngx_uint_t && process != NGX_PROCESS_SINGLE as ngx_uint_t {
         return None;
     }
-    // SAFETY: non-null, valid as above.
-    Module::main_conf(unsafe { &*cycle })
+    // SAFETY: checked for null; the cycle lives while Lua code runs in it.
+    let cycle = unsafe { cycle.as_ref()? };
+    if cycle.conf_ctx.is_null() {
+        return None;
+    }
+    Module::main_conf(cycle)
 }
 
 /// # Safety
@@ -76,7 +89,11 @@ impl<'a> Call<'a> {
         }) else {
             return Err(ERR_ARGS);
         };
-        if key.is_empty() || ns.is_empty() || !matches!(period, 1 | 60 | 3600 | 86400) {
+        if key.is_empty()
+            || ns.is_empty()
+            || ns.len() > MAX_NAMESPACE_BYTES
+            || !matches!(period, 1 | 60 | 3600 | 86400)
+        {
             return Err(ERR_ARGS);
         }
         let mcf = main_conf().ok_or(ERR_ZONE)?;
@@ -105,7 +122,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_zone_index(name: *const u8, le
         return ERR_ARGS;
     };
     let Some(mcf) = main_conf() else {
-        return ERR_ZONE;
+        return ERR_NOT_READY;
     };
     mcf.zones
         .iter()
@@ -204,7 +221,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     if counted && how == Mode::Remote {
         if let Some(ch) = channel {
             let urgent = after.remaining(limit) <= limit / 2;
-            send(ch, index, id, ns, key, period, limit, now, urgent);
+            send(ch, index, id, ns, key, period, limit, check.window, urgent);
         }
     }
     // SAFETY: out-pointers are checked for null; the caller owns them.
@@ -266,8 +283,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
             ch.delete(Delete {
                 zone: index as u32,
                 entry: id,
-                namespace: ns.to_vec(),
-                key: key.to_vec(),
+                tag: redis_tag(ns, key),
                 period,
                 window: window_index(now_ms(), u64::from(period) * 1000),
             });

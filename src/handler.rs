@@ -21,7 +21,7 @@ use crate::backend::Channel;
 use crate::conf::{Limit, LocConf, MainConf, ZoneConf, DEFAULT_LOG_LEVEL, DEFAULT_STATUS};
 use crate::counter;
 use crate::params::OnError;
-use crate::window::{seconds_until, window_index};
+use crate::window::seconds_until;
 use crate::zone::Locked;
 use crate::Module;
 
@@ -143,13 +143,13 @@ pub fn send(
     key: &[u8],
     period: u32,
     limit: u32,
-    now: u64,
+    window: u64,
     urgent: bool,
 ) {
     let item = ItemId {
         zone: zone as u32,
         entry: id,
-        window: window_index(now, u64::from(period) * 1000),
+        window,
     };
     ch.push(item, namespace, key, period, limit, urgent);
 }
@@ -271,7 +271,7 @@ fn decide_one(
                 key.as_bytes(),
                 rate.period,
                 rate.limit,
-                now,
+                result.window,
                 urgent,
             );
         }
@@ -317,9 +317,11 @@ fn decide(
         keys.push((l.zone, value));
     }
 
-    // Lock the zones involved in index order (so two requests never wait on
-    // each other), then decide and count under all the locks at once: a
-    // request rejected by one limit consumes nothing from the others.
+    // Lock the zones involved in the order of their shared memory (the same
+    // in every process, old or new after a reload that reordered the
+    // declarations: two workers never wait on each other), then decide and
+    // count under all the locks at once: a request rejected by one limit
+    // consumes nothing from the others.
     let mut zones: SmallVec<[usize; 4]> = keys
         .iter()
         .filter(|(_, k)| k.len > 0)
@@ -328,7 +330,7 @@ fn decide(
     if zones.is_empty() {
         return Ok(NGX_DECLINED as ngx_int_t);
     }
-    zones.sort_unstable();
+    zones.sort_unstable_by_key(|&z| mcf.zones[z].shared.as_ref().map_or(0, |s| s.order()));
     let mut guards: SmallVec<[Locked<'_>; 4]> = SmallVec::new();
     for &z in &zones {
         match &mcf.zones[z].shared {
@@ -444,7 +446,7 @@ fn decide(
                 c.key.as_bytes(),
                 period,
                 limit,
-                now,
+                c.result.window,
                 urgent,
             );
         }

@@ -54,8 +54,36 @@ pub fn redis_key_part(key: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     std::borrow::Cow::Owned(out)
 }
 
-/// `<prefix>{<namespace>:<key>}:<period>:<window start>`: the hash tag keeps
-/// both windows of one key on one cluster slot.
+/// Most bytes of a namespace (the zone name, or a Lua caller's): with the
+/// key part (at most 71 bytes once digested) it bounds a Redis key's hash
+/// tag, and so what the background thread holds per pending key.
+pub const MAX_NAMESPACE_BYTES: usize = 128;
+
+/// The hash tag of a key's Redis counters: `<namespace>:<key part>`. This is
+/// what the background thread keeps per pending key (at most
+/// `MAX_NAMESPACE_BYTES + 1 + MAX_KEY_BYTES` bytes), never the raw key.
+pub fn redis_tag(namespace: &[u8], key: &[u8]) -> Box<[u8]> {
+    let part = redis_key_part(key);
+    let mut out = Vec::with_capacity(namespace.len() + 1 + part.len());
+    out.extend_from_slice(namespace);
+    out.push(b':');
+    out.extend_from_slice(&part);
+    out.into_boxed_slice()
+}
+
+/// `<prefix>{<tag>}:<period>:<window start>`: the hash tag keeps both
+/// windows of one key on one cluster slot.
+pub fn redis_key_for_tag(prefix: &[u8], tag: &[u8], period: u32, window_start: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + tag.len() + 32);
+    out.extend_from_slice(prefix);
+    out.push(b'{');
+    out.extend_from_slice(tag);
+    out.push(b'}');
+    out.extend_from_slice(format!(":{period}:{window_start}").as_bytes());
+    out
+}
+
+/// `<prefix>{<namespace>:<key>}:<period>:<window start>`.
 pub fn redis_key(
     prefix: &[u8],
     namespace: &[u8],
@@ -63,16 +91,18 @@ pub fn redis_key(
     period: u32,
     window_start: u64,
 ) -> Vec<u8> {
-    let part = redis_key_part(key);
-    let mut out = Vec::with_capacity(prefix.len() + namespace.len() + part.len() + 32);
-    out.extend_from_slice(prefix);
-    out.push(b'{');
-    out.extend_from_slice(namespace);
-    out.push(b':');
-    out.extend_from_slice(&part);
-    out.push(b'}');
-    out.extend_from_slice(format!(":{period}:{window_start}").as_bytes());
-    out
+    redis_key_for_tag(prefix, &redis_tag(namespace, key), period, window_start)
+}
+
+/// A Redis key for a log line: printable ASCII as is, other bytes escaped,
+/// cut after 120 bytes.
+pub fn show_key(key: &[u8]) -> String {
+    let cut = &key[..key.len().min(120)];
+    let mut s = cut.escape_ascii().to_string();
+    if key.len() > cut.len() {
+        s.push_str("...");
+    }
+    s
 }
 
 #[cfg(test)]
@@ -144,6 +174,19 @@ mod tests {
             // its counter to another zone's tag
             assert!(hash_tag(&cur).starts_with(b"z:"));
         }
+    }
+
+    #[test]
+    fn tags_are_bounded_whatever_the_key() {
+        let huge = vec![b'x'; 7000];
+        let tag = redis_tag(b"z", &huge);
+        assert_eq!(tag.len(), 2 + 7 + 64);
+        assert_eq!(
+            redis_key_for_tag(b"rl:", &tag, 60, 120),
+            redis_key(b"rl:", b"z", &huge, 60, 120)
+        );
+        assert_eq!(show_key(b"a\x00b"), "a\\x00b");
+        assert!(show_key(&huge).ends_with("..."));
     }
 
     #[test]

@@ -94,22 +94,33 @@ pub fn parse_time_ms(s: &[u8]) -> Option<u64> {
     Some(total)
 }
 
-/// The URL with any password replaced by `***`, for messages.
+/// Where a URL's user information ends: at its last `@` (a password may
+/// hold `/`, `?`, `#` and `@` as typed; a host never holds `@`).
+fn userinfo(url: &str) -> Option<(usize, usize)> {
+    let start = url.find("://")? + 3;
+    let at = url[start..].rfind('@')? + start;
+    Some((start, at))
+}
+
+/// The password part of a URL as written (percent-encoded or not), if any.
+pub fn url_password(url: &str) -> Option<&str> {
+    let (start, at) = userinfo(url)?;
+    let info = &url[start..at];
+    Some(info.split_once(':').map_or(info, |(_, pass)| pass))
+}
+
+/// The URL with its password replaced by `***`, for messages: nothing of
+/// the password is shown, whatever bytes it holds.
 pub fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
+    let Some((start, at)) = userinfo(url) else {
         return url.to_string();
     };
-    let rest = &url[scheme_end + 3..];
-    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let Some(at) = rest[..auth_end].rfind('@') else {
-        return url.to_string();
-    };
-    let userinfo = &rest[..at];
-    let user = match userinfo.find(':') {
-        Some(c) => format!("{}:***", &userinfo[..c]),
+    let info = &url[start..at];
+    let user = match info.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
         None => "***".to_string(),
     };
-    format!("{}{}{}", &url[..scheme_end + 3], user, &rest[at..])
+    format!("{}{}{}", &url[..start], user, &url[at..])
 }
 
 fn check_url(url: &str) -> Result<(), String> {
@@ -384,5 +395,37 @@ mod tests {
         assert!(!err.contains("s3cret"), "{err}");
         let err = parse("zone=a:1m redis=http://u:s3cret@h:1").unwrap_err();
         assert!(!err.contains("s3cret"), "{err}");
+        // whatever bytes the password holds, as typed
+        for pass in [
+            "se/cr#et?x@y%zz",
+            "a/b",
+            "#x",
+            "?q",
+            "@@",
+            "p%2Fss",
+            "x@h:1/",
+        ] {
+            for url in [
+                format!("redis://user:{pass}@127.0.0.1:6379/0"),
+                format!("redis://:{pass}@127.0.0.1:6379"),
+                format!("rediss://{pass}@h:1"),
+            ] {
+                let shown = redact(&url);
+                assert!(!shown.contains(pass), "{url} -> {shown}");
+                assert!(
+                    shown.ends_with("@127.0.0.1:6379/0")
+                        || shown.ends_with("@127.0.0.1:6379")
+                        || shown.ends_with("@h:1"),
+                    "{shown}"
+                );
+                let err = parse(&format!("zone=a:1m redis={url} bogus")).unwrap_err();
+                assert!(!err.contains(pass), "{err}");
+                let err = parse(&format!("zone=a:1m redis={url},redis://h:2")).unwrap_err();
+                assert!(!err.contains(pass), "{err}");
+            }
+            assert_eq!(url_password(&format!("redis://u:{pass}@h:1")), Some(pass));
+        }
+        // percent-encoded passwords are decoded by the URL parser
+        assert!(parse("zone=a:1m redis=redis://:p%2Fss@127.0.0.1:6379").is_ok());
     }
 }

@@ -104,11 +104,14 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     if specs.is_empty() {
         return NGX_OK as ngx_int_t;
     }
+    // the final flush (bounded by STOP_FLUSH) plus one exchange that may
+    // have started just before it, bounded by its timeout
     let stop_wait = specs
         .iter()
         .map(|s| s.timeout * 3)
         .max()
         .unwrap_or_default()
+        + backend::STOP_FLUSH
         + Duration::from_millis(200);
 
     let Some([rfd, wfd]) = pipe() else {
@@ -179,6 +182,9 @@ pub unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
         if ch.stop(h.stop_wait) {
             let _ = h.thread.join();
             close(h.write_fd);
+            // what the last flush brought back: apply it, so that no
+            // increment stays in flight in the zone after this worker
+            apply(log);
         } else {
             ngx_log_error!(
                 NGX_LOG_WARN,
@@ -256,6 +262,19 @@ fn apply(log: *mut ngx_log_t) {
                 if let Some(i) = locked.table.find(id.entry) {
                     let rate = Rate { limit, period };
                     counter::confirm(locked.table.entry_mut(i), &confirmation, rate, now);
+                }
+            }
+            Event::KeepLocal { id, sent } => {
+                let Some(shared) = mcf
+                    .zones
+                    .get(id.zone as usize)
+                    .and_then(|z| z.shared.as_ref())
+                else {
+                    continue;
+                };
+                let mut locked = shared.lock();
+                if let Some(i) = locked.table.find(id.entry) {
+                    counter::keep_local(locked.table.entry_mut(i), id.window, sent);
                 }
             }
             Event::Log {

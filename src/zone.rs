@@ -45,6 +45,12 @@ impl Drop for Locked<'_> {
 }
 
 impl Shared {
+    /// Where the zone lies in shared memory: locks of several zones are
+    /// taken in this order, which every process agrees on.
+    pub fn order(&self) -> usize {
+        self.pool as usize
+    }
+
     /// Takes the zone's lock (nginx's slab mutex, which the master releases
     /// should a worker die holding it) and returns the table.
     pub fn lock(&self) -> Locked<'_> {

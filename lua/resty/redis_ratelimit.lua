@@ -48,9 +48,16 @@ local retry = ffi.new("uint64_t[1]")
 local _M = { _VERSION = "0.1.0" }
 local mt = { __index = _M }
 
+local ERR_ZONE = -1
+local ERR_NOT_READY = -3
+
 local function errmsg(rc, zone)
-    if rc == -1 then
+    if rc == ERR_ZONE then
         return "zone \"" .. zone .. "\" is not available"
+    end
+    if rc == ERR_NOT_READY then
+        return "zone \"" .. zone .. "\" is not available here: use the limiter in a worker"
+            .. " (init_worker_by_lua*, a request, a timer), not in init_by_lua*"
     end
     return "invalid arguments"
 end
@@ -88,7 +95,11 @@ function _M.new(namespace, rate, cfg)
     if not ok then
         return nil, "ngx_http_redis_ratelimit_module is not loaded (load_module it in nginx.conf)"
     end
-    if idx < 0 then
+    if idx == ERR_NOT_READY then
+        -- init_by_lua*: the zones of this configuration are not set up yet;
+        -- the zone is looked up at the first call, in a worker
+        idx = nil
+    elseif idx < 0 then
         return nil, "unknown zone \"" .. zone .. "\": declare it with redis_ratelimit_zone"
     end
 
@@ -106,13 +117,31 @@ function _M.new(namespace, rate, cfg)
     }, mt)
 end
 
+-- The zone's index in this worker's configuration, looked up once.
+local function zone_index(self)
+    local idx = self.zone_index
+    if idx then
+        return idx
+    end
+    idx = C.ngx_http_redis_ratelimit_zone_index(self.zone, #self.zone)
+    if idx < 0 then
+        return nil, errmsg(idx, self.zone)
+    end
+    self.zone_index = idx
+    return idx
+end
+
 local function take(self, key, how)
     local k, err = check_key(key)
     if not k then
         return nil, err
     end
+    local zi, zerr = zone_index(self)
+    if not zi then
+        return nil, zerr
+    end
     local ns = self.namespace
-    local rc = C.ngx_http_redis_ratelimit_take(self.zone_index, ns, #ns, self.limit,
+    local rc = C.ngx_http_redis_ratelimit_take(zi, ns, #ns, self.limit,
                                                self.period, k, #k, how, est, rem, retry)
     if rc < 0 then
         return nil, errmsg(rc, self.zone)
@@ -152,8 +181,12 @@ function _M.reset(self, key)
     if not k then
         return nil, err
     end
+    local zi, zerr = zone_index(self)
+    if not zi then
+        return nil, zerr
+    end
     local ns = self.namespace
-    local rc = C.ngx_http_redis_ratelimit_reset(self.zone_index, ns, #ns, self.period, k, #k)
+    local rc = C.ngx_http_redis_ratelimit_reset(zi, ns, #ns, self.period, k, #k)
     if rc < 0 then
         return nil, errmsg(rc, self.zone)
     end

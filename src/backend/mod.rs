@@ -1,0 +1,337 @@
+//! The background I/O thread of a worker process: it takes the coalesced
+//! increments, sends them to Redis as pipelines and hands the answers back
+//! as events. It never calls an nginx API (nginx is not thread-safe): it
+//! talks to the worker only through `Channel` (parking_lot locks, atomics)
+//! and a pipe that wakes the worker's event loop.
+//!
+//! Per item a flush sends `INCRBY cur n`; `GET prev` from a key's second
+//! flush in a window until that count is final; and `EXPIRE cur 2P` when the
+//! `INCRBY` reply shows it created the key (reply = n), so that no counter
+//! lives without a TTL, also after a `DEL`. Each reply is handled on its own
+//! (see `flush.rs`): an error reply fails that item only.
+
+mod flush;
+pub mod health;
+mod io;
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::batch::{Batch, Delete, ItemId};
+use crate::counter::Confirmation;
+
+pub use flush::Backend;
+
+/// Increments wait at least this long after a flush, so that a hot key
+/// costs one pipeline per interval however many requests it gets.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(2);
+/// Distinct items that may wait for one flush before new ones are dropped.
+pub const BATCH_ITEMS: usize = 1 << 16;
+/// Bytes the waiting items may hold (tags of at most ~400 bytes each).
+pub const BATCH_BYTES: usize = 4 << 20;
+/// How long the thread may spend sending what it holds when it is asked to
+/// stop (worker exit, reload).
+pub const STOP_FLUSH: Duration = Duration::from_secs(1);
+const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A zone with a Redis backend, as the thread needs it.
+#[derive(Clone, Debug)]
+pub struct ZoneSpec {
+    pub index: u32,
+    pub name: String,
+    pub urls: Vec<String>,
+    pub cluster: bool,
+    pub prefix: Vec<u8>,
+    pub timeout: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Error,
+    Notice,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// Redis's counts for an item.
+    Confirmed {
+        id: ItemId,
+        period: u32,
+        limit: u32,
+        confirmation: Confirmation,
+    },
+    /// Redis did not take these increments (an error reply for the key, or
+    /// the connection was lost with their fate unknown): they stay counted
+    /// on this node only.
+    KeepLocal { id: ItemId, sent: u32 },
+    Log {
+        zone: u32,
+        level: Level,
+        message: String,
+    },
+}
+
+/// What a worker and its thread share.
+pub struct Channel {
+    batch: Mutex<Batch>,
+    wake: Condvar,
+    stop: AtomicBool,
+    events: Mutex<Vec<Event>>,
+    notify_fd: RawFd,
+    /// Per zone index: whether its backend is up (transport works).
+    up: Vec<AtomicBool>,
+    /// Increments dropped because the batch was full.
+    pub dropped: AtomicU64,
+    /// An increment of a key near its limit is waiting: flush now.
+    urgent: AtomicBool,
+    done: Mutex<bool>,
+    done_cv: Condvar,
+}
+
+impl Channel {
+    pub fn new(zones: usize, notify_fd: RawFd) -> Channel {
+        Channel {
+            batch: Mutex::new(Batch::new(BATCH_ITEMS, BATCH_BYTES)),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            events: Mutex::new(Vec::new()),
+            notify_fd,
+            up: (0..zones).map(|_| AtomicBool::new(true)).collect(),
+            dropped: AtomicU64::new(0),
+            urgent: AtomicBool::new(false),
+            done: Mutex::new(false),
+            done_cv: Condvar::new(),
+        }
+    }
+
+    /// Queues one increment (request path: never blocks on I/O). `urgent`
+    /// (the key is near its limit) skips the flush pacing: other nodes
+    /// should learn of it as soon as possible.
+    pub fn push(
+        &self,
+        id: ItemId,
+        namespace: &[u8],
+        key: &[u8],
+        period: u32,
+        limit: u32,
+        urgent: bool,
+    ) -> bool {
+        let mut b = self.batch.lock();
+        let was_empty = b.is_empty();
+        let ok = b.add(id, namespace, key, period, limit);
+        if !ok {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        let wake = ok && (was_empty || (urgent && !self.urgent.swap(true, Ordering::AcqRel)));
+        drop(b);
+        if wake {
+            self.wake.notify_one();
+        }
+        ok
+    }
+
+    /// Queues the deletion of a key's Redis counters.
+    pub fn delete(&self, d: Delete) -> bool {
+        let mut b = self.batch.lock();
+        let was_empty = b.is_empty();
+        let ok = b.delete(d);
+        drop(b);
+        if was_empty && ok {
+            self.wake.notify_one();
+        }
+        ok
+    }
+
+    pub fn is_up(&self, zone: usize) -> bool {
+        self.up.get(zone).is_none_or(|u| u.load(Ordering::Relaxed))
+    }
+
+    pub fn take_events(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.events.lock())
+    }
+
+    /// Asks the thread to stop (after sending what it holds, for at most
+    /// `STOP_FLUSH`) and waits for it at most `wait`; returns whether it
+    /// stopped (then it can be joined without blocking).
+    pub fn stop(&self, wait: Duration) -> bool {
+        self.stop.store(true, Ordering::Release);
+        {
+            let _b = self.batch.lock();
+            self.wake.notify_all();
+        }
+        let deadline = Instant::now() + wait;
+        let mut done = self.done.lock();
+        while !*done {
+            if self.done_cv.wait_until(&mut done, deadline).timed_out() {
+                return *done;
+            }
+        }
+        true
+    }
+
+    fn publish(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        self.events.lock().extend(events);
+        let byte = 1u8;
+        // SAFETY: writes one byte from a valid buffer to the pipe's write end,
+        // which stays open until the thread has stopped. The pipe is
+        // non-blocking: a full pipe already has a wake-up pending.
+        unsafe { libc::write(self.notify_fd, (&raw const byte).cast(), 1) };
+    }
+}
+
+/// Starts the thread for these zones. Every signal is blocked in the
+/// calling thread while the new one is created, so that it starts with all
+/// of them blocked: nginx handles signals in the worker's main thread.
+pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<JoinHandle<()>> {
+    let saved = block_signals();
+    let spawned = std::thread::Builder::new()
+        .name("redis_ratelimit".into())
+        .spawn(move || {
+            let names: Vec<(u32, String)> = zones.iter().map(|z| (z.index, z.name.clone())).collect();
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&channel, zones)));
+            if outcome.is_err() {
+                // A bug, not an outage: say so, and let the zones count on
+                // this node (their on_error policy) from now on.
+                let events = names
+                    .iter()
+                    .map(|(index, name)| {
+                        if let Some(up) = channel.up.get(*index as usize) {
+                            up.store(false, Ordering::Relaxed);
+                        }
+                        Event::Log {
+                            zone: *index,
+                            level: Level::Error,
+                            message: format!(
+                                "redis_ratelimit: zone \"{name}\": the background thread failed; counting on this node only until the worker restarts"
+                            ),
+                        }
+                    })
+                    .collect();
+                channel.publish(events);
+            }
+            *channel.done.lock() = true;
+            channel.done_cv.notify_all();
+        });
+    restore_signals(&saved);
+    spawned
+}
+
+/// Blocks every signal in the calling thread; returns the previous mask.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain libc calls on local signal sets.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        old
+    }
+}
+
+fn restore_signals(old: &libc::sigset_t) {
+    // SAFETY: restores a mask returned by `block_signals`.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut());
+    }
+}
+
+fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
+    let now = Instant::now();
+    let mut backends: Vec<Backend> = zones.into_iter().map(|z| Backend::new(z, now)).collect();
+    let mut last_flush: Option<Instant> = None;
+    let mut drops_reported = 0u64;
+    let mut drops_logged: Option<Instant> = None;
+    let any_zone = backends.first().map_or(0, Backend::zone);
+    loop {
+        let (items, deletes, stopping) = {
+            let mut b = ch.batch.lock();
+            loop {
+                if ch.stop.load(Ordering::Acquire) {
+                    let (items, deletes) = b.drain();
+                    break (items, deletes, true);
+                }
+                if b.is_empty() {
+                    // Idle: sleep until woken, or until a backend needs
+                    // its idle check, its next try, or a refresh.
+                    let now = Instant::now();
+                    let next = backends
+                        .iter()
+                        .map(|be| be.next_wake(now))
+                        .min()
+                        .unwrap_or(now + health::IDLE_CHECK);
+                    if ch.wake.wait_until(&mut b, next.max(now)).timed_out() && b.is_empty() {
+                        break (Vec::new(), Vec::new(), false);
+                    }
+                    continue;
+                }
+                let ready = last_flush.map_or(Duration::MAX, |t| t.elapsed());
+                if ready >= FLUSH_INTERVAL || ch.urgent.swap(false, Ordering::AcqRel) {
+                    let (items, deletes) = b.drain();
+                    break (items, deletes, false);
+                }
+                ch.wake.wait_for(&mut b, FLUSH_INTERVAL - ready);
+            }
+        };
+
+        let deadline = stopping.then(|| Instant::now() + STOP_FLUSH);
+        let mut events = Vec::new();
+        for d in deletes {
+            if let Some(b) = backends.iter_mut().find(|b| b.zone() == d.zone) {
+                b.delete(&d, &mut events);
+            }
+        }
+        if !items.is_empty() {
+            last_flush = Some(Instant::now());
+            let mut by_zone: HashMap<u32, Vec<_>> = HashMap::new();
+            for (id, item) in items {
+                by_zone.entry(id.zone).or_default().push((id, item));
+            }
+            for b in backends.iter_mut() {
+                if let Some(items) = by_zone.remove(&b.zone()) {
+                    b.send(items, deadline, &mut events);
+                }
+            }
+        }
+        for b in backends.iter_mut() {
+            if stopping {
+                b.send(Vec::new(), deadline, &mut events);
+            } else {
+                b.tick(&mut events);
+            }
+            if let Some(up) = ch.up.get(b.zone() as usize) {
+                up.store(b.is_up(), Ordering::Relaxed);
+            }
+        }
+        // A full queue drops increments (they stay counted on this node):
+        // say so, rarely.
+        let dropped = ch.dropped.load(Ordering::Relaxed);
+        if dropped > drops_reported && drops_logged.is_none_or(|t| t.elapsed() >= DROP_LOG_INTERVAL)
+        {
+            events.push(Event::Log {
+                zone: any_zone,
+                level: Level::Error,
+                message: format!(
+                    "redis_ratelimit: {} increments dropped: more than {} distinct keys or {} bytes waited for one flush",
+                    dropped - drops_reported,
+                    BATCH_ITEMS,
+                    BATCH_BYTES
+                ),
+            });
+            drops_reported = dropped;
+            drops_logged = Some(Instant::now());
+        }
+        ch.publish(events);
+        if stopping {
+            return;
+        }
+    }
+}
