@@ -64,19 +64,38 @@ fn unix_ms() -> u64 {
 /// What this worker knows of a key's previous window, per current window.
 #[derive(Clone, Copy, Debug, Default)]
 struct Prev {
+    period: u32,
     /// The last count read, if any.
     value: Option<u64>,
     /// Read after the settle time: it will not change any more.
     settled: bool,
 }
 
-/// A key near its limit, to be read again once.
+/// A key near its limit that this worker counts: read again once after
+/// each flush that counted it, shortly before its next request is expected
+/// (three quarters of the gap between its last two flushes, at least
+/// `REFRESH_AFTER`), so that the next decision sees what the other nodes
+/// counted meanwhile. At most one refresh per counted flush, within the
+/// zone's budget.
 struct Watch {
     tag: Box<[u8]>,
     period: u32,
     limit: u32,
     window: u64,
-    due: Instant,
+    /// The last flush that counted the key.
+    last: Instant,
+    /// When to read it again, if a refresh is owed.
+    due: Option<Instant>,
+}
+
+/// Forgotten after this long without a counted flush.
+const WATCH_IDLE: Duration = Duration::from_secs(10);
+
+/// When a key flushed now, after `gap` since its previous flush, is read
+/// again.
+fn refresh_due(now: Instant, gap: Option<Duration>) -> Instant {
+    let wait = gap.map_or(REFRESH_AFTER, |g| (g * 3 / 4).clamp(REFRESH_AFTER, WATCH_IDLE));
+    now + wait
 }
 
 /// The commands of one item, by position in the pipeline.
@@ -103,6 +122,10 @@ pub struct Backend {
     /// (reply lost): `EXPIRE` sent with the next exchange.
     ttl_fix: HashMap<ItemId, (Box<[u8]>, u32)>,
     prev: HashMap<ItemId, Prev>,
+    /// When `prev` was last rid of windows that are over.
+    swept: Instant,
+    /// Sending what waited, as the try of a down backend.
+    probing: bool,
 }
 
 impl Backend {
@@ -133,6 +156,8 @@ impl Backend {
             budget: Budget::new(REFRESH_BUDGET, now),
             ttl_fix: HashMap::new(),
             prev: HashMap::new(),
+            swept: now,
+            probing: false,
         }
     }
 
@@ -151,7 +176,7 @@ impl Backend {
             if !self.retry.is_empty() || !self.ttl_fix.is_empty() {
                 next = now;
             }
-            if let Some(due) = self.watch.values().map(|w| w.due).min() {
+            if let Some(due) = self.watch.values().filter_map(|w| w.due).min() {
                 next = next.min(due);
             }
         }
@@ -166,10 +191,19 @@ impl Backend {
             if !self.health.may_send(now) {
                 return;
             }
+            // A PING first: a backend that still hangs or refuses costs a
+            // PING per backoff, and what waits is sent only once it
+            // answers (what a timed-out pipeline carried is lost to Redis,
+            // never sent twice). Up again once what waits went through.
+            if !self.check(events) {
+                return;
+            }
             if self.retry.is_empty() {
-                self.check(events);
+                self.succeeded(events);
             } else {
+                self.probing = true;
                 self.send(Vec::new(), None, events);
+                self.probing = false;
             }
             return;
         }
@@ -180,22 +214,40 @@ impl Backend {
         } else if self.health.check_due(now) {
             self.check(events);
         }
+        if now.saturating_duration_since(self.swept) >= Duration::from_secs(1) {
+            self.swept = now;
+            let now_ms = unix_ms();
+            self.prev.retain(|id, s| {
+                let current = crate::window::window_index(now_ms, u64::from(s.period) * 1000);
+                id.window + 1 >= current
+            });
+        }
         if self.health.is_up() {
             self.refresh(events);
         }
     }
 
-    /// PING (and `CLUSTER INFO` for a cluster).
-    fn check(&mut self, events: &mut Vec<Event>) {
+    /// PING (and `CLUSTER INFO` for a cluster). An up backend that answers
+    /// has its idle timer reset; a down one stays down until what it holds
+    /// went through (`tick`).
+    fn check(&mut self, events: &mut Vec<Event>) -> bool {
         if !self.ensure_conn(events) {
-            return;
+            return false;
         }
         let Some(conn) = self.conn.as_mut() else {
-            return;
+            return false;
         };
         match conn.check().1 {
-            Ok(()) => self.succeeded(events),
-            Err(e) => self.transport_failed("sending to", &e, events),
+            Ok(()) => {
+                if self.health.is_up() {
+                    self.succeeded(events);
+                }
+                true
+            }
+            Err(e) => {
+                self.transport_failed("sending to", &e, events);
+                false
+            }
         }
     }
 
@@ -211,7 +263,7 @@ impl Backend {
         for chunk in items.chunks(PIPELINE_ITEMS) {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d)
-                || !self.health.may_send(now)
+                || !(self.health.is_up() || self.probing)
                 || !self.ensure_conn(events)
             {
                 self.keep_for_retry(chunk);
@@ -254,7 +306,13 @@ impl Backend {
             let settled = now_ms >= id.window * p * 1000 + prev_settle_ms(item.period);
             let want_prev = match self.prev.get(id) {
                 None => {
-                    self.prev.insert(*id, Prev::default());
+                    self.prev.insert(
+                        *id,
+                        Prev {
+                            period: item.period,
+                            ..Prev::default()
+                        },
+                    );
                     item.n == 0
                 }
                 Some(s) => s.value.is_none() || (!s.settled && settled),
@@ -410,6 +468,7 @@ impl Backend {
         self.prev.insert(
             *id,
             Prev {
+                period: item.period,
                 value: Some(value),
                 settled,
             },
@@ -442,7 +501,8 @@ impl Backend {
         wid.window = 0;
         if item.n > 0 && near_limit(&confirmation, item.period, item.limit, now_ms) {
             if let Some(w) = self.watch.get_mut(&wid) {
-                w.due = now + REFRESH_AFTER;
+                w.due = Some(refresh_due(now, Some(now.saturating_duration_since(w.last))));
+                w.last = now;
                 w.window = id.window;
                 w.limit = item.limit;
             } else if self.watch.len() < WATCH_MAX {
@@ -453,7 +513,8 @@ impl Backend {
                         period: item.period,
                         limit: item.limit,
                         window: id.window,
-                        due: now + REFRESH_AFTER,
+                        last: now,
+                        due: Some(refresh_due(now, None)),
                     },
                 );
             }
@@ -469,34 +530,23 @@ impl Backend {
     /// Reads the keys whose refresh is due (once each), within the budget.
     fn refresh(&mut self, events: &mut Vec<Event>) {
         let now = Instant::now();
-        let due: Vec<ItemId> = self
-            .watch
-            .iter()
-            .filter(|(_, w)| w.due <= now)
-            .map(|(id, _)| *id)
-            .collect();
-        if due.is_empty() {
-            return;
-        }
-        let mut items = Vec::with_capacity(due.len());
-        for wid in due {
-            let Some(w) = self.watch.remove(&wid) else {
+        self.watch.retain(|_, w| w.due.is_some() || now.saturating_duration_since(w.last) < WATCH_IDLE);
+        let mut items = Vec::new();
+        for (wid, w) in self.watch.iter_mut() {
+            if w.due.is_none_or(|d| d > now) {
                 continue;
-            };
-            let mut id = wid;
+            }
+            w.due = None;
+            let mut id = *wid;
             id.window = w.window;
-            let cost = if self.prev.get(&id).is_some_and(|s| s.settled) {
-                1
-            } else {
-                2
-            };
+            let cost = if self.prev.get(&id).is_some_and(|s| s.settled) { 1 } else { 2 };
             if !self.budget.take(cost, now) {
                 continue;
             }
             items.push((
                 id,
                 Item {
-                    tag: w.tag,
+                    tag: w.tag.clone(),
                     period: w.period,
                     limit: w.limit,
                     n: 0,
@@ -616,7 +666,7 @@ impl Backend {
     }
 
     fn succeeded(&mut self, events: &mut Vec<Event>) {
-        if self.health.succeeded(Instant::now(), true) {
+        if self.health.succeeded(Instant::now()) {
             events.push(Event::Log {
                 zone: self.spec.index,
                 level: Level::Notice,

@@ -17,10 +17,10 @@ pub const IDLE_CHECK: Duration = Duration::from_secs(1);
 /// Only transport failures (refused, reset, timeout, TLS, a cluster that is
 /// not serving) take a backend down; error replies to single commands do
 /// not. A down backend is tried once per backoff (100 ms doubling to 5 s),
-/// never in a loop, and the backoff starts over only after a real exchange
-/// (a flush, or the idle check of a backend that has nothing to send)
-/// succeeded, so a backend that answers PING but fails every pipeline
-/// cannot make it flap.
+/// never in a loop. A down backend is up again (and its backoff starts
+/// over) only once a real exchange worked: what it held went through, or a
+/// check when it held nothing; a PING that works before a pipeline that
+/// fails does not count, so such a backend cannot make it flap.
 #[derive(Debug)]
 pub struct Health {
     up: bool,
@@ -59,18 +59,15 @@ impl Health {
         was_up
     }
 
-    /// An exchange that worked. `real`: it carried increments (or was all
-    /// there was to do), so the backoff starts over. Returns true if the
-    /// backend just came back.
-    pub fn succeeded(&mut self, now: Instant, real: bool) -> bool {
+    /// An exchange that worked: up, and the backoff starts over. Returns
+    /// true if the backend just came back.
+    pub fn succeeded(&mut self, now: Instant) -> bool {
         let was_down = !self.up;
         self.last_exchange = now;
-        if real {
-            self.up = true;
-            self.retry_at = None;
-            self.backoff = BACKOFF_MIN;
-        }
-        was_down && self.up
+        self.up = true;
+        self.retry_at = None;
+        self.backoff = BACKOFF_MIN;
+        was_down
     }
 
     /// When the thread must wake up for this backend with nothing queued:
@@ -183,18 +180,16 @@ mod tests {
     }
 
     #[test]
-    fn a_ping_alone_does_not_reset_the_backoff() {
+    fn backoff_grows_until_an_exchange_works() {
         let t0 = Instant::now();
         let mut h = Health::new(t0);
-        for i in 0..4 {
+        for i in 0..5 {
             h.failed(t0 + Duration::from_secs(i));
         }
         let t = t0 + Duration::from_secs(10);
-        assert!(!h.succeeded(t, false), "a PING is not a recovery");
-        assert!(!h.is_up());
         h.failed(t);
-        assert_eq!(h.next_check(), t + Duration::from_millis(1600));
-        assert!(h.succeeded(t + Duration::from_secs(4), true));
+        assert_eq!(h.next_check(), t + Duration::from_millis(3200));
+        assert!(h.succeeded(t + Duration::from_secs(4)));
         assert!(h.is_up());
         h.failed(t + Duration::from_secs(5));
         assert_eq!(h.next_check(), t + Duration::from_secs(5) + BACKOFF_MIN);
@@ -206,7 +201,7 @@ mod tests {
         let mut h = Health::new(t0);
         assert!(!h.check_due(t0 + Duration::from_millis(999)));
         assert!(h.check_due(t0 + IDLE_CHECK));
-        h.succeeded(t0 + IDLE_CHECK, true);
+        h.succeeded(t0 + IDLE_CHECK);
         assert_eq!(h.next_check(), t0 + 2 * IDLE_CHECK);
     }
 

@@ -310,8 +310,11 @@ test_redis_down_modes.timeout = 60
 # ---------------------------------------------------------------------------
 
 def test_redis_paused_latency(h):
-    """CLIENT PAUSE 2000 ALL: 100 sequential requests each < 50 ms; the 100
-    counts reach Redis within 6 s after the pause ends."""
+    """CLIENT PAUSE 2000 ALL: 100 sequential requests each < 50 ms. The
+    pipeline that timed out may or may not have run, so its increments are
+    never sent again (they stay counted on the node); everything after it
+    waits (PING first) and reaches Redis within 6 s after the pause ends:
+    between 95 and 100 counts, never more than 100."""
     r = h.redis()
     ng = h.nginx(zone("z", r.url), loc("/t", "redis_ratelimit z 1000r/m;"))
     st, _ = ng.get("/t?k=warm")
@@ -334,11 +337,13 @@ def test_redis_paused_latency(h):
     h.expect(max(lat) < 0.050, "max latency %s during CLIENT PAUSE (bound 50 ms)" % ms(max(lat)))
     time.sleep(max(0.0, 2.0 - (time.monotonic() - t_pause)))
     t_end = time.monotonic()
-    got = wait_for(lambda: redis_sum(r, "rl:{z:%s}:60:*" % key) >= 100, 6.0, 0.05)
+    got = wait_for(lambda: redis_sum(r, "rl:{z:%s}:60:*" % key) >= 95, 6.0, 0.05)
+    time.sleep(0.5)
     total = redis_sum(r, "rl:{z:%s}:60:*" % key)
     h.note("count in Redis %d after %.2fs past the pause end" % (total, time.monotonic() - t_end))
-    h.expect(got and total == 100, "expected the 100 counts in Redis within 6 s after the pause, got %d" % total)
-    if total != 100:
+    h.expect(got and 95 <= total <= 100,
+             "expected 95..100 counts in Redis within 6 s after the pause (never more than sent), got %d" % total)
+    if total < 95:
         # diagnostic only: does a request after the pause land at all?
         st, _ = ng.get("/t?k=" + key)
         wait_for(lambda: redis_sum(r, "rl:{z:%s}:60:*" % key) > total, 2.0)

@@ -1,0 +1,698 @@
+"""Black-box scenarios for Redis *faults*: error replies to single commands
+(non-integer value, WRONGTYPE, OOM, NOPERM, READONLY), a cluster stuck in
+cluster_state:fail, memory while Redis is down, the cost of near-limit
+refreshes, TTLs after a DEL, passwords in URLs, idle outage detection, and
+counts across quit/reload.
+
+Each test starts its own redis-server(s) and nginx on free loopback ports
+(harness.py; every process stopped by its pid).  Redis-side figures are
+read over ONE persistent monitoring connection (``Mon``), so that the test's
+own INFO calls neither add connections nor (INFO being excluded) commands.
+"""
+
+import re
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+
+import harness
+from harness import HOST, RedisError, _resp_encode, _resp_read, free_port, wait_for, window
+from cluster import NODE_ARGS, cluster_port
+
+NASTY_RE = r"\[(alert|crit|emerg)\]|exited on signal|panick"
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+def zone(name, url, extra="", key="$arg_k", size="1m"):
+    return "    redis_ratelimit_zone %s zone=%s:%s redis=%s %s;\n" % (key, name, size, url, extra)
+
+
+def loc(path, body):
+    return "        location = %s { %s }\n" % (path, body)
+
+
+def wait_room(period, need):
+    """Sleep until at least `need` s remain in the current window of `period`."""
+    left = period - (time.time() % period)
+    if left < need:
+        time.sleep(left + 0.05)
+
+
+def redis_sum(r, pattern):
+    return sum(int(r.cmd("GET", k) or 0) for k in r.keys(pattern))
+
+
+def status_counts(xs):
+    d = {}
+    for x in xs:
+        d[x] = d.get(x, 0) + 1
+    return ", ".join("%s x %d" % (k, v) for k, v in sorted(d.items(), key=lambda kv: str(kv[0])))
+
+
+def nasty(ng):
+    return [l for l in ng.error_log_text().splitlines() if re.search(NASTY_RE, l)]
+
+
+def rl_errors(ng):
+    """[error] lines of the module."""
+    return [l[l.find("redis_ratelimit"):] for l in ng.error_log_text().splitlines()
+            if "[error]" in l and "redis_ratelimit" in l]
+
+
+class Mon:
+    """One persistent connection to a Redis (AUTH with its password)."""
+
+    def __init__(self, r, timeout=3.0):
+        self.s = socket.create_connection((HOST, r.port), timeout=timeout)
+        self.f = self.s.makefile("rb")
+        if r.password is not None:
+            self.cmd("AUTH", r.password)
+
+    def cmd(self, *args):
+        self.s.sendall(_resp_encode(args))
+        v = _resp_read(self.f)
+        if isinstance(v, RedisError):
+            raise v
+        return v
+
+    def info(self, section):
+        out = {}
+        for line in self.cmd("INFO", section).splitlines():
+            k, sep, v = line.strip().partition(":")
+            if sep:
+                out[k] = v
+        return out
+
+    def conns(self):
+        return int(self.info("stats")["total_connections_received"])
+
+    def cmdstats(self):
+        """{command: calls + rejected_calls}, INFO itself left out."""
+        out = {}
+        for k, v in self.info("commandstats").items():
+            if not k.startswith("cmdstat_"):
+                continue
+            name = k[len("cmdstat_"):]
+            if name == "info":
+                continue
+            d = dict(kv.partition("=")[::2] for kv in v.split(","))
+            out[name] = int(d.get("calls", 0)) + int(d.get("rejected_calls", 0))
+        return out
+
+    def errorstats(self):
+        return {k[len("errorstat_"):]: v for k, v in self.info("errorstats").items()}
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+
+def cmd_delta(s0, s1):
+    d = {k: s1.get(k, 0) - s0.get(k, 0) for k in set(s0) | set(s1)}
+    return {k: v for k, v in d.items() if v}
+
+
+def delta_str(d):
+    return ", ".join("%s=%d" % kv for kv in sorted(d.items(), key=lambda kv: -kv[1])) or "none"
+
+
+def paced(ng, paths, secs):
+    """GET each path, spread evenly over `secs` seconds; returns statuses."""
+    out = []
+    t0 = time.monotonic()
+    step = secs / max(1, len(paths))
+    for i, p in enumerate(paths):
+        delay = t0 + i * step - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        out.append(ng.get(p)[0])
+    return out
+
+
+def proc_status(pid):
+    """{field: kB} of VmRSS, RssAnon, RssShmem from /proc/<pid>/status."""
+    out = {}
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "RssAnon", "RssShmem", "RssFile"):
+                out[k] = int(v.split()[0])
+    return out
+
+
+def _read_response(f):
+    """(status, close?) of one HTTP/1.1 response read from file f."""
+    line = f.readline()
+    if not line:
+        raise ConnectionError("connection closed")
+    m = re.match(rb"HTTP/1\.[01] (\d{3})", line)
+    if not m:
+        raise ValueError("bad status line %r" % line[:100])
+    length, close = 0, False
+    while True:
+        h = f.readline()
+        if not h:
+            raise ConnectionError("connection closed in headers")
+        if h in (b"\r\n", b"\n"):
+            break
+        k, _, v = h.decode("latin-1").partition(":")
+        k, v = k.strip().lower(), v.strip()
+        if k == "content-length":
+            length = int(v)
+        elif k == "connection" and v.lower() == "close":
+            close = True
+    if length:
+        f.read(length)
+    return int(m.group(1)), close
+
+
+def keepalive_statuses(port, reqs, timeout=3.0):
+    """Send (path, headers) requests one after the other over keep-alive
+    connections (reopened when nginx closes one); returns statuses."""
+    out = []
+    s = f = None
+    for path, hdrs in reqs:
+        raw = ("GET %s HTTP/1.1\r\nHost: localhost\r\n" % path
+               + "".join("%s: %s\r\n" % kv for kv in hdrs.items()) + "\r\n").encode("latin-1")
+        for attempt in (0, 1):
+            try:
+                if s is None:
+                    s = socket.create_connection((HOST, port), timeout=timeout)
+                    f = s.makefile("rb")
+                s.sendall(raw)
+                st, close = _read_response(f)
+                out.append(st)
+                if close:
+                    s.close()
+                    s = None
+                break
+            except (OSError, ValueError) as e:
+                if s is not None:
+                    s.close()
+                s = None
+                if attempt:
+                    out.append("%s: %s" % (type(e).__name__, e))
+    if s is not None:
+        s.close()
+    return out
+
+
+def parallel_keepalive(port, reqs, threads=4):
+    parts = [reqs[i::threads] for i in range(threads)]
+    res = [None] * threads
+
+    def run(i):
+        res[i] = keepalive_statuses(port, parts[i])
+
+    ts = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    return [x for r in res for x in (r or [])]
+
+
+# ---------------------------------------------------------------------------
+# 1. error replies to single commands
+# ---------------------------------------------------------------------------
+
+def _error_reply_case(h, plant, still_there, what):
+    """One zone (on_error=deny, 100r/h); the current-window counter of key
+    `bad` planted by plant(r, name) so that INCRBY on it is refused.  One
+    request each for bad, a, b, c; 3 s later: all 200, a/b/c counted exactly
+    once, INCRBY sent <= 5 times, <= 2 new connections, <= 3 error lines, one
+    of which names {z:bad}; then `bad` again and a fresh key: 200, the fresh
+    key counted, the planted value untouched."""
+    r = h.redis()
+    wait_room(3600, 12)
+    w = window(time.time(), 3600)
+    bad = "rl:{z:bad}:3600:%d" % w
+    plant(r, bad)
+    ng = h.nginx(zone("z", r.url, "on_error=deny"), loc("/t", "redis_ratelimit z 100r/h;"))
+    m = Mon(r)
+    c0, s0 = m.conns(), m.cmdstats()
+    t0 = time.monotonic()
+    sts = {k: ng.get("/t?k=" + k)[0] for k in ("bad", "a", "b", "c")}
+    time.sleep(max(0.0, 3.0 - (time.monotonic() - t0)))
+    c1, s1 = m.conns(), m.cmdstats()
+    errs = rl_errors(ng)
+    d = cmd_delta(s0, s1)
+    m.close()
+    counts = {k: redis_sum(r, "rl:{z:%s}:3600:*" % k) for k in ("a", "b", "c")}
+    h.note("%s: statuses %s; counts in Redis %s; new connections %d; commands in 3 s: %s"
+           % (what, sts, counts, c1 - c0, delta_str(d)))
+    h.note("%d module [error] lines: %s" % (len(errs), errs[:3]))
+    h.expect(all(v == 200 for v in sts.values()),
+             "expected 200 for bad, a, b, c (an error reply must not trigger on_error=deny), got %s" % sts)
+    h.expect(counts == {"a": 1, "b": 1, "c": 1},
+             "expected the counts of a, b, c to be exactly 1 each after 3 s, got %s" % counts)
+    h.expect(d.get("incrby", 0) <= 5, "INCRBY sent %d times for 4 requests (resent?)" % d.get("incrby", 0))
+    h.expect(c1 - c0 <= 2, "%d new connections to Redis in 3 s (reconnect loop?)" % (c1 - c0))
+    h.expect(sum(d.values()) <= 40, "%d commands in 3 s for 4 requests" % sum(d.values()))
+    h.expect(len(errs) <= 3, "%d [error] lines from the module in 3 s (bound 3)" % len(errs))
+    h.expect(any("{z:bad}" in l for l in errs), "no [error] line names the key {z:bad}")
+    again = ng.get("/t?k=bad")[0]
+    fresh = h.key("fresh")
+    st_fresh = ng.get("/t?k=" + fresh)[0]
+    landed = wait_for(lambda: redis_sum(r, "rl:{z:%s}:3600:*" % fresh) == 1, 2.0)
+    time.sleep(0.3)
+    kept = still_there(r, bad)
+    h.note("bad again: %s; fresh key: %s, counted: %s; planted value kept: %s" % (again, st_fresh, landed, kept))
+    h.expect(again == 200, "second request for bad: expected 200, got %s" % again)
+    h.expect(st_fresh == 200, "fresh key after the error: expected 200, got %s" % st_fresh)
+    h.expect(landed, "fresh key after the error: count 1 not in Redis within 2 s")
+    h.expect(kept, "the planted value of %s was changed" % bad)
+    h.expect(not nasty(ng), "error.log has %s" % nasty(ng)[:3])
+
+
+def test_error_reply_not_integer(h):
+    """SET rl:{z:bad}:3600:<w> notanumber: INCRBY fails for bad only."""
+    _error_reply_case(h, lambda r, k: r.cmd("SET", k, "notanumber"),
+                      lambda r, k: r.cmd("GET", k) == "notanumber", "non-integer value")
+
+
+def test_error_reply_wrongtype(h):
+    """LPUSH rl:{z:bad}:3600:<w> x: INCRBY gets WRONGTYPE for bad only."""
+    _error_reply_case(h, lambda r, k: r.cmd("LPUSH", k, "x"),
+                      lambda r, k: r.cmd("TYPE", k) == "list" and r.cmd("LLEN", k) == 1, "WRONGTYPE")
+
+
+# ---------------------------------------------------------------------------
+# 2-4. OOM, NOPERM, READONLY: every INCRBY refused, the connection is fine
+# ---------------------------------------------------------------------------
+
+def _refused_case(h, r_target, ng, what, log_re, warm=True):
+    """20 requests on 20 fresh keys over 1 s, then quiet until 3 s: all 200
+    (on_error=deny not triggered), commands <= 4/request + 10/s, <= 3 new
+    connections, error lines >= 1 (one matching log_re) and <= 1/s + 1."""
+    m = Mon(r_target)
+    c0, s0 = m.conns(), m.cmdstats()
+    t0 = time.monotonic()
+    n0 = len(rl_errors(ng))
+    sts = paced(ng, ["/t?k=%s-%d" % (h.key("f"), i) for i in range(20)], 1.0)
+    time.sleep(max(0.0, 3.0 - (time.monotonic() - t0)))
+    el = time.monotonic() - t0
+    c1, s1 = m.conns(), m.cmdstats()
+    estats = m.errorstats()
+    m.close()
+    d = cmd_delta(s0, s1)
+    total = sum(d.values())
+    bound = 4 * 20 + 10 * el
+    errs = rl_errors(ng)[n0:]
+    h.note("%s: statuses %s; %d commands in %.1fs (bound %d): %s; new connections %d; errorstats %s"
+           % (what, status_counts(sts), total, el, bound, delta_str(d), c1 - c0, estats))
+    h.note("%d module [error] lines, e.g. %s" % (len(errs), errs[:2]))
+    h.expect(sts == [200] * 20, "expected 20 x 200 (an error reply must not trigger on_error=deny), got %s"
+             % status_counts(sts))
+    h.expect(total <= bound, "%d commands in %.1fs for 20 requests (bound %d)" % (total, el, bound))
+    h.expect(c1 - c0 <= 3, "%d new connections in %.1fs (reconnect loop?)" % (c1 - c0, el))
+    h.expect(errs, "no [error] line from the module about the refused commands")
+    h.expect(any(re.search(log_re, l, re.I) for l in errs), "no [error] line matches /%s/i" % log_re)
+    h.expect(len(errs) <= int(el) + 2, "%d error lines in %.1fs (bound ~1/s)" % (len(errs), el))
+    h.expect(not nasty(ng), "error.log has %s" % nasty(ng)[:3])
+    return sts
+
+
+def test_oom_noeviction(h):
+    """maxmemory 1 + noeviction: every INCRBY refused with OOM; requests 200,
+    bounded commands/connections; after maxmemory 0 a fresh key's count lands
+    within 2 s."""
+    r = h.redis()
+    ng = h.nginx(zone("z", r.url, "on_error=deny"), loc("/t", "redis_ratelimit z 100r/h;"))
+    wait_room(3600, 12)
+    h.check(ng.get("/t?k=warm")[0] == 200, "warm-up request not 200")
+    h.check(wait_for(lambda: redis_sum(r, "rl:{z:warm}:3600:*") == 1, 2.0), "warm-up count not in Redis within 2 s")
+    r.cmd("CONFIG", "SET", "maxmemory-policy", "noeviction")
+    r.cmd("CONFIG", "SET", "maxmemory", "1")
+    _refused_case(h, r, ng, "OOM", r"oom|memory")
+    r.cmd("CONFIG", "SET", "maxmemory", "0")
+    k = h.key("after")
+    st = ng.get("/t?k=" + k)[0]
+    t0 = time.monotonic()
+    landed = wait_for(lambda: redis_sum(r, "rl:{z:%s}:3600:*" % k) == 1, 2.0)
+    h.note("after maxmemory 0: fresh key %s, count in Redis %d after %.2fs"
+           % (st, redis_sum(r, "rl:{z:%s}:3600:*" % k), time.monotonic() - t0))
+    h.expect(st == 200, "after maxmemory 0: expected 200, got %s" % st)
+    h.expect(landed, "after maxmemory 0: a fresh key's count did not reach Redis within 2 s")
+
+
+def test_acl_noperm(h):
+    """User rl without INCRBY: requests 200, bounded commands/connections,
+    NOPERM logged at most ~1/s."""
+    r = h.redis()
+    r.cmd("ACL", "SETUSER", "rl", "on", ">pw", "~*", "+@all", "-incrby")
+    ng = h.nginx(zone("z", "redis://rl:pw@%s:%d" % (HOST, r.port), "on_error=deny"),
+                 loc("/t", "redis_ratelimit z 100r/h;"))
+    _refused_case(h, r, ng, "NOPERM", r"noperm|no permission")
+    leaks = [l for l in ng.error_log_text().splitlines() if ":pw@" in l]
+    h.expect(not leaks, "the password appears in error.log: %s" % leaks[:1])
+
+
+def test_readonly_replica(h):
+    """Zone pointed at a replica: INCRBY gets READONLY; requests 200, bounded
+    commands/connections, the log names READONLY."""
+    master = h.redis(extra_args=["--repl-diskless-sync-delay", "0"])
+    replica = h.redis(extra_args=["--replicaof", HOST, str(master.port)])
+    up = wait_for(lambda: "master_link_status:up" in replica.cmd("INFO", "replication"), 8.0, 0.1)
+    h.check(up, "replica did not sync with its master within 8 s")
+    ng = h.nginx(zone("z", replica.url, "on_error=deny"), loc("/t", "redis_ratelimit z 100r/h;"))
+    _refused_case(h, replica, ng, "READONLY", r"read.?only")
+
+
+test_readonly_replica.timeout = 30
+
+
+# ---------------------------------------------------------------------------
+# 5. cluster stuck in cluster_state:fail
+# ---------------------------------------------------------------------------
+
+def test_cluster_stuck_fail(h):
+    """One-node cluster serving half the slots (cluster_state:fail): after 10
+    requests, the node receives <= 40 commands in 3 s (1 worker)."""
+    p = cluster_port()
+    node = h.redis(port=p, extra_args=NODE_ARGS)
+    node.cmd("CLUSTER", "ADDSLOTSRANGE", "0", "8191")
+    time.sleep(0.2)
+    state = re.search(r"cluster_state:(\w+)", node.cmd("CLUSTER", "INFO"))
+    h.check(state and state.group(1) == "fail", "fixture: expected cluster_state:fail, got %s"
+            % (state.group(1) if state else "?"))
+    ng = h.nginx(zone("z", "redis://%s:%d" % (HOST, p), "cluster"), loc("/t", "redis_ratelimit z 100r/h;"))
+    sts = paced(ng, ["/t?k=%s-%d" % (h.key("c"), i) for i in range(10)], 0.5)
+    m = Mon(node)
+    s0 = m.cmdstats()
+    t0 = time.monotonic()
+    time.sleep(3.0)
+    s1 = m.cmdstats()
+    el = time.monotonic() - t0
+    m.close()
+    d = cmd_delta(s0, s1)
+    total = sum(d.values())
+    h.note("statuses %s; %d commands in %.1fs: %s" % (status_counts(sts), total, el, delta_str(d)))
+    h.note("module [error] lines: %d, e.g. %s" % (len(rl_errors(ng)), rl_errors(ng)[:2]))
+    h.expect(sts == [200] * 10, "expected 10 x 200 (on_error=local, 100r/h), got %s" % status_counts(sts))
+    h.expect(total <= 40, "%d commands in %.1fs on a cluster stuck in fail (bound 40: ~10/s)" % (total, el))
+    h.expect(len(rl_errors(ng)) <= 6, "%d [error] lines in ~4 s" % len(rl_errors(ng)))
+    h.expect(not nasty(ng), "error.log has %s" % nasty(ng)[:3])
+
+
+# ---------------------------------------------------------------------------
+# 6. memory with huge keys while Redis is down
+# ---------------------------------------------------------------------------
+
+def test_memory_huge_keys_redis_down(h):
+    """Nothing listening on the Redis port, on_error=local: 5000 distinct
+    7 KB keys (X-Key header) grow the worker's VmRSS by < 10 MB."""
+    dead = free_port()
+    http = ("    large_client_header_buffers 4 16k;\n"
+            + zone("z", "redis://%s:%d" % (HOST, dead), "on_error=local", key="$http_x_key", size="2m"))
+    ng = h.nginx(http, loc("/t", "redis_ratelimit z 100r/h;"))
+    pid = list(ng.worker_pids())[0]
+    pad = "x" * 7000
+    warm = parallel_keepalive(ng.port, [("/t", {"X-Key": "warm%05d-%s" % (i, pad)}) for i in range(300)])
+    h.check(warm.count(200) == 300, "warm-up: expected 300 x 200, got %s" % status_counts(warm))
+    time.sleep(0.5)
+    before = proc_status(pid)
+    t0 = time.monotonic()
+    sts = parallel_keepalive(ng.port, [("/t", {"X-Key": "k%05d-%s-%s" % (i, h.uid, pad)}) for i in range(5000)])
+    el = time.monotonic() - t0
+    time.sleep(1.0)
+    after = proc_status(pid)
+    grow = {k: (after[k] - before[k]) / 1024.0 for k in after}
+    h.note("5000 x 7 KB keys in %.1fs: %s; worker %d before %s kB, after %s kB; growth MB: %s"
+           % (el, status_counts(sts), pid, before, after,
+              ", ".join("%s %+.1f" % kv for kv in sorted(grow.items()))))
+    h.check(ng.worker_pids().get(pid), "worker %d is gone" % pid)
+    h.expect(sts.count(200) == 5000, "expected 5000 x 200 (fresh keys, 100r/h), got %s" % status_counts(sts))
+    h.expect(grow["VmRSS"] < 10.0, "worker VmRSS grew by %.1f MB (bound 10 MB)" % grow["VmRSS"])
+    h.expect(not nasty(ng), "error.log has %s" % nasty(ng)[:3])
+
+
+test_memory_huge_keys_redis_down.timeout = 40
+
+
+# ---------------------------------------------------------------------------
+# 7. near-limit refresh cost
+# ---------------------------------------------------------------------------
+
+def test_near_limit_refresh_cost(h):
+    """20 keys x 6 requests at 10r/m over ~1.2 s, then 2 s quiet: Redis
+    receives <= 2 x allowed + 20 commands."""
+    r = h.redis()
+    ng = h.nginx(zone("z", r.url), loc("/t", "redis_ratelimit z 10r/m;"))
+    h.wait_minute_room(8)
+    keys = ["%s-%d" % (h.key("n"), i) for i in range(20)]
+    m = Mon(r)
+    s0 = m.cmdstats()
+    sts = paced(ng, ["/t?k=" + k for _ in range(6) for k in keys], 1.2)
+    time.sleep(2.0)
+    s1 = m.cmdstats()
+    m.close()
+    d = cmd_delta(s0, s1)
+    total = sum(d.values())
+    allowed = sts.count(200)
+    counts = [redis_sum(r, "rl:{z:%s}:60:*" % k) for k in keys]
+    h.note("statuses %s; %d commands (bound %d): %s; Redis counts %s"
+           % (status_counts(sts), total, 2 * allowed + 20, delta_str(d), status_counts(counts)))
+    h.expect(allowed == 120, "expected 120 x 200 (6 per key at 10r/m), got %s" % status_counts(sts))
+    h.expect(total <= 2 * allowed + 20, "%d Redis commands for %d allowed requests (bound %d)"
+             % (total, allowed, 2 * allowed + 20))
+    h.expect(counts == [6] * 20, "expected a count of 6 for each key, got %s" % status_counts(counts))
+
+
+# ---------------------------------------------------------------------------
+# 8. TTL after DEL
+# ---------------------------------------------------------------------------
+
+def test_ttl_after_del(h):
+    """Counter DELeted behind the module's back: the next request recreates
+    it WITH a TTL (> 0) within 1 s."""
+    r = h.redis()
+    ng = h.nginx(zone("z", r.url), loc("/t", "redis_ratelimit z 100r/h;"))
+    wait_room(3600, 10)
+    k = h.key("ttl")
+    pat = "rl:{z:%s}:3600:*" % k
+    h.check(ng.get("/t?k=" + k)[0] == 200, "first request not 200")
+    h.check(wait_for(lambda: r.keys(pat), 2.0), "the key's counter did not appear in Redis within 2 s")
+    name = r.keys(pat)[0]
+    ttl0 = r.cmd("TTL", name)
+    r.cmd("DEL", name)
+    st = ng.get("/t?k=" + k)[0]
+    time.sleep(1.0)
+    val, ttl = r.cmd("GET", name), r.cmd("TTL", name)
+    h.note("%s: TTL %s before the DEL; after the DEL and one request (%s): value %s, TTL %s"
+           % (name, ttl0, st, val, ttl))
+    h.expect(st == 200, "second request: expected 200, got %s" % st)
+    h.expect(val is not None, "the counter was not recreated within 1 s")
+    h.expect(isinstance(ttl, int) and ttl > 0, "the recreated counter has TTL %s (expected > 0)" % ttl)
+
+
+# ---------------------------------------------------------------------------
+# 9. passwords in URLs
+# ---------------------------------------------------------------------------
+
+PW = "se/cr#et?x@y%zz"
+
+
+def _pw_fragments():
+    frags = {PW[i:i + n] for n in range(3, len(PW) + 1) for i in range(len(PW) - n + 1)}
+    enc = urllib.parse.quote(PW, safe="")
+    frags |= {"%2Fcr", "cr%23", "%23et", "et%3F", "%3Fx", "x%40y", "%40y", "y%25", "%25zz"}
+    frags.add(enc)
+    return frags
+
+
+def _nginx_t(h, http):
+    ng = h.nginx(http, loc("/t", "redis_ratelimit z 10r/s;"), start=False)
+    try:
+        p = subprocess.run([harness.NGINX_BIN, "-t", "-p", ng.prefix + "/", "-c", "conf/nginx.conf"],
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=15)
+        out = (p.stdout + p.stderr).decode("utf-8", "replace")
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        out, rc = "(timeout)", None
+    out += ng.error_log_text()
+    return rc, out.replace(ng.prefix, "<prefix>")
+
+
+def test_password_never_in_config_errors(h):
+    """nginx -t on zones whose URL password holds / # ? @ %: pass or fail,
+    no fragment (>= 3 chars) of the password in the output; no crash."""
+    variants = {
+        "unquoted": "redis=redis://user:%s@127.0.0.1:6379" % PW,
+        "quoted": '"redis=redis://user:%s@127.0.0.1:6379"' % PW,
+        "no user": '"redis=redis://:%s@127.0.0.1:6379"' % PW,
+        "bad port": '"redis=redis://user:%s@127.0.0.1:99999"' % PW,
+        "rediss": '"redis=rediss://user:%s@127.0.0.1:6379"' % PW,
+        "second of a list": '"redis=redis://127.0.0.1:7000,redis://user:%s@127.0.0.1:7001" cluster' % PW,
+        "other param bad": '"redis=redis://user:%s@127.0.0.1:6379" on_error=maybe' % PW,
+    }
+    frags = _pw_fragments()
+    bad = []
+    for name, param in variants.items():
+        rc, out = _nginx_t(h, "    redis_ratelimit_zone $arg_k zone=z:1m %s;\n" % param)
+        found = sorted(f for f in frags if f in out)
+        first = next((l for l in out.splitlines() if "emerg" in l or "syntax is ok" in l
+                      or "successful" in l), out.strip()[:200])
+        h.note("%s: rc %s: %s%s" % (name, rc, first[:220], ("  LEAKS %s" % found[:4]) if found else ""))
+        if found:
+            bad.append("%s: %s" % (name, found[:4]))
+        h.expect(rc in (0, 1), "%s: nginx -t exited %s (crash/timeout?)" % (name, rc))
+        h.expect(not re.search(r"panick|exited on signal", out), "%s: panic in nginx -t output" % name)
+    h.expect(not bad, "password fragments in nginx -t output: %s" % "; ".join(bad))
+
+
+def test_percent_encoded_password(h):
+    """requirepass p/ss, URL redis://:p%2Fss@...: counts land in Redis; the
+    password (raw or encoded) never appears in error.log."""
+    r = h.redis(password="p/ss")
+    ng = h.nginx(zone("z", "redis://:p%%2Fss@%s:%d" % (HOST, r.port)), loc("/t", "redis_ratelimit z 100r/h;"))
+    k = h.key("pw")
+    sts = [ng.get("/t?k=" + k)[0] for _ in range(3)]
+    landed = wait_for(lambda: redis_sum(r, "rl:{z:%s}:3600:*" % k) == 3, 2.0)
+    time.sleep(0.2)
+    text = ng.error_log_text() + ng.stderr_text()
+    leaks = [l for l in text.splitlines() if re.search(r"p/ss|p%2fss", l, re.I)]
+    h.note("statuses %s; count in Redis %d; module errors %s"
+           % (sts, redis_sum(r, "rl:{z:%s}:3600:*" % k), rl_errors(ng)[:2]))
+    h.expect(sts == [200] * 3, "expected 3 x 200, got %s" % sts)
+    h.expect(landed, "percent-encoded password: count 3 not in Redis within 2 s")
+    h.expect(not leaks, "the password appears in the log: %s" % leaks[:2])
+
+
+# ---------------------------------------------------------------------------
+# 10. outage noticed while idle
+# ---------------------------------------------------------------------------
+
+def test_idle_outage_detected(h):
+    """on_error=deny: Redis stopped, 1.5 s without requests: the FIRST
+    request (fresh key) is already 429."""
+    r = h.redis()
+    ng = h.nginx(zone("z", r.url, "on_error=deny"), loc("/t", "redis_ratelimit z 100r/h;"))
+    h.check(ng.get("/t?k=warm")[0] == 200, "warm-up request not 200")
+    h.check(wait_for(lambda: redis_sum(r, "rl:{z:warm}:3600:*") == 1, 2.0), "warm-up count not in Redis within 2 s")
+    r.stop()
+    time.sleep(1.5)
+    first = ng.get("/t?k=" + h.key("idle"))[0]
+    later = wait_for(lambda: ng.get("/t?k=" + h.key("idle2"))[0] == 429, 2.0, 0.05)
+    h.note("first request 1.5 s after the stop: %s; a 429 within 2 s more: %s" % (first, bool(later)))
+    h.expect(first == 429, "first request 1.5 s after Redis stopped (idle): expected 429, got %s" % first)
+
+
+# ---------------------------------------------------------------------------
+# 11. quit / reload right after traffic
+# ---------------------------------------------------------------------------
+
+def _counts_survive(h, how):
+    r = h.redis()
+    ng = h.nginx(zone("z", r.url), loc("/t", "redis_ratelimit z 1000r/m;"))
+    h.wait_minute_room(6)
+    h.check(ng.get("/t?k=warm")[0] == 200, "warm-up request not 200")
+    h.check(wait_for(lambda: redis_sum(r, "rl:{z:warm}:60:*") == 1, 2.0), "warm-up count not in Redis within 2 s")
+    k = h.key(how)
+    sts = [ng.get("/t?k=" + k)[0] for _ in range(30)]
+    t0 = time.monotonic()
+    if how == "quit":
+        el = ng.quit()
+    else:
+        el = ng.reload(check=False)["old_gone_after"]
+    t1 = time.monotonic()
+    landed = wait_for(lambda: redis_sum(r, "rl:{z:%s}:60:*" % k) >= 30, 2.0, 0.02)
+    got = redis_sum(r, "rl:{z:%s}:60:*" % k)
+    h.note("%s: statuses %s; old workers gone after %s; count in Redis %d, %.2fs after the signal"
+           % (how, status_counts(sts), el, got, time.monotonic() - t0))
+    h.expect(sts == [200] * 30, "expected 30 x 200 (1000r/m), got %s" % status_counts(sts))
+    h.expect(landed and got == 30, "%s right after 30 requests: Redis count %d within 2 s (expected 30)"
+             % (how, got))
+    h.expect(t1 - t0 < 5.0, "%s took %.1fs" % (how, t1 - t0))
+    h.expect(not nasty(ng), "error.log has %s" % nasty(ng)[:3])
+
+
+def test_quit_keeps_counts(h):
+    """30 requests then SIGQUIT at once: all 30 counted in Redis within 2 s."""
+    _counts_survive(h, "quit")
+
+
+def test_reload_keeps_counts(h):
+    """30 requests then SIGHUP at once: all 30 counted in Redis within 2 s."""
+    _counts_survive(h, "reload")
+
+
+# ---------------------------------------------------------------------------
+# 12. reload with reordered zones
+# ---------------------------------------------------------------------------
+
+def test_reload_reordered_zones(h):
+    """Zones za, zb (one location limited by both, /a by za, /b by zb 5r/m);
+    reload under traffic with zb declared first: every answer 200/429 (no
+    timeout, no 5xx), nginx answers after; a key at its zb limit before the
+    reload is still 429 on /b (zone contents survive) and 200 on /a; a fresh
+    key is counted under the right zone names."""
+    r = h.redis()
+    za = zone("za", r.url)
+    zb = zone("zb", r.url, size="2m")
+    server = (loc("/t", "redis_ratelimit za 100000r/m; redis_ratelimit zb 50000r/m;")
+              + loc("/a", "redis_ratelimit za 100000r/m;") + loc("/b", "redis_ratelimit zb 5r/m;"))
+    ng = h.nginx(za + zb, server, workers=2, files={"t": "t\n", "a": "a\n", "b": "b\n"})
+    h.wait_minute_room(10)
+    hot = h.key("hot")
+    pre = [ng.get("/b?k=" + hot)[0] for _ in range(6)]
+    h.check(pre == [200] * 5 + [429], "before the reload: /b (zb 5r/m) expected 5 x 200 then 429, got %s" % pre)
+    stop = threading.Event()
+    results = []
+
+    def traffic(tid):
+        i = 0
+        while not stop.is_set():
+            results.append(ng.get("/t?k=r%d-%d" % (tid, i % 7))[0])
+            i += 1
+            time.sleep(0.03)
+
+    ts = [threading.Thread(target=traffic, args=(i,), daemon=True) for i in range(4)]
+    for t in ts:
+        t.start()
+    rl = None
+    try:
+        time.sleep(1.0)
+        h.check(za + zb in ng.conf_text, "fixture: zone lines not found in the config")
+        harness.write_file(ng.prefix + "/conf/nginx.conf", ng.conf_text.replace(za + zb, zb + za))
+        rl = ng.reload(timeout=5.0, check=False)
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for t in ts:
+            t.join(5)
+    bad = [x for x in results if x not in (200, 429)]
+    after = ng.get("/t?k=after")[0]
+    hot_b, hot_a = ng.get("/b?k=" + hot)[0], ng.get("/a?k=" + hot)[0]
+    k = h.key("fresh")
+    sts = [ng.get("/t?k=" + k)[0] for _ in range(3)]
+
+    def cnt(z):
+        return redis_sum(r, "rl:{%s:%s}:60:*" % (z, k))
+
+    landed = wait_for(lambda: cnt("za") == 3 and cnt("zb") == 3, 2.0)
+    h.note("%d requests: %s; reload: old %s -> new %s, old gone after %s" % (
+        len(results), status_counts(results), rl["old"], rl["new"], rl["old_gone_after"]))
+    h.note("after: /t %s; key at its zb limit: /b %s, /a %s; fresh key %s, counts za %d zb %d"
+           % (after, hot_b, hot_a, sts, cnt("za"), cnt("zb")))
+    h.expect(len(results) >= 100, "too little traffic: %d requests" % len(results))
+    h.expect(not bad, "%d answers other than 200/429, e.g. %s" % (len(bad), bad[:3]))
+    h.expect(len(rl["new"]) == 2 and rl["old_gone_after"] is not None,
+             "reload: new workers %s, old still alive %s" % (rl["new"], rl["still_alive"]))
+    h.expect(after == 200, "after the reload: expected 200, got %s" % after)
+    h.expect(hot_b == 429, "after the reload: a key over its zb limit got %s on /b (expected 429)" % hot_b)
+    h.expect(hot_a == 200, "after the reload: that key got %s on /a (za, limit far away)" % hot_a)
+    h.expect(sts == [200] * 3, "fresh key after the reload: expected 3 x 200, got %s" % sts)
+    h.expect(landed, "fresh key after the reload: counts in Redis za %d, zb %d (expected 3 and 3)"
+             % (cnt("za"), cnt("zb")))
+    h.expect(not nasty(ng), "error.log has %s" % nasty(ng)[:3])
+
+
+test_reload_reordered_zones.timeout = 30
