@@ -35,10 +35,10 @@ pub const TAKE_ALWAYS: c_int = 1;
 pub const ERR_NOT_READY: c_int = -3;
 
 /// The configuration of the running cycle, in a worker process (or nginx
-/// without a master) only. `init_by_lua*` runs in the master while the
-/// configuration is being read: the cycle it sees then is a placeholder
-/// without configuration (first start) or the previous one (reload, whose
-/// zone numbers may differ), so nothing is answered there.
+/// without a master) only. `init_by_lua*` runs while the configuration is
+/// being read, in the master on a reload (refused here) and before the
+/// zones' shared memory exists (refused by the callers): nothing is
+/// answered there.
 fn main_conf() -> Option<&'static MainConf> {
     // SAFETY: plain reads of nginx globals, on the thread nginx runs Lua on.
     let (process, cycle) = unsafe { (ngx_process, ngx_cycle) };
@@ -99,7 +99,8 @@ impl<'a> Call<'a> {
         let mcf = main_conf().ok_or(ERR_ZONE)?;
         let index = usize::try_from(zone).map_err(|_| ERR_ZONE)?;
         let z = mcf.zones.get(index).ok_or(ERR_ZONE)?;
-        let shared = z.shared.as_ref().ok_or(ERR_ZONE)?;
+        // declared, but its shared memory is not set up yet (init_by_lua*)
+        let shared = z.shared.as_ref().ok_or(ERR_NOT_READY)?;
         Ok(Call {
             index,
             zone: z,
@@ -124,10 +125,18 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_zone_index(name: *const u8, le
     let Some(mcf) = main_conf() else {
         return ERR_NOT_READY;
     };
-    mcf.zones
+    match mcf
+        .zones
         .iter()
-        .position(|z| z.declared && z.name.as_bytes() == name && z.shared.is_some())
-        .map_or(ERR_ZONE, |i| i as c_int)
+        .position(|z| z.declared && z.name.as_bytes() == name)
+    {
+        // init_by_lua* runs while the configuration is read, before the
+        // zones' shared memory exists (lua-nginx-module points `ngx_cycle`
+        // at the cycle being built)
+        Some(i) if mcf.zones[i].shared.is_none() => ERR_NOT_READY,
+        Some(i) => i as c_int,
+        None => ERR_ZONE,
+    }
 }
 
 /// Parses `N r/s|m|h|d` into a limit and a period in seconds.

@@ -14,6 +14,7 @@
 //! - not sent (backend down or backing off, a cluster that is not serving,
 //!   the stop deadline): kept, bounded in bytes, and sent once Redis
 //!   answers.
+//!
 //! Only transport failures take the backend down.
 
 use std::collections::HashMap;
@@ -94,9 +95,14 @@ const WATCH_IDLE: Duration = Duration::from_secs(10);
 /// When a key flushed now, after `gap` since its previous flush, is read
 /// again.
 fn refresh_due(now: Instant, gap: Option<Duration>) -> Instant {
-    let wait = gap.map_or(REFRESH_AFTER, |g| (g * 3 / 4).clamp(REFRESH_AFTER, WATCH_IDLE));
+    let wait = gap.map_or(REFRESH_AFTER, |g| {
+        (g * 3 / 4).clamp(REFRESH_AFTER, WATCH_IDLE)
+    });
     now + wait
 }
+
+/// A counter whose TTL is to be set (again): its tag and period.
+type TtlFix = (Box<[u8]>, u32);
 
 /// The commands of one item, by position in the pipeline.
 #[derive(Clone, Copy)]
@@ -120,7 +126,7 @@ pub struct Backend {
     budget: Budget,
     /// Counters whose `INCRBY` may have created them without an `EXPIRE`
     /// (reply lost): `EXPIRE` sent with the next exchange.
-    ttl_fix: HashMap<ItemId, (Box<[u8]>, u32)>,
+    ttl_fix: HashMap<ItemId, TtlFix>,
     prev: HashMap<ItemId, Prev>,
     /// When `prev` was last rid of windows that are over.
     swept: Instant,
@@ -431,7 +437,7 @@ impl Backend {
         if !self.ensure_conn(events) {
             return;
         }
-        let fixes: Vec<(ItemId, (Box<[u8]>, u32))> = self.ttl_fix.drain().collect();
+        let fixes: Vec<(ItemId, TtlFix)> = self.ttl_fix.drain().collect();
         let cmds: Vec<Cmd> = fixes
             .iter()
             .map(|(id, (tag, period))| {
@@ -501,7 +507,10 @@ impl Backend {
         wid.window = 0;
         if item.n > 0 && near_limit(&confirmation, item.period, item.limit, now_ms) {
             if let Some(w) = self.watch.get_mut(&wid) {
-                w.due = Some(refresh_due(now, Some(now.saturating_duration_since(w.last))));
+                w.due = Some(refresh_due(
+                    now,
+                    Some(now.saturating_duration_since(w.last)),
+                ));
                 w.last = now;
                 w.window = id.window;
                 w.limit = item.limit;
@@ -530,7 +539,8 @@ impl Backend {
     /// Reads the keys whose refresh is due (once each), within the budget.
     fn refresh(&mut self, events: &mut Vec<Event>) {
         let now = Instant::now();
-        self.watch.retain(|_, w| w.due.is_some() || now.saturating_duration_since(w.last) < WATCH_IDLE);
+        self.watch
+            .retain(|_, w| w.due.is_some() || now.saturating_duration_since(w.last) < WATCH_IDLE);
         let mut items = Vec::new();
         for (wid, w) in self.watch.iter_mut() {
             if w.due.is_none_or(|d| d > now) {
@@ -539,7 +549,11 @@ impl Backend {
             w.due = None;
             let mut id = *wid;
             id.window = w.window;
-            let cost = if self.prev.get(&id).is_some_and(|s| s.settled) { 1 } else { 2 };
+            let cost = if self.prev.get(&id).is_some_and(|s| s.settled) {
+                1
+            } else {
+                2
+            };
             if !self.budget.take(cost, now) {
                 continue;
             }

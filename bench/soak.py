@@ -1,0 +1,1028 @@
+#!/usr/bin/env python3
+"""Soak test for ngx_http_redis_ratelimit_module: traffic + chaos for minutes.
+
+    python3 bench/soak.py [--duration SECONDS] [--seed N] [--procs N] [--threads N] [--keep]
+
+One redis-server and two nginx instances (2 workers each, master on, the
+same configuration) on free 127.0.0.1 ports, started through
+t/scenarios/harness.py (every process stopped by its PID: at the end, on
+failure, on Ctrl-C).  The binaries are snapshotted first, so a rebuild of
+build/ during the run (or nginx's re-dlopen on reload) never mixes builds.
+
+Traffic (client processes, keep-alive http.client connections to both
+nodes), key in the X-Key header:
+  * /m  `redis_ratelimit soak 100r/s`: a pool of distinct keys (default
+    60 000) walked in order, so every key is sent before any repeats; 70 %
+    ASCII, 15 % binary-ish bytes legal in a header value (obs-text, inner
+    SP/HTAB), 10 % with `{` `}` braces, 5 % 4 KB long.  Every key stays far
+    below its limit, so any 429 here is a false rejection.
+  * /h  `redis_ratelimit soak 50r/s`: 3 hot keys hammered from both nodes
+    (one thread per client process, alternating nodes).  The response's
+    `X-T: $msec` (nginx's cached time, the clock the module decides with)
+    puts each answer in its 1 s window.
+
+Chaos (one action at a time, a few seconds apart, shuffled so every kind
+runs early): Redis stop + start (counters lost), CLIENT PAUSE 1500 ALL,
+`SET <counter of this window> notanumber` and MULTI/DEL/LPUSH (WRONGTYPE) on
+a hot key's and a random key's counter, OOM (noeviction + maxmemory 1, then
+maxmemory 0), reload (HUP) of one nginx.  Outages (Redis stopped, paused,
+OOM) plus a margin are excluded from the accuracy figures; windows of a hot
+key whose counter was planted are reported apart.
+
+Sampled every 0.5 s: VmRSS/RssAnon of every worker (PIDs re-read), worker
+PID churn not explained by our reloads, Redis commands/s (INFO commandstats
+calls + rejected_calls over one persistent connection, minus the commands
+this script sent itself; INFO excluded) and the Redis counters of the hot
+keys (cross-check of what the clients saw allowed).
+
+Exit status: 0 when every check holds; 1 when a check fails (5xx, crashes,
+a hot-key window outside outages above 1.05 x L, requests that got no
+status, 429s on keys far below their limit); 2 when the harness failed.
+Python 3 stdlib only.
+"""
+
+import argparse
+import array
+import collections
+import http.client
+import multiprocessing as mp
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "t", "scenarios"))
+
+import harness  # noqa: E402
+import cluster  # noqa: E402
+from harness import HOST, RedisError, _resp_encode, _resp_read  # noqa: E402
+
+ZONE = "soak"
+MANY_RATE, HOT_RATE = 100, 50          # r/s of /m and /h
+HOT_KEYS = [b"hot-plain", b"{hot}-brace", b"hot-\xe9\xff \x80bin"]
+LEGAL = bytes(range(0x21, 0x7F)) + bytes(range(0x80, 0x100))  # field-vchar
+CLASSES = ("ascii", "binary", "braces", "4k")
+REQ_TIMEOUT = 5.0
+SLOW = 0.1                             # requests slower than this are kept
+
+
+def log(t0, msg):
+    print("[%6.1fs] %s" % (time.time() - t0, msg), flush=True)
+
+
+def kname(k):
+    return k.decode("latin-1").encode("unicode_escape").decode()
+
+
+# --------------------------------------------------------------------------
+# keys
+# --------------------------------------------------------------------------
+
+def many_key(i, tag):
+    """(class, bytes) of the i-th key of the pool."""
+    c = i % 20
+    if c < 14:
+        return "ascii", b"k%d-%s" % (i, tag)
+    if c < 17:
+        r = random.Random(i * 7919 + 17)
+        body = bytes(r.choice(LEGAL) for _ in range(r.randint(6, 30)))
+        return "binary", b"\xff%d%s \t%s" % (i, body[:3], body[3:])
+    if c < 19:
+        form = (b"{%d}", b"}{%d{", b"{{%d}}x", b"{}%d", b"a{b}%d}c{")[(i // 20) % 5]
+        return "braces", (form % i) + b"-" + tag
+    head = b"L%d-%s-" % (i, tag)
+    return "4k", head + (b"0123456789abcdef" * 256)[:4096 - len(head)]
+
+
+def counter_name(key, w, period=1):
+    return b"rl:{%s:%s}:%d:%d" % (ZONE.encode(), key, period, w)
+
+
+# --------------------------------------------------------------------------
+# client processes
+# --------------------------------------------------------------------------
+
+class Conn:
+    """One keep-alive connection; a request that fails on a REUSED
+    connection before any answer (nginx closed it: reload, keepalive end) is
+    retried once on a fresh one, as HTTP clients do for a GET."""
+
+    def __init__(self, port, stats):
+        self.port = port
+        self.c = None
+        self.stats = stats
+
+    def get(self, path, key):
+        for attempt in (0, 1):
+            if self.c is None:
+                self.c = http.client.HTTPConnection(HOST, self.port, timeout=REQ_TIMEOUT)
+            fresh = self.c.sock is None
+            try:
+                self.c.request("GET", path, headers={"X-Key": key})
+                r = self.c.getresponse()
+                r.read()
+                return r.status, r.getheader("X-T")
+            except (http.client.RemoteDisconnected, ConnectionResetError,
+                    BrokenPipeError, ConnectionAbortedError) as e:
+                self.c.close()
+                self.c = None
+                if fresh or attempt:
+                    raise
+                self.stats["retried"] += 1
+                last = e
+            except Exception:
+                self.c.close()
+                self.c = None
+                raise
+        raise last  # pragma: no cover
+
+    def close(self):
+        if self.c is not None:
+            self.c.close()
+
+
+def client_main(idx, cfg, ports, t_start, t_end, progress, out_q):
+    """One client process: cfg['threads'] threads on /m + 1 hot thread."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the parent handles Ctrl-C
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with harness._REG_LOCK:                          # never stop the parent's processes
+        del harness._REGISTRY[:]
+    parent = os.getppid()
+    nthreads = cfg["threads"]
+    streams = cfg["procs"] * nthreads
+    tag = cfg["tag"]
+    pool = cfg["keys"]
+    results = []
+    lock = threading.Lock()
+
+    def new_acc():
+        return {"counts": collections.Counter(), "errors": collections.Counter(),
+                "err_samples": [], "lat": array.array("f"), "slow": [],
+                "hot": collections.defaultdict(lambda: [0, 0, 0, 0]), "retried": 0,
+                "sent": 0, "n": 0}
+
+    def one(acc, conn, node, cls, path, key):
+        t = time.time()
+        p0 = time.perf_counter()
+        try:
+            st, xt = conn.get(path, key)
+        except Exception as e:      # noqa: BLE001 - counted and reported
+            el = time.perf_counter() - p0
+            what = "%s: %s" % (type(e).__name__, str(e)[:80])
+            acc["errors"][(node, cls, type(e).__name__)] += 1
+            if len(acc["err_samples"]) < 10:
+                acc["err_samples"].append((t, node, cls, el, what))
+            acc["lat"].append(el)
+            return None, None
+        el = time.perf_counter() - p0
+        acc["counts"][(node, cls, st)] += 1
+        acc["lat"].append(el)
+        if el >= SLOW and len(acc["slow"]) < 500:
+            acc["slow"].append((el, t, node, cls, st))
+        return st, xt
+
+    def many_thread(tid):
+        acc = new_acc()
+        s = idx * nthreads + tid                     # stream number
+        conns = [Conn(p, acc) for p in ports]
+        mine = len(range(s, pool, streams))
+        n = 0
+        try:
+            while time.time() < t_end:
+                i = s + (n % mine) * streams
+                cls, key = many_key(i, tag)
+                node = (n + n // mine) % 2            # each pass swaps nodes
+                one(acc, conns[node], node, cls, "/m", key)
+                n += 1
+                if n % 256 == 0:
+                    progress[idx] += 256
+                    if os.getppid() != parent:
+                        break
+        finally:
+            for c in conns:
+                c.close()
+        acc["sent"] = min(n, mine)
+        acc["n"] = n
+        with lock:
+            results.append(acc)
+
+    def hot_thread():
+        acc = new_acc()
+        conns = [Conn(p, acc) for p in ports]
+        n = idx                                      # procs start on different keys
+        try:
+            while time.time() < t_end:
+                k = n % len(HOT_KEYS)
+                node = (n // len(HOT_KEYS)) % 2
+                st, xt = one(acc, conns[node], node, "hot", "/h", HOT_KEYS[k])
+                if st is not None:
+                    try:
+                        w = int(float(xt))
+                    except (TypeError, ValueError):
+                        w = None
+                        acc["errors"][(node, "hot", "no X-T header")] += 1
+                    if w is not None:
+                        h = acc["hot"][(k, w)]
+                        h[1] += 1
+                        if st == 200:
+                            h[0] += 1
+                            h[2 + node] += 1
+                n += 1
+                if n % 256 == 0:
+                    progress[idx] += 256
+                    if os.getppid() != parent:
+                        break
+        finally:
+            for c in conns:
+                c.close()
+        acc["n"] = n - idx
+        with lock:
+            results.append(acc)
+
+    try:
+        delay = t_start - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        ts = [threading.Thread(target=many_thread, args=(i,), daemon=True) for i in range(nthreads)]
+        ts.append(threading.Thread(target=hot_thread, daemon=True))
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(t_end - time.time() + 3 * REQ_TIMEOUT + 10)
+        merged = new_acc()
+        merged["hot"] = {}
+        for a in results:
+            merged["counts"].update(a["counts"])
+            merged["errors"].update(a["errors"])
+            merged["err_samples"] += a["err_samples"]
+            merged["lat"].extend(a["lat"])
+            merged["slow"] += a["slow"]
+            merged["retried"] += a["retried"]
+            merged["sent"] += a["sent"]
+            for k, v in a["hot"].items():
+                merged["hot"][k] = v
+        merged["threads_done"] = len(results)
+        merged["threads"] = len(ts)
+        out_q.put(("ok", idx, merged))
+    except BaseException:           # noqa: BLE001
+        out_q.put(("error", idx, traceback.format_exc()))
+
+
+# --------------------------------------------------------------------------
+# Redis side
+# --------------------------------------------------------------------------
+
+OWN = [0]                  # commands this script sent to Redis (INFO excluded)
+OWN_LOCK = threading.Lock()
+
+
+def own(n):
+    with OWN_LOCK:
+        OWN[0] += n
+
+
+class RConn:
+    """A persistent Redis connection with pipelining."""
+
+    def __init__(self, port, timeout=3.0):
+        self.s = socket.create_connection((HOST, port), timeout=timeout)
+        self.f = self.s.makefile("rb")
+
+    def pipeline(self, cmds):
+        own(sum(1 for c in cmds if str(c[0]).upper() != "INFO"))
+        self.s.sendall(b"".join(_resp_encode(list(c)) for c in cmds))
+        return [_resp_read(self.f) for _ in cmds]
+
+    def cmd(self, *args):
+        return self.pipeline([args])[0]
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+
+def rcmd(redis, *args):
+    own(1)
+    return redis.cmd(*args, timeout=5.0, raise_errors=False)
+
+
+def total_calls(info_text):
+    total = 0
+    for line in info_text.splitlines():
+        m = re.match(r"cmdstat_([^:]+):(.*)", line.strip())
+        if not m or m.group(1) == "info":
+            continue
+        d = dict(kv.partition("=")[::2] for kv in m.group(2).split(","))
+        total += int(d.get("calls", 0)) + int(d.get("rejected_calls", 0))
+    return total
+
+
+# --------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------
+
+class Run:
+    def __init__(self, args, ctx):
+        self.a = args
+        self.ctx = ctx
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.events = []          # (t0, t1, kind, detail)
+        self.outages = []         # (t0, t1, kind)
+        self.plants = []          # (t, hot key index or None, redis key name, kind)
+        self.planted_names = set()
+        self.reloads = []         # (node, t0, t1)
+        self.expected_exit = set()  # worker pids we made exit (reloads)
+        self.rss = []             # (t, node, pid, vmrss kB, rssanon kB)
+        self.churn = []           # (t, node, what, pid)
+        self.redis_rate = []      # (t, commands/s)
+        self.redis_err = []
+        self.hot_redis = {}       # (k, w) -> value read from Redis (int or str)
+        self.thread_errors = []
+        self.dead_masters = set()
+        self.quit_times = []
+
+    # -- helpers ---------------------------------------------------------
+    def event(self, t0, t1, kind, detail, outage=False):
+        with self.lock:
+            self.events.append((t0, t1, kind, detail))
+            if outage:
+                self.outages.append((t0, t1, kind))
+        log(self.t0, "chaos %-14s %s (%.1fs)" % (kind, detail, t1 - t0))
+
+    def guarded(self, fn, name):
+        def run():
+            try:
+                fn()
+            except Exception:       # noqa: BLE001
+                self.thread_errors.append("%s: %s" % (name, traceback.format_exc()))
+        return threading.Thread(target=run, name=name, daemon=True)
+
+    # -- samplers ----------------------------------------------------------
+    def proc_sampler(self):
+        prev = {i: set(ng.worker_pids()) for i, ng in enumerate(self.ngs)}
+        while not self.stop.is_set():
+            t = time.time()
+            for i, ng in enumerate(self.ngs):
+                if not ng.running:
+                    if ng.pid not in self.dead_masters:
+                        self.dead_masters.add(ng.pid)
+                        self.churn.append((t, i, "master exited (%s)" % ng.popen.returncode, ng.pid))
+                    continue
+                cur = set(ng.worker_pids())
+                for pid in cur:
+                    try:
+                        st = {}
+                        with open("/proc/%d/status" % pid) as f:
+                            for line in f:
+                                k, _, v = line.partition(":")
+                                if k in ("VmRSS", "RssAnon"):
+                                    st[k] = int(v.split()[0])
+                        self.rss.append((t, i, pid, st.get("VmRSS", 0), st.get("RssAnon", 0)))
+                    except OSError:
+                        pass
+                with self.lock:
+                    recent = any(n == i and t0 - 0.5 <= t and (t1 is None or t <= t1 + 10)
+                                 for n, t0, t1 in self.reloads)
+                    for pid in prev[i] - cur:
+                        if pid not in self.expected_exit:
+                            self.churn.append((t, i, "worker exited, no reload of ours", pid))
+                    for pid in cur - prev[i]:
+                        if not recent:
+                            self.churn.append((t, i, "new worker, no reload of ours", pid))
+                prev[i] = cur
+            self.stop.wait(0.5)
+
+    def redis_sampler(self):
+        conn = None
+        last = None               # (t, total, own)
+        while not self.stop.is_set():
+            t = time.time()
+            try:
+                if conn is None:
+                    conn = RConn(self.redis.port, timeout=4.0)
+                    last = None
+                # the previous window's counters, final ~0.3 s after it ended
+                # (they expire 2 s after their creation)
+                frac = time.time() % 1.0
+                w = int(time.time()) - 1
+                cmds = [("INFO", "server", "commandstats")]
+                if 0.3 <= frac <= 0.9:
+                    cmds.append(["MGET"] + [counter_name(k, w) for k in HOT_KEYS])
+                replies = conn.pipeline(cmds)
+                info = replies[0]
+                vals = replies[1] if len(replies) > 1 else None
+                if isinstance(info, RedisError):
+                    raise OSError(str(info))
+                total = total_calls(info)
+                m = re.search(r"server_time_usec:(\d+)", info)
+                now = int(m.group(1)) / 1e6 if m else time.time()   # Redis's own clock
+                with OWN_LOCK:
+                    mine = OWN[0]
+                if last is not None and total < last[1]:
+                    last = None                      # restarted: counters reset
+                if last is None:
+                    last = (now, total, mine)
+                elif now - last[0] >= 0.45:          # rate over >= 0.45 s of Redis time
+                    self.redis_rate.append((now, (total - last[1] - (mine - last[2])) / (now - last[0])))
+                    last = (now, total, mine)
+                if isinstance(vals, list):
+                    for k, v in enumerate(vals):
+                        if v is not None:
+                            try:
+                                self.hot_redis[(k, w)] = int(v)
+                            except ValueError:
+                                self.hot_redis[(k, w)] = v
+            except (OSError, ConnectionError, ValueError) as e:
+                self.redis_err.append((t, "%s: %s" % (type(e).__name__, e)))
+                if conn is not None:
+                    conn.close()
+                conn = None
+            self.stop.wait(max(0.0, 0.5 - (time.time() - t)))
+        if conn is not None:
+            conn.close()
+
+    def progress(self):
+        last_n, last_t = 0, time.time()
+        while not self.stop.wait(15.0):
+            n = sum(self.progress_arr)
+            t = time.time()
+            rss = [r[3] for r in self.rss[-8:]]
+            rate = [r[1] for r in self.redis_rate[-4:]]
+            log(self.t0, "progress: ~%d requests (%.0f/s), worker RSS max %.1f MB, Redis %.0f cmds/s"
+                % (n, (n - last_n) / (t - last_t), max(rss or [0]) / 1024.0, max(rate or [0])))
+            last_n, last_t = n, t
+
+    # -- chaos -------------------------------------------------------------
+    def chaos(self):
+        rng = random.Random(self.a.seed)
+        kinds = ["redis_restart", "client_pause", "plant_garbage", "plant_wrongtype", "oom", "reload"]
+        end = self.t_end - 6.0
+        nxt = self.t_start + 3.0
+        nreload = 0
+        while True:
+            bag = kinds[:]
+            rng.shuffle(bag)
+            for kind in bag:
+                while time.time() < nxt:
+                    if self.stop.wait(min(0.2, nxt - time.time())):
+                        return
+                if time.time() > end:
+                    return
+                if kind == "redis_restart":
+                    t0 = time.time()
+                    self.redis.stop()
+                    down = rng.uniform(1.0, 2.5)
+                    time.sleep(down)
+                    for attempt in range(5):
+                        try:
+                            self.redis.start(timeout=10.0)
+                            break
+                        except RuntimeError as e:
+                            self.thread_errors.append("redis start attempt %d: %s" % (attempt, e))
+                            time.sleep(1.0)
+                    own(1)   # the harness's readiness PING
+                    self.event(t0, time.time(), kind, "stopped (SIGTERM) for %.1fs, started again" % down, True)
+                elif kind == "client_pause":
+                    t0 = time.time()
+                    r = rcmd(self.redis, "CLIENT", "PAUSE", "1500", "ALL")
+                    time.sleep(max(0.0, t0 + 1.6 - time.time()))
+                    self.event(t0, t0 + 1.5, kind, "CLIENT PAUSE 1500 ALL -> %s" % r, True)
+                elif kind in ("plant_garbage", "plant_wrongtype"):
+                    k = rng.randrange(len(HOT_KEYS))
+                    i = rng.randrange(self.a.keys)
+                    while many_key(i, self.tag)[0] == "4k":   # its Redis name is a digest
+                        i = rng.randrange(self.a.keys)
+                    t0 = time.time()
+                    w = int(t0)
+                    out = []
+                    for hk, key in ((k, HOT_KEYS[k]), (None, many_key(i, self.tag)[1])):
+                        name = counter_name(key, w)
+                        if kind == "plant_garbage":
+                            r = rcmd(self.redis, "SET", name, "notanumber")
+                        else:
+                            own(4)
+                            r = cluster.cmds(self.redis.port, [("MULTI",), ("DEL", name),
+                                                               ("LPUSH", name, "soak"), ("EXEC",)])[-1]
+                        with self.lock:
+                            self.plants.append((t0, hk, name, kind))
+                            self.planted_names.add(name.decode("latin-1"))
+                        out.append("%s -> %s" % (kname(name)[:40], r))
+                    self.event(t0, time.time(), kind, "; ".join(out))
+                elif kind == "oom":
+                    t0 = time.time()
+                    r1 = rcmd(self.redis, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+                    r2 = rcmd(self.redis, "CONFIG", "SET", "maxmemory", "1")
+                    hold = rng.uniform(1.5, 3.0)
+                    time.sleep(hold)
+                    r3 = rcmd(self.redis, "CONFIG", "SET", "maxmemory", "0")
+                    self.event(t0, time.time(), kind, "noeviction + maxmemory 1 for %.1fs (%s %s), maxmemory 0 (%s)"
+                               % (hold, r1, r2, r3), True)
+                elif kind == "reload":
+                    node = nreload % 2
+                    nreload += 1
+                    ng = self.ngs[node]
+                    t0 = time.time()
+                    with self.lock:
+                        self.expected_exit |= set(ng.worker_pids())
+                        self.reloads.append([node, t0, None])
+                        entry = self.reloads[-1]
+                    res = ng.reload(timeout=8.0, check=False)
+                    with self.lock:
+                        entry[2] = time.time()
+                        self.expected_exit |= set(res["old"])
+                    self.event(t0, time.time(), kind, "HUP nginx%d: workers %s -> %s, old gone after %s"
+                               % (node + 1, res["old"], res["new"],
+                                  "%.2fs" % res["old_gone_after"] if res["old_gone_after"] else "NEVER"))
+                nxt = time.time() + rng.uniform(2.0, 4.0)
+
+    # -- main ----------------------------------------------------------------
+    def start(self):
+        a = self.a
+        self.tag = b"%x" % random.Random(a.seed).getrandbits(24)
+        self.redis = self.ctx.redis()
+        http_conf = (
+            "    large_client_header_buffers 4 16k;\n"
+            "    keepalive_requests 1000000;\n"
+            "    keepalive_timeout 300s;\n"
+            "    redis_ratelimit_zone $http_x_key zone=%s:32m redis=%s;\n"
+            "    redis_ratelimit_log_level info;   # rejections are expected here: not errors\n"
+            % (ZONE, self.redis.url))
+        server_conf = (
+            "        location = /m { redis_ratelimit %s %dr/s; try_files /t =404; }\n"
+            "        location = /h { redis_ratelimit %s %dr/s; add_header X-T $msec always; try_files /t =404; }\n"
+            % (ZONE, MANY_RATE, ZONE, HOT_RATE))
+        self.ngs = [self.ctx.nginx(http_conf, server_conf, workers=2, log_level="notice") for _ in range(2)]
+        for ng in self.ngs:
+            for path, key in (("/m", b"warmup-m"), ("/h", b"warmup-h")):
+                c = http.client.HTTPConnection(HOST, ng.port, timeout=5)
+                c.request("GET", path, headers={"X-Key": key})
+                r = c.getresponse()
+                r.read()
+                c.close()
+                if r.status != 200:
+                    raise RuntimeError("warm-up %s on %s: status %s\n%s" % (path, ng.name, r.status,
+                                                                           ng.error_log_tail()))
+
+    def run(self):
+        a = self.a
+        self.t0 = time.time()
+        log(self.t0, "redis :%d, nginx1 :%d, nginx2 :%d (2 workers each), prefixes under %s"
+            % (self.redis.port, self.ngs[0].port, self.ngs[1].port, self.ctx.tmp))
+        mpc = mp.get_context("fork")
+        self.progress_arr = mpc.Array("q", a.procs, lock=False)
+        q = mpc.Queue()
+        self.t_start = time.time() + 1.0
+        self.t_end = self.t_start + a.duration
+        cfg = {"threads": a.threads, "procs": a.procs, "tag": self.tag, "keys": a.keys}
+        ports = [ng.port for ng in self.ngs]
+        self.clients = [mpc.Process(target=client_main, name="soak-client-%d" % i,
+                                    args=(i, cfg, ports, self.t_start, self.t_end, self.progress_arr, q))
+                        for i in range(a.procs)]
+        for p in self.clients:
+            p.start()
+        threads = [self.guarded(self.proc_sampler, "proc_sampler"),
+                   self.guarded(self.redis_sampler, "redis_sampler"),
+                   self.guarded(self.chaos, "chaos"),
+                   self.guarded(self.progress, "progress")]
+        for t in threads:
+            t.start()
+        log(self.t0, "traffic: %d client processes x (%d /m threads + 1 hot thread), %d s, seed %d"
+            % (a.procs, a.threads, a.duration, a.seed))
+        self.client_res = {}
+        deadline = self.t_end + 3 * REQ_TIMEOUT + 60
+        while len(self.client_res) < a.procs and time.time() < deadline:
+            try:
+                kind, idx, res = q.get(timeout=1.0)
+            except Exception:       # noqa: BLE001 - queue.Empty
+                if not any(p.is_alive() for p in self.clients) and q.empty():
+                    break
+                continue
+            self.client_res[idx] = (kind, res)
+        for p in self.clients:
+            p.join(5)
+        time.sleep(0.8)             # the last windows' counters reach Redis
+        self.stop.set()
+        for t in threads:
+            t.join(10)
+        log(self.t0, "traffic done; checking counter TTLs, stopping nginx")
+        self.ttl_check()
+        self.quit_times = [ng.quit() for ng in self.ngs]
+
+    def stop_clients(self):
+        for p in getattr(self, "clients", []):
+            if p.is_alive():
+                p.terminate()       # SIGTERM to that PID
+        for p in getattr(self, "clients", []):
+            p.join(3)
+            if p.is_alive():
+                p.kill()
+                p.join(2)
+
+    def ttl_check(self):
+        """Counter keys without a TTL (planted ones excluded)."""
+        self.no_ttl, self.nkeys = [], 0
+        try:
+            c = RConn(self.redis.port, timeout=5.0)
+        except OSError as e:
+            self.no_ttl = ["(Redis unreachable: %s)" % e]
+            return
+        try:
+            cursor = "0"
+            while True:
+                cursor, names = c.cmd("SCAN", cursor, "MATCH", "rl:*", "COUNT", "1000")
+                if names:
+                    ttls = c.pipeline([("TTL", n.encode("utf-8", "surrogateescape")) for n in names])
+                    self.nkeys += len(names)
+                    for n, t in zip(names, ttls):
+                        raw = n.encode("utf-8", "surrogateescape").decode("latin-1")
+                        if t == -1 and raw not in self.planted_names:
+                            self.no_ttl.append(n)
+                if cursor == "0":
+                    break
+        finally:
+            c.close()
+
+
+# --------------------------------------------------------------------------
+# figures
+# --------------------------------------------------------------------------
+
+LOG_RE = re.compile(r"^(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d) \[(\w+)\] ")
+NASTY_RE = re.compile(r"\[(alert|crit|emerg)\]|exited on signal|panick")
+
+
+def parse_log(text):
+    lines = []
+    for line in text.splitlines():
+        m = LOG_RE.match(line)
+        if not m:
+            continue
+        t = time.mktime(time.strptime(m.group(1), "%Y/%m/%d %H:%M:%S"))
+        lines.append((t, m.group(2), line))
+    return lines
+
+
+def overlaps(w, intervals, margin):
+    return any(s < w + 1 and w < e + margin for s, e in intervals)
+
+
+def fmt_int(n):
+    return "{:,}".format(n)
+
+
+def summarize(run, args):
+    ok = True
+    fails = []
+    rows = []
+
+    def row(name, value, good=None):
+        mark = "" if good is None else ("ok" if good else "FAIL")
+        rows.append((name, value, mark))
+
+    counts = collections.Counter()
+    errors = collections.Counter()
+    err_samples, slow = [], []
+    lat = array.array("f")
+    hot = {}
+    retried = sent = 0
+    harness_errors = list(run.thread_errors)
+    for idx in range(args.procs):
+        kind, res = run.client_res.get(idx, ("missing", "no result from client %d" % idx))
+        if kind != "ok":
+            harness_errors.append("client %d: %s" % (idx, res))
+            continue
+        if res["threads_done"] != res["threads"]:
+            harness_errors.append("client %d: %d of %d threads finished" % (idx, res["threads_done"], res["threads"]))
+        counts.update(res["counts"])
+        errors.update(res["errors"])
+        err_samples += res["err_samples"]
+        slow += res["slow"]
+        lat.extend(res["lat"])
+        retried += res["retried"]
+        sent += res["sent"]
+        for k, v in res["hot"].items():
+            h = hot.setdefault(k, [0, 0, 0, 0])
+            for j in range(4):
+                h[j] += v[j]
+
+    t_start, t_end = run.t_start, run.t_end
+    dur = t_end - t_start
+    answered = sum(counts.values())
+    failed = sum(errors[k] for k in errors if k[2] != "no X-T header")
+    total = answered + failed
+    by_status = collections.Counter()
+    for (node, cls, st), n in counts.items():
+        by_status[st] += n
+    s5xx = sum(n for st, n in by_status.items() if 500 <= st <= 599)
+    odd = {st: n for st, n in by_status.items() if st not in (200, 429)}
+    false429 = sum(n for (node, cls, st), n in counts.items() if cls != "hot" and st == 429)
+    many = sum(n for (node, cls, st), n in counts.items() if cls != "hot")
+    row("total requests", "%s (200: %s, 429: %s; /m %s, /h %s)"
+        % (fmt_int(total), fmt_int(by_status[200]), fmt_int(by_status[429]), fmt_int(many),
+           fmt_int(total - many)))
+    row("requests/s", "%.0f over %.0f s (keep-alive retries after nginx closed a connection: %d)"
+        % (total / dur, dur, retried))
+    row("client 5xx", str(s5xx), s5xx == 0)
+    row("non-200/429 statuses", ", ".join("%s x %d" % kv for kv in sorted(odd.items())) or "none",
+        not any(500 <= st <= 599 for st in odd))
+    row("requests without a status", "%d %s" % (failed, dict(collections.Counter(
+        "%s/%s" % (["nginx1", "nginx2"][k[0]], k[2]) for k in errors.elements() if k[2] != "no X-T header")) or ""),
+        failed == 0)
+    row("false 429 on /m (%dr/s, keys far below)" % MANY_RATE, str(false429), false429 == 0)
+    cls_n = collections.Counter()
+    for (node, cls, st), n in counts.items():
+        cls_n[cls] += n
+    row("distinct keys sent", "%s of a %s-key pool + %d hot (requests: %s)"
+        % (fmt_int(sent), fmt_int(args.keys), len(HOT_KEYS),
+           ", ".join("%s %s" % (c, fmt_int(cls_n[c])) for c in CLASSES + ("hot",))), sent >= 50000 or None)
+
+    # crashes
+    exited, nasty_lines, logs = 0, [], []
+    for i, ng in enumerate(run.ngs):
+        lines = parse_log(ng.error_log_text())
+        logs.append(lines)
+        for t, lvl, line in lines:
+            if NASTY_RE.search(line):
+                nasty_lines.append("nginx%d: %s" % (i + 1, line))
+                if "exited on signal" in line:
+                    exited += 1
+    nasty_n = len(nasty_lines) - exited
+    churn = [c for c in run.churn]
+    crashes = exited + nasty_n + len(churn)
+    row("worker crashes", "%d (exited on signal %d, [alert]/[crit]/[emerg] %d, unexplained worker churn %d)"
+        % (crashes, exited, nasty_n, len(churn)), crashes == 0)
+
+    # latency
+    lv = sorted(lat)
+    outs = [(s, e) for s, e, k in run.outages]
+    pauses = [(s, e) for s, e, k in run.outages if k == "client_pause"]
+    if lv:
+        worst = max(slow) if slow else None
+        row("latency p50 / p99 / p99.9 / worst", "%s / %s / %s / %s" % (
+            harness.ms(harness.percentile(lv, 50)), harness.ms(harness.percentile(lv, 99)),
+            harness.ms(harness.percentile(lv, 99.9)), harness.ms(lv[-1])))
+        if worst:
+            in_pause = [x for x in slow if any(s - 0.05 <= x[1] <= e for s, e in pauses)]
+            row("  worst request", "%s at t=%.1fs on nginx%d (%s, status %s)%s; >=%dms: %d (%d during a CLIENT PAUSE)"
+                % (harness.ms(worst[0]), worst[1] - run.t0, worst[2] + 1, worst[3], worst[4],
+                   " during " + what_at(run, worst[1]) if what_at(run, worst[1]) else "",
+                   SLOW * 1000, len(slow), len(in_pause)))
+    # RSS
+    if run.rss:
+        peak = max(run.rss, key=lambda r: r[3])
+        parts = []
+        for i in range(2):
+            rs = [r for r in run.rss if r[1] == i]
+            a0 = [r for r in rs if r[0] <= t_start + 10]
+            a1 = [r for r in rs if r[0] >= t_end - 10]
+            if a0 and a1:
+                parts.append("nginx%d max %.1f -> %.1f MB (RssAnon %.1f -> %.1f)" % (
+                    i + 1, max(r[3] for r in a0) / 1024, max(r[3] for r in a1) / 1024,
+                    max(r[4] for r in a0) / 1024, max(r[4] for r in a1) / 1024))
+        row("peak worker RSS", "%.1f MB (nginx%d pid %d, t=%.0fs)" % (peak[3] / 1024.0, peak[1] + 1, peak[2],
+                                                                       peak[0] - run.t0))
+        row("  worker RSS first 10 s -> last 10 s", "; ".join(parts))
+    if run.redis_rate:
+        rates = [r for t, r in run.redis_rate if t_start <= t <= t_end]
+        if rates:
+            row("peak Redis commands/s", "%.0f (mean %.0f; %.3f per request; INFO and this script's own commands left out)"
+                % (max(rates), sum(rates) / len(rates), sum(rates) / len(rates) / (total / dur)))
+    # error log
+    mins = dur / 60.0
+    for i, lines in enumerate(logs):
+        inrun = [x for x in lines if t_start - 1 <= x[0] <= t_end + 1]
+        lv_n = collections.Counter(l for t, l, _ in inrun)
+        mod = [x for x in inrun if "redis_ratelimit" in x[2]]
+        per_sec = collections.Counter(int(t) for t, l, line in mod if l in ("error", "warn", "crit", "alert"))
+        row("error-log lines/min nginx%d" % (i + 1), "%.1f (%s; module %.1f/min, max %d module error lines in one second)"
+            % (len(inrun) / mins, ", ".join("%s %d" % kv for kv in sorted(lv_n.items())),
+               len(mod) / mins, max(per_sec.values() or [0])))
+    row("counter keys without TTL", "%d of %d rl:* keys at the end (planted ones left out)%s"
+        % (len(run.no_ttl), run.nkeys, (": " + ", ".join(run.no_ttl[:3])) if run.no_ttl else ""),
+        not run.no_ttl)
+    row("nginx stop (SIGQUIT) took", ", ".join("%.2fs" % q for q in run.quit_times),
+        all(q < 5.0 for q in run.quit_times))
+    ev = collections.Counter(k for _, _, k, _ in run.events)
+    row("chaos actions", ", ".join("%s %d" % kv for kv in sorted(ev.items())) or "none")
+
+    # hot keys
+    margin = args.margin
+    worst_windows = []
+    for k, key in enumerate(HOT_KEYS):
+        plant_iv = [(t, int(t) + 2) for t, hk, name, kind in run.plants if hk == k]
+        judged, outage_w, planted_w = [], [], []
+        for (kk, w), (allowed, tot, n1, n2) in sorted(hot.items()):
+            if kk != k or w < int(t_start) or w > int(t_end):
+                continue
+            r = allowed / float(HOT_RATE)
+            if overlaps(w, outs, margin):
+                outage_w.append(r)
+            elif overlaps(w, plant_iv, margin):
+                planted_w.append(r)
+            else:
+                judged.append((r, w, allowed, tot, n1, n2))
+        over = [j for j in judged if j[0] > 1.05]
+        busy = [j for j in judged if j[3] > HOT_RATE]
+        mx = max([j[0] for j in judged] or [0])
+        row('hot "%s" %dr/s: allowed/L per 1 s window' % (kname(key), HOT_RATE),
+            "%d windows judged: max %.2f, mean %.3f (windows with demand > L: %d, mean %.3f), > 1.05: %d; "
+            "outage windows %d (max %.2f); planted windows %d (max %.2f)"
+            % (len(judged), mx, sum(j[0] for j in judged) / max(1, len(judged)),
+               len(busy), sum(j[0] for j in busy) / max(1, len(busy)), len(over),
+               len(outage_w), max(outage_w or [0]), len(planted_w), max(planted_w or [0])),
+            not over and bool(judged))
+        for j in over:
+            worst_windows.append((k, j))
+        # Redis cross-check
+        same = diff = 0
+        diffs = []
+        for r, w, allowed, tot, n1, n2 in judged:
+            v = run.hot_redis.get((k, w))
+            if isinstance(v, int):
+                if v == allowed:
+                    same += 1
+                else:
+                    diff += 1
+                    diffs.append("w=%d allowed %d Redis %d" % (w, allowed, v))
+        row("  Redis counter = allowed (judged windows)", "%d equal, %d differ%s"
+            % (same, diff, (": " + "; ".join(diffs[:3])) if diffs else ""))
+
+    # raw figures, for a closer look (kept with the logs)
+    try:
+        import json
+        with open(os.path.join(run.ctx.tmp, "soak-data.json"), "w") as f:
+            json.dump({"t0": run.t0, "t_start": t_start, "t_end": t_end,
+                       "events": run.events, "outages": run.outages,
+                       "plants": [(t, hk, n.decode("latin-1"), k) for t, hk, n, k in run.plants],
+                       "hot": sorted([k, w] + v for (k, w), v in hot.items()),
+                       "hot_redis": sorted([k, w, v] for (k, w), v in run.hot_redis.items()),
+                       "redis_rate": run.redis_rate, "rss": run.rss, "churn": run.churn,
+                       "slow": sorted(slow)[-50:]}, f)
+    except (OSError, TypeError, ValueError) as e:
+        harness_errors.append("writing soak-data.json: %s" % e)
+
+    # failures
+    if s5xx:
+        fails.append("%d client 5xx" % s5xx)
+    if crashes:
+        fails.append("%d worker crash indicators" % crashes)
+    for k, (r, w, allowed, tot, n1, n2) in worst_windows:
+        fails.append('hot key "%s": window %d (t=%.1fs) allowed %d = %.2f x L (nginx1 %d, nginx2 %d, %d requests)%s'
+                     % (kname(HOT_KEYS[k]), w, w - run.t0, allowed, r, n1, n2, tot,
+                        "; nearest chaos: " + nearest(run, w) if nearest(run, w) else ""))
+    if failed:
+        fails.append("%d requests got no status" % failed)
+    if false429:
+        fails.append("%d false 429 on /m" % false429)
+    if run.no_ttl:
+        fails.append("%d counter keys without TTL" % len(run.no_ttl))
+
+    # print
+    w1 = max(len(r[0]) for r in rows)
+    print()
+    print("== soak summary: 2 nginx x 2 workers, 1 redis-server, %.0f s, seed %d ==" % (dur, args.seed))
+    for name, value, mark in rows:
+        print("%-*s  %-4s %s" % (w1, name, mark, value))
+    if nasty_lines:
+        print("\ncrash lines in error.log:")
+        for l in nasty_lines[:10]:
+            print("  " + l)
+    if churn:
+        print("\nworker churn not caused by our reloads:")
+        for t, i, what, pid in churn[:10]:
+            print("  t=%.1fs nginx%d %s: %s" % (t - run.t0, i + 1, what, pid))
+    if err_samples:
+        print("\nrequests without a status (first ones):")
+        for t, node, cls, el, what in sorted(err_samples)[:8]:
+            print("  t=%.1fs nginx%d %s after %s: %s%s" % (t - run.t0, node + 1, cls, harness.ms(el), what,
+                                                          (" during " + what_at(run, t)) if what_at(run, t) else ""))
+    if harness_errors:
+        print("\nHARNESS ERRORS:")
+        for e in harness_errors:
+            print("  " + e.replace("\n", "\n  "))
+    print("\nfigures from this run: statuses/latencies as the clients saw them; hot windows keyed by the "
+          "response's X-T ($msec); outage windows = overlapping [start, end + %.0fs] of a Redis stop, "
+          "pause or OOM; planted windows = [plant, end of next window + %.0fs]." % (margin, margin))
+    repro = "cd %s && python3 bench/soak.py --duration %g --seed %d" % (ROOT, args.duration, args.seed)
+    if (args.procs, args.threads, args.keys, args.margin) != (3, 3, 60000, 2.0):
+        repro += " --procs %d --threads %d --keys %d --margin %g" % (args.procs, args.threads, args.keys, args.margin)
+    print("reproduce: " + repro)
+    if fails:
+        print("checks failed:")
+        for f in fails:
+            print("  - " + f)
+    if harness_errors:
+        print("RESULT: HARNESS ERROR")
+        return 2
+    if fails:
+        print("RESULT: FAIL")
+        return 1
+    print("RESULT: PASS")
+    return 0
+
+
+def what_at(run, t):
+    for s, e, kind, detail in run.events:
+        if s - 0.05 <= t <= e + 0.5:
+            return kind
+    return ""
+
+
+def nearest(run, w):
+    best = None
+    for s, e, kind, detail in run.events:
+        d = min(abs(s - w), abs(e - w), abs(s - (w + 1)), abs(e - (w + 1)))
+        if s <= w + 1 and w <= e:
+            d = 0
+        if best is None or d < best[0]:
+            best = (d, "%s at t=%.1f-%.1fs" % (kind, s - run.t0, e - run.t0))
+    return best[1] if best else ""
+
+
+# --------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=300.0, help="seconds of traffic (default 300)")
+    ap.add_argument("--seed", type=int, default=None, help="chaos order/timing and key bytes (default: random)")
+    ap.add_argument("--procs", type=int, default=3, help="client processes (default 3)")
+    ap.add_argument("--threads", type=int, default=3, help="/m threads per client process (default 3)")
+    ap.add_argument("--keys", type=int, default=60000, help="size of the /m key pool (default 60000)")
+    ap.add_argument("--margin", type=float, default=2.0, help="seconds after an outage not judged (default 2)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) also on success")
+    args = ap.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 1 << 31)
+    if args.duration < 20:
+        ap.error("--duration must be >= 20")
+
+    for pre in (harness.NGINX_BIN, harness.MODULE_SO):
+        if not os.path.exists(pre):
+            print("%s is missing (run `make build`)" % pre)
+            return 2
+    harness.install_signal_handlers()
+
+    class Watchdog(Exception):
+        pass
+
+    def on_alarm(signum, frame):
+        raise Watchdog("soak exceeded duration + 180 s")
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(int(args.duration) + 180)
+    tmp_root = tempfile.mkdtemp(prefix="nginx-rl-soak-")
+    os.chmod(tmp_root, 0o755)
+    rc = 2
+    run = None
+    try:
+        bindir = os.path.join(tmp_root, "bin")
+        os.makedirs(bindir)
+        os.chmod(bindir, 0o755)
+        for attr in ("NGINX_BIN", "MODULE_SO"):     # a rebuild must not touch what runs
+            dst = os.path.join(bindir, os.path.basename(getattr(harness, attr)))
+            shutil.copy2(getattr(harness, attr), dst)
+            setattr(harness, attr, dst)
+        ctx = harness.Ctx("soak", tmp_root)
+        run = Run(args, ctx)
+        try:
+            run.start()
+            run.run()
+        finally:
+            run.stop.set()
+            run.stop_clients()
+        signal.alarm(0)
+        rc = summarize(run, args)
+    except Exception:               # noqa: BLE001
+        traceback.print_exc()
+        if run is not None:
+            for line in run.ctx.diagnostics():
+                print("# " + line)
+        rc = 2
+    finally:
+        signal.alarm(0)
+        if run is not None:
+            run.stop.set()
+            run.stop_clients()
+            run.ctx.cleanup()
+        harness.cleanup_all()
+        if rc == 0 and not args.keep:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+        else:
+            print("logs kept in %s" % tmp_root)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
