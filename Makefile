@@ -5,6 +5,7 @@
 #   make test    unit tests + every t/*.t against the built nginx
 #   make check   cargo fmt --check + clippy -D warnings
 #   make bench   throughput, Redis cost and accuracy against nginx's limit_req
+#   make soak    ~5 min of traffic on 2 nginx + Redis under chaos (not in `make test`)
 #   make build-debian  the module for Debian's nginx (nginx-dev), in build/debian
 #   make test-lua      the Lua API tests (t/lua) on Debian's nginx + lua module
 #
@@ -29,7 +30,7 @@ DEB_BUILD    := build/debian
 DEB_PACKAGES_NGINX := nginx nginx-dev libnginx-mod-http-lua
 LUA_MODULES  := /usr/lib/nginx/modules/ndk_http_module.so /usr/lib/nginx/modules/ngx_http_lua_module.so
 
-.PHONY: all build deps deps-debian build-debian run test unit integration scenarios test-lua check bench clean
+.PHONY: all build deps deps-debian build-debian run test unit integration scenarios test-lua check bench soak clean
 
 all: build
 
@@ -96,6 +97,9 @@ test: build build-debian
 
 bench: build
 	python3 bench/run.py --with-trace
+
+soak: build
+	python3 bench/soak.py
 
 check:
 	$(CARGO) fmt --check

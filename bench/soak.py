@@ -43,6 +43,7 @@ Python 3 stdlib only.
 
 import argparse
 import array
+import bisect
 import collections
 import http.client
 import multiprocessing as mp
@@ -52,6 +53,7 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -150,7 +152,7 @@ class Conn:
             self.c.close()
 
 
-def client_main(idx, cfg, ports, t_start, t_end, progress, out_q):
+def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
     """One client process: cfg['threads'] threads on /m + 1 hot thread."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # the parent handles Ctrl-C
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -168,24 +170,30 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, out_q):
         return {"counts": collections.Counter(), "errors": collections.Counter(),
                 "err_samples": [], "lat": array.array("f"), "slow": [],
                 "hot": collections.defaultdict(lambda: [0, 0, 0, 0]), "retried": 0,
-                "sent": 0, "n": 0}
+                "sent": 0, "n": 0, "hot_allowed": [], "lat_t": array.array("d")}
 
-    def one(acc, conn, node, cls, path, key):
+    def one(acc, conn, node, cls, path, key, slot):
         t = time.time()
+        inflight[2 * slot + 1] = node
+        inflight[2 * slot] = t          # the parent's stall watcher reads these
         p0 = time.perf_counter()
         try:
             st, xt = conn.get(path, key)
         except Exception as e:      # noqa: BLE001 - counted and reported
+            inflight[2 * slot] = 0.0
             el = time.perf_counter() - p0
             what = "%s: %s" % (type(e).__name__, str(e)[:80])
             acc["errors"][(node, cls, type(e).__name__)] += 1
             if len(acc["err_samples"]) < 10:
                 acc["err_samples"].append((t, node, cls, el, what))
             acc["lat"].append(el)
+            acc["lat_t"].append(t)
             return None, None
         el = time.perf_counter() - p0
+        inflight[2 * slot] = 0.0
         acc["counts"][(node, cls, st)] += 1
         acc["lat"].append(el)
+        acc["lat_t"].append(t)
         if el >= SLOW and len(acc["slow"]) < 500:
             acc["slow"].append((el, t, node, cls, st))
         return st, xt
@@ -201,7 +209,7 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, out_q):
                 i = s + (n % mine) * streams
                 cls, key = many_key(i, tag)
                 node = (n + n // mine) % 2            # each pass swaps nodes
-                one(acc, conns[node], node, cls, "/m", key)
+                one(acc, conns[node], node, cls, "/m", key, idx * (nthreads + 1) + tid)
                 n += 1
                 if n % 256 == 0:
                     progress[idx] += 256
@@ -223,7 +231,7 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, out_q):
             while time.time() < t_end:
                 k = n % len(HOT_KEYS)
                 node = (n // len(HOT_KEYS)) % 2
-                st, xt = one(acc, conns[node], node, "hot", "/h", HOT_KEYS[k])
+                st, xt = one(acc, conns[node], node, "hot", "/h", HOT_KEYS[k], idx * (nthreads + 1) + nthreads)
                 if st is not None:
                     try:
                         w = int(float(xt))
@@ -236,6 +244,7 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, out_q):
                         if st == 200:
                             h[0] += 1
                             h[2 + node] += 1
+                            acc["hot_allowed"].append((k, float(xt), node))
                 n += 1
                 if n % 256 == 0:
                     progress[idx] += 256
@@ -265,9 +274,11 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, out_q):
             merged["errors"].update(a["errors"])
             merged["err_samples"] += a["err_samples"]
             merged["lat"].extend(a["lat"])
+            merged["lat_t"].extend(a["lat_t"])
             merged["slow"] += a["slow"]
             merged["retried"] += a["retried"]
             merged["sent"] += a["sent"]
+            merged["hot_allowed"] += a["hot_allowed"]
             for k, v in a["hot"].items():
                 merged["hot"][k] = v
         merged["threads_done"] = len(results)
@@ -351,6 +362,8 @@ class Run:
         self.hot_redis = {}       # (k, w) -> value read from Redis (int or str)
         self.thread_errors = []
         self.dead_masters = set()
+        self.stalls = []          # (t, node) of requests in flight >= --stall s
+        self.captures = []
         self.quit_times = []
 
     # -- helpers ---------------------------------------------------------
@@ -464,6 +477,94 @@ class Run:
                 % (n, (n - last_n) / (t - last_t), max(rss or [0]) / 1024.0, max(rate or [0])))
             last_n, last_t = n, t
 
+    def stall_watcher(self):
+        """A request in flight for >= --stall seconds: record it and, for
+        the first few, capture what that node's workers are doing (thread
+        states, kernel stacks, a gdb backtrace of every thread)."""
+        last_capture = {}
+        while not self.stop.wait(0.1):
+            now = time.time()
+            arr = self.inflight[:]
+            for j in range(0, len(arr), 2):
+                t, node = arr[j], int(arr[j + 1])
+                if t <= 0 or now - t < self.a.stall:
+                    continue
+                if now - last_capture.get(node, 0) < 10.0:
+                    continue
+                last_capture[node] = now
+                self.stalls.append((t, node))
+                if len(self.captures) < 3:
+                    self.capture(node, t)
+
+    def capture(self, node, since):
+        ng = self.ngs[node]
+        path = os.path.join(self.ctx.tmp, "stall-%d-nginx%d.txt" % (len(self.captures) + 1, node + 1))
+        t0 = time.time()
+        out = ["nginx%d: a request in flight since t=%.2fs (captured at t=%.2fs)"
+               % (node + 1, since - self.t0, t0 - self.t0)]
+        states = []
+        pids = sorted(ng.worker_pids())
+        for pid in pids:
+            for tid in sorted(os.listdir("/proc/%d/task" % pid), key=int) if os.path.isdir("/proc/%d/task" % pid) else []:
+                base = "/proc/%d/task/%s/" % (pid, tid)
+                info = {}
+                for name in ("comm", "wchan", "syscall", "stack"):
+                    try:
+                        with open(base + name) as f:
+                            info[name] = f.read().strip()
+                    except OSError as e:
+                        info[name] = "(%s)" % e.strerror
+                st = harness.proc_stat(int(tid))
+                states.append("%d/%s %s %s" % (pid, tid, info["comm"], st[0] if st else "?"))
+                out.append("--- worker %d thread %s (%s): state %s, wchan %s, syscall %s\n%s"
+                           % (pid, tid, info["comm"], st[0] if st else "?", info["wchan"],
+                              info["syscall"], info["stack"]))
+        # spinning or blocked? CPU time of every thread over 0.3 s
+        def cpu_ticks():
+            out_t = {}
+            for pid in pids:
+                try:
+                    tids = os.listdir("/proc/%d/task" % pid)
+                except OSError:
+                    continue
+                for tid in tids:
+                    try:
+                        with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                            rest = f.read().rsplit(")", 1)[1].split()
+                        out_t["%d/%s" % (pid, tid)] = (rest[0], int(rest[11]) + int(rest[12]))
+                    except (OSError, IndexError, ValueError):
+                        pass
+            return out_t
+        c0 = cpu_ticks()
+        time.sleep(0.3)
+        c1 = cpu_ticks()
+        hz = os.sysconf("SC_CLK_TCK")
+        spin = ["%s %s->%s %.0fms" % (k, c0[k][0], c1[k][0], (c1[k][1] - c0[k][1]) * 1000.0 / hz)
+                for k in sorted(c1) if k in c0]
+        out.append("--- CPU time per thread over 0.3 s (state before->after): " + ", ".join(spin))
+        inflight_now = [("nginx%d" % (int(self.inflight[j + 1]) + 1), round(time.time() - self.inflight[j], 2))
+                        for j in range(0, len(self.inflight), 2) if self.inflight[j] > 0]
+        out.append("--- requests still in flight (node, seconds): %s" % inflight_now)
+        states.append("cpu over 0.3 s: " + ", ".join(spin))
+        gdb = shutil.which("gdb")
+        if gdb:
+            for pid in pids:
+                try:
+                    p = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off",
+                                        "-ex", "thread apply all bt 40"], capture_output=True, timeout=20,
+                                       stdin=subprocess.DEVNULL)
+                    out.append("=== gdb backtrace of worker %d\n%s" % (pid, p.stdout.decode("utf-8", "replace")))
+                except subprocess.TimeoutExpired:
+                    out.append("=== gdb on worker %d timed out" % pid)
+        with open(path, "w") as f:
+            f.write("\n".join(out) + "\n")
+        self.captures.append(path)
+        t1 = time.time()
+        with self.lock:                 # gdb stops the workers: not judged
+            self.outages.append((t0, t1, "stall_capture"))
+        log(self.t0, "STALL nginx%d: request in flight %.1fs; threads: %s; details in %s"
+            % (node + 1, t0 - since, ", ".join(states), path))
+
     # -- chaos -------------------------------------------------------------
     def chaos(self):
         rng = random.Random(self.a.seed)
@@ -575,6 +676,12 @@ class Run:
                     raise RuntimeError("warm-up %s on %s: status %s\n%s" % (path, ng.name, r.status,
                                                                            ng.error_log_tail()))
 
+    @staticmethod
+    def cpu():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]          # total, idle + iowait
+
     def run(self):
         a = self.a
         self.t0 = time.time()
@@ -582,20 +689,23 @@ class Run:
             % (self.redis.port, self.ngs[0].port, self.ngs[1].port, self.ctx.tmp))
         mpc = mp.get_context("fork")
         self.progress_arr = mpc.Array("q", a.procs, lock=False)
+        self.inflight = mpc.Array("d", 2 * a.procs * (a.threads + 1), lock=False)
         q = mpc.Queue()
         self.t_start = time.time() + 1.0
         self.t_end = self.t_start + a.duration
         cfg = {"threads": a.threads, "procs": a.procs, "tag": self.tag, "keys": a.keys}
         ports = [ng.port for ng in self.ngs]
         self.clients = [mpc.Process(target=client_main, name="soak-client-%d" % i,
-                                    args=(i, cfg, ports, self.t_start, self.t_end, self.progress_arr, q))
+                                    args=(i, cfg, ports, self.t_start, self.t_end, self.progress_arr, self.inflight, q))
                         for i in range(a.procs)]
         for p in self.clients:
             p.start()
+        self.cpu0 = self.cpu()
         threads = [self.guarded(self.proc_sampler, "proc_sampler"),
                    self.guarded(self.redis_sampler, "redis_sampler"),
                    self.guarded(self.chaos, "chaos"),
-                   self.guarded(self.progress, "progress")]
+                   self.guarded(self.progress, "progress"),
+                   self.guarded(self.stall_watcher, "stall_watcher")]
         for t in threads:
             t.start()
         log(self.t0, "traffic: %d client processes x (%d /m threads + 1 hot thread), %d s, seed %d"
@@ -610,6 +720,7 @@ class Run:
                     break
                 continue
             self.client_res[idx] = (kind, res)
+        self.cpu1 = self.cpu()
         for p in self.clients:
             p.join(5)
         time.sleep(0.8)             # the last windows' counters reach Redis
@@ -695,8 +806,10 @@ def summarize(run, args):
     errors = collections.Counter()
     err_samples, slow = [], []
     lat = array.array("f")
+    lat_t = array.array("d")
     hot = {}
     retried = sent = 0
+    hot_allowed = []
     harness_errors = list(run.thread_errors)
     for idx in range(args.procs):
         kind, res = run.client_res.get(idx, ("missing", "no result from client %d" % idx))
@@ -710,8 +823,10 @@ def summarize(run, args):
         err_samples += res["err_samples"]
         slow += res["slow"]
         lat.extend(res["lat"])
+        lat_t.extend(res["lat_t"])
         retried += res["retried"]
         sent += res["sent"]
+        hot_allowed += res["hot_allowed"]
         for k, v in res["hot"].items():
             h = hot.setdefault(k, [0, 0, 0, 0])
             for j in range(4):
@@ -732,8 +847,9 @@ def summarize(run, args):
     row("total requests", "%s (200: %s, 429: %s; /m %s, /h %s)"
         % (fmt_int(total), fmt_int(by_status[200]), fmt_int(by_status[429]), fmt_int(many),
            fmt_int(total - many)))
-    row("requests/s", "%.0f over %.0f s (keep-alive retries after nginx closed a connection: %d)"
-        % (total / dur, dur, retried))
+    busy = 1.0 - (run.cpu1[1] - run.cpu0[1]) / float(max(1, run.cpu1[0] - run.cpu0[0]))
+    row("requests/s", "%.0f over %.0f s (keep-alive retries after nginx closed a connection: %d; "
+        "CPU busy %.0f%% of %d cores, clients included)" % (total / dur, dur, retried, 100 * busy, os.cpu_count()))
     row("client 5xx", str(s5xx), s5xx == 0)
     row("non-200/429 statuses", ", ".join("%s x %d" % kv for kv in sorted(odd.items())) or "none",
         not any(500 <= st <= 599 for st in odd))
@@ -779,6 +895,25 @@ def summarize(run, args):
                 % (harness.ms(worst[0]), worst[1] - run.t0, worst[2] + 1, worst[3], worst[4],
                    " during " + what_at(run, worst[1]) if what_at(run, worst[1]) else "",
                    SLOW * 1000, len(slow), len(in_pause)))
+        else:
+            row("  worst request", "below %dms (no request kept as slow)" % (SLOW * 1000))
+        # latency while Redis was paused / stopped / OOM against the rest
+        groups = collections.defaultdict(list)
+        ivs = sorted(run.outages)
+        starts = [iv[0] for iv in ivs]
+        for el, t in zip(lat, lat_t):
+            j = bisect.bisect_right(starts, t) - 1
+            groups[ivs[j][2] if j >= 0 and t <= ivs[j][1] else "no outage"].append(el)
+        row("  latency p99 / worst by Redis state", "; ".join(
+            "%s %s / %s (%s req)" % (k, harness.ms(harness.percentile(v, 99)), harness.ms(max(v)), fmt_int(len(v)))
+            for k, v in sorted(groups.items())))
+    # a stall is bad whatever Redis does (the request path never waits on
+    # it); only those that begin while gdb holds the workers are left out
+    stall_out = [(t, n) for t, n in run.stalls if not any(s <= t <= e for s, e, k in run.outages
+                                                              if k == "stall_capture")]
+    row("stalls (a request in flight >= %gs)" % args.stall, "%d%s" % (
+        len(stall_out), "".join("; t=%.1fs nginx%d" % (t - run.t0, n + 1) for t, n in run.stalls[:5])
+        + ("; captures: " + ", ".join(run.captures) if run.captures else "")), not stall_out)
     # RSS
     if run.rss:
         peak = max(run.rss, key=lambda r: r[3])
@@ -869,7 +1004,7 @@ def summarize(run, args):
                        "hot": sorted([k, w] + v for (k, w), v in hot.items()),
                        "hot_redis": sorted([k, w, v] for (k, w), v in run.hot_redis.items()),
                        "redis_rate": run.redis_rate, "rss": run.rss, "churn": run.churn,
-                       "slow": sorted(slow)[-50:]}, f)
+                       "slow": sorted(slow)[-50:], "hot_allowed": sorted(hot_allowed, key=lambda x: x[1])}, f)
     except (OSError, TypeError, ValueError) as e:
         harness_errors.append("writing soak-data.json: %s" % e)
 
@@ -878,14 +1013,19 @@ def summarize(run, args):
         fails.append("%d client 5xx" % s5xx)
     if crashes:
         fails.append("%d worker crash indicators" % crashes)
+    first_w = {k: min([w for (kk, w) in hot if kk == k] or [0]) for k in range(len(HOT_KEYS))}
     for k, (r, w, allowed, tot, n1, n2) in worst_windows:
-        fails.append('hot key "%s": window %d (t=%.1fs) allowed %d = %.2f x L (nginx1 %d, nginx2 %d, %d requests)%s'
+        fails.append('hot key "%s": window %d (t=%.1fs) allowed %d = %.2f x L (nginx1 %d, nginx2 %d, %d requests)%s%s'
                      % (kname(HOT_KEYS[k]), w, w - run.t0, allowed, r, n1, n2, tot,
+                        " [the key's first window]" if w == first_w[k] else "",
                         "; nearest chaos: " + nearest(run, w) if nearest(run, w) else ""))
     if failed:
         fails.append("%d requests got no status" % failed)
     if false429:
         fails.append("%d false 429 on /m" % false429)
+    if stall_out:
+        fails.append("%d request stalls >= %gs (the request path must never wait)"
+                              % (len(stall_out), args.stall))
     if run.no_ttl:
         fails.append("%d counter keys without TTL" % len(run.no_ttl))
 
@@ -961,6 +1101,8 @@ def main():
     ap.add_argument("--threads", type=int, default=3, help="/m threads per client process (default 3)")
     ap.add_argument("--keys", type=int, default=60000, help="size of the /m key pool (default 60000)")
     ap.add_argument("--margin", type=float, default=2.0, help="seconds after an outage not judged (default 2)")
+    ap.add_argument("--stall", type=float, default=0.5,
+                    help="a request in flight this long is a stall: recorded, first 3 captured with gdb (default 0.5)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) also on success")
     args = ap.parse_args()
     if args.seed is None:

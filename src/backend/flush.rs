@@ -112,14 +112,14 @@ struct Slots {
 }
 
 pub struct Backend {
-    spec: ZoneSpec,
-    conn: Option<Conn>,
-    health: Health,
-    errors: LogGate,
+    pub(super) spec: ZoneSpec,
+    pub(super) conn: Option<Conn>,
+    pub(super) health: Health,
+    pub(super) errors: LogGate,
     refusals: LogGate,
     secrets: Vec<String>,
     /// Increments known not to have run, sent with the next flush.
-    retry: HashMap<ItemId, Item>,
+    pub(super) retry: HashMap<ItemId, Item>,
     retry_bytes: usize,
     /// Keys near their limit, to be read again (by entry, window 0).
     watch: HashMap<ItemId, Watch>,
@@ -131,7 +131,13 @@ pub struct Backend {
     /// When `prev` was last rid of windows that are over.
     swept: Instant,
     /// Sending what waited, as the try of a down backend.
-    probing: bool,
+    pub(super) probing: bool,
+    /// Cluster: a copy of the slot map, and when it was read.
+    pub(super) topo: Option<super::slots::Topology>,
+    pub(super) topo_at: Option<Instant>,
+    /// Cluster: masters that failed, each with its own backoff (the keys of
+    /// their slots wait, the others go on).
+    pub(super) nodes: HashMap<String, Health>,
 }
 
 impl Backend {
@@ -164,6 +170,9 @@ impl Backend {
             prev: HashMap::new(),
             swept: now,
             probing: false,
+            topo: None,
+            topo_at: None,
+            nodes: HashMap::new(),
         }
     }
 
@@ -171,16 +180,21 @@ impl Backend {
         self.spec.index
     }
 
+    /// Whether the backend works: its connection, and every master of a
+    /// cluster.
     pub fn is_up(&self) -> bool {
-        self.health.is_up()
+        self.health.is_up() && self.nodes.is_empty()
     }
 
     /// When the thread must wake for this backend, with nothing queued.
     pub fn next_wake(&self, now: Instant) -> Instant {
         let mut next = self.health.next_check();
         if self.health.is_up() {
-            if !self.retry.is_empty() || !self.ttl_fix.is_empty() {
+            if !self.ttl_fix.is_empty() || !self.retry.is_empty() && self.nodes.is_empty() {
                 next = now;
+            }
+            if let Some(t) = self.nodes.values().map(Health::next_check).min() {
+                next = next.min(t);
             }
             if let Some(due) = self.watch.values().filter_map(|w| w.due).min() {
                 next = next.min(due);
@@ -213,6 +227,7 @@ impl Backend {
             }
             return;
         }
+        self.probe_nodes(events);
         if !self.retry.is_empty() {
             self.send(Vec::new(), None, events);
         } else if !self.ttl_fix.is_empty() {
@@ -240,6 +255,13 @@ impl Backend {
         if !self.ensure_conn(events) {
             return false;
         }
+        if self.spec.cluster {
+            let ok = self.check_cluster(events);
+            if ok && self.health.is_up() {
+                self.succeeded(events);
+            }
+            return ok;
+        }
         let Some(conn) = self.conn.as_mut() else {
             return false;
         };
@@ -266,16 +288,19 @@ impl Backend {
         events: &mut Vec<Event>,
     ) {
         let items = self.with_retry(items);
-        for chunk in items.chunks(PIPELINE_ITEMS) {
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d)
-                || !(self.health.is_up() || self.probing)
-                || !self.ensure_conn(events)
-            {
-                self.keep_for_retry(chunk);
-                continue;
+        for (node, group) in self.by_node(items) {
+            for chunk in group.chunks(PIPELINE_ITEMS) {
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d)
+                    || !(self.health.is_up() || self.probing)
+                    || !self.node_may_send(node.as_deref(), now)
+                    || !self.ensure_conn(events)
+                {
+                    self.keep_for_retry(chunk);
+                    continue;
+                }
+                self.send_chunk(chunk, node.as_deref(), deadline, events);
             }
-            self.send_chunk(chunk, deadline, events);
         }
         if self.health.is_up()
             && !self.ttl_fix.is_empty()
@@ -343,6 +368,7 @@ impl Backend {
     fn send_chunk(
         &mut self,
         items: &[(ItemId, Item)],
+        node: Option<&str>,
         deadline: Option<Instant>,
         events: &mut Vec<Event>,
     ) {
@@ -367,7 +393,7 @@ impl Backend {
                 c
             })
         };
-        let (replies, broken) = conn.exec(&cmds, stop_at, &readback);
+        let (replies, broken) = conn.exec(&cmds, node, stop_at, &readback);
         let now = Instant::now();
         let mut created: Vec<(ItemId, Box<[u8]>, u32)> = Vec::new();
         let mut cluster_down = None;
@@ -409,7 +435,7 @@ impl Backend {
             }
         }
         if let Some(e) = broken {
-            self.transport_failed("sending to", &e, events);
+            self.link_failed(node, &e, events);
             for (id, tag, period) in created {
                 if self.ttl_fix.len() < TTL_FIX_MAX {
                     self.ttl_fix.insert(id, (tag, period));
@@ -419,10 +445,10 @@ impl Backend {
         }
         if let Some(why) = cluster_down {
             let e = redis::RedisError::from((redis::ErrorKind::Io, "cluster not serving", why));
-            self.transport_failed("sending to", &e, events);
+            self.link_failed(node, &e, events);
             return;
         }
-        self.succeeded(events);
+        self.link_ok(node, events);
         for (id, tag, period) in created {
             self.ttl_fix.insert(id, (tag, period));
         }
@@ -437,29 +463,36 @@ impl Backend {
         if !self.ensure_conn(events) {
             return;
         }
-        let fixes: Vec<(ItemId, TtlFix)> = self.ttl_fix.drain().collect();
-        let cmds: Vec<Cmd> = fixes
-            .iter()
-            .map(|(id, (tag, period))| {
-                let p = u64::from(*period);
-                let key = redis_key_for_tag(&self.spec.prefix, tag, *period, id.window * p);
-                let mut c = redis::cmd("EXPIRE");
-                c.arg(key).arg(2 * p);
-                c
-            })
-            .collect();
-        let Some(conn) = self.conn.as_mut() else {
-            return;
-        };
-        let (replies, broken) = conn.exec(&cmds, Instant::now() + self.spec.timeout, &|_| None);
-        for ((id, fix), r) in fixes.into_iter().zip(replies) {
-            if matches!(r, Reply::Lost | Reply::NotSent) {
-                self.ttl_fix.insert(id, fix);
-            }
+        let mut groups: HashMap<Option<String>, Vec<(ItemId, TtlFix, Cmd)>> = HashMap::new();
+        for (id, (tag, period)) in self.ttl_fix.drain().collect::<Vec<_>>() {
+            let p = u64::from(period);
+            let key = redis_key_for_tag(&self.spec.prefix, &tag, period, id.window * p);
+            let node = self.node_of(&key);
+            let mut c = redis::cmd("EXPIRE");
+            c.arg(key).arg(2 * p);
+            groups.entry(node).or_default().push((id, (tag, period), c));
         }
-        match broken {
-            Some(e) => self.transport_failed("sending to", &e, events),
-            None => self.succeeded(events),
+        for (node, fixes) in groups {
+            let now = Instant::now();
+            let may = self.node_may_send(node.as_deref(), now);
+            let Some(conn) = self.conn.as_mut().filter(|_| may) else {
+                for (id, fix, _) in fixes {
+                    self.ttl_fix.insert(id, fix);
+                }
+                continue;
+            };
+            let cmds: Vec<Cmd> = fixes.iter().map(|(_, _, c)| c.clone()).collect();
+            let (replies, broken) =
+                conn.exec(&cmds, node.as_deref(), now + self.spec.timeout, &|_| None);
+            for ((id, fix, _), r) in fixes.into_iter().zip(replies) {
+                if matches!(r, Reply::Lost | Reply::NotSent) {
+                    self.ttl_fix.insert(id, fix);
+                }
+            }
+            match broken {
+                Some(e) => self.link_failed(node.as_deref(), &e, events),
+                None => self.link_ok(node.as_deref(), events),
+            }
         }
     }
 
@@ -571,7 +604,7 @@ impl Backend {
             if !self.health.is_up() {
                 break;
             }
-            self.send_chunk(chunk, None, events);
+            self.send_chunk(chunk, None, None, events);
         }
     }
 
@@ -594,6 +627,12 @@ impl Backend {
             return;
         }
         let p = u64::from(d.period);
+        let node = self.node_of(&redis_key_for_tag(
+            &self.spec.prefix,
+            &d.tag,
+            d.period,
+            d.window * p,
+        ));
         let cmds: Vec<Cmd> = [d.window, d.window.saturating_sub(1)]
             .iter()
             .map(|w| {
@@ -610,18 +649,16 @@ impl Backend {
         let Some(conn) = self.conn.as_mut() else {
             return;
         };
-        match conn
-            .exec(&cmds, Instant::now() + self.spec.timeout, &|_| None)
-            .1
-        {
-            Some(e) => self.transport_failed("sending to", &e, events),
-            None => self.succeeded(events),
+        let deadline = Instant::now() + self.spec.timeout;
+        match conn.exec(&cmds, node.as_deref(), deadline, &|_| None).1 {
+            Some(e) => self.link_failed(node.as_deref(), &e, events),
+            None => self.link_ok(node.as_deref(), events),
         }
     }
 
     /// Keeps increments known not to have run for the next flush (bounded
     /// in bytes; beyond it they stay counted on this node only).
-    fn keep_for_retry(&mut self, items: &[(ItemId, Item)]) {
+    pub(super) fn keep_for_retry(&mut self, items: &[(ItemId, Item)]) {
         for (id, item) in items.iter().filter(|(_, i)| i.n > 0) {
             if let Some(r) = self.retry.get_mut(id) {
                 r.n = r.n.saturating_add(item.n);
@@ -663,7 +700,7 @@ impl Backend {
         merged.into_iter().collect()
     }
 
-    fn ensure_conn(&mut self, events: &mut Vec<Event>) -> bool {
+    pub(super) fn ensure_conn(&mut self, events: &mut Vec<Event>) -> bool {
         if self.conn.is_some() {
             return true;
         }
@@ -679,7 +716,7 @@ impl Backend {
         }
     }
 
-    fn succeeded(&mut self, events: &mut Vec<Event>) {
+    pub(super) fn succeeded(&mut self, events: &mut Vec<Event>) {
         if self.health.succeeded(Instant::now()) {
             events.push(Event::Log {
                 zone: self.spec.index,
@@ -695,7 +732,12 @@ impl Backend {
 
     /// A transport failure: the connection is dropped and the backend is
     /// down until a try after its backoff works.
-    fn transport_failed(&mut self, what: &str, err: &redis::RedisError, events: &mut Vec<Event>) {
+    pub(super) fn transport_failed(
+        &mut self,
+        what: &str,
+        err: &redis::RedisError,
+        events: &mut Vec<Event>,
+    ) {
         self.conn = None;
         let first = self.health.failed(Instant::now());
         if let Some(held) = self.errors.pass(Instant::now(), first) {
@@ -738,7 +780,7 @@ impl Backend {
         cmds_key(&self.spec.prefix, id, item)
     }
 
-    fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         self.spec
             .urls
             .iter()
@@ -747,7 +789,7 @@ impl Backend {
             .join(",")
     }
 
-    fn scrub(&self, mut text: String) -> String {
+    pub(super) fn scrub(&self, mut text: String) -> String {
         for s in &self.secrets {
             text = text.replace(s.as_str(), "***");
         }
@@ -755,12 +797,12 @@ impl Backend {
     }
 }
 
-fn cmds_key(prefix: &[u8], id: &ItemId, item: &Item) -> Vec<u8> {
+pub(super) fn cmds_key(prefix: &[u8], id: &ItemId, item: &Item) -> Vec<u8> {
     let p = u64::from(item.period);
     redis_key_for_tag(prefix, &item.tag, item.period, id.window * p)
 }
 
-fn held_note(held: u64) -> String {
+pub(super) fn held_note(held: u64) -> String {
     if held > 0 {
         format!(" ({held} more since the last report)")
     } else {

@@ -5,9 +5,10 @@
 //! read (applied) and which commands may or may not have run (never sent
 //! again).
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use redis::{Cmd, RedisError, Value};
+use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, RedisError, Value};
 
 /// What became of one command of a pipeline.
 #[derive(Debug)]
@@ -41,11 +42,10 @@ impl Reply {
         }
     }
 
-    /// A cluster reply saying the command went to the wrong node or the
-    /// cluster cannot serve it: it did not run.
+    /// A cluster reply saying the command went to the wrong node: it did
+    /// not run, and is sent again where the cluster says.
     fn is_redirect(&self) -> bool {
-        matches!(self, Reply::Refused { code, .. }
-            if matches!(code.as_str(), "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN"))
+        matches!(self, Reply::Refused { code, .. } if matches!(code.as_str(), "MOVED" | "ASK"))
     }
 
     /// The cluster (or a master) is down: a transport-level condition.
@@ -65,7 +65,78 @@ fn is_reply(e: &RedisError) -> bool {
 
 pub enum Conn {
     Single(redis::Connection),
-    Cluster(Box<redis::cluster::ClusterConnection>),
+    Cluster(Box<Cluster>),
+}
+
+/// A cluster: one plain connection per master for the pipelines (so that a
+/// master that hangs holds up only its own keys, and a connection that
+/// failed is dropped alone), and the `redis` crate's cluster connection for
+/// the slot map and for commands a master redirected (MOVED, ASK).
+pub struct Cluster {
+    pub router: redis::cluster::ClusterConnection,
+    /// The first URL's settings (credentials, TLS, database): every master
+    /// is reached with them, at its own address.
+    base: redis::ConnectionInfo,
+    links: HashMap<String, redis::Connection>,
+    timeout: Duration,
+}
+
+impl Cluster {
+    /// The connection to master `node` (`host:port`), made if needed.
+    fn link(&mut self, node: &str) -> redis::RedisResult<&mut redis::Connection> {
+        if !self.links.contains_key(node) {
+            let bad =
+                || RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad node address"));
+            let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
+            let port: u16 = port.parse().map_err(|_| bad())?;
+            let addr = match self.base.addr() {
+                ConnectionAddr::TcpTls {
+                    insecure,
+                    tls_params,
+                    ..
+                } => ConnectionAddr::TcpTls {
+                    host: host.to_string(),
+                    port,
+                    insecure: *insecure,
+                    tls_params: tls_params.clone(),
+                },
+                _ => ConnectionAddr::Tcp(host.to_string(), port),
+            };
+            let client = redis::Client::open(self.base.clone().set_addr(addr))?;
+            let con = client.get_connection_with_timeout(self.timeout)?;
+            con.set_read_timeout(Some(self.timeout))?;
+            con.set_write_timeout(Some(self.timeout))?;
+            self.links.insert(node.to_string(), con);
+        }
+        self.links
+            .get_mut(node)
+            .ok_or_else(|| RedisError::from((redis::ErrorKind::Client, "no link")))
+    }
+
+    /// Forgets the connection to a master that failed.
+    pub fn drop_link(&mut self, node: &str) {
+        self.links.remove(node);
+    }
+
+    /// PING on master `node`'s own connection.
+    pub fn ping(&mut self, node: &str) -> redis::RedisResult<()> {
+        let r = self
+            .link(node)
+            .and_then(|con| redis::cmd("PING").query::<Value>(con).map(drop));
+        if r.is_err() {
+            self.drop_link(node);
+        }
+        r
+    }
+
+    /// A command on master `node`'s own connection.
+    pub fn query_on(&mut self, node: &str, cmd: &Cmd) -> redis::RedisResult<Value> {
+        let r = self.link(node).and_then(|con| cmd.query::<Value>(con));
+        if r.as_ref().is_err_and(|e| !is_reply(e)) {
+            self.drop_link(node);
+        }
+        r
+    }
 }
 
 /// Opens a connection, bounded by `timeout` for connecting and for every
@@ -77,7 +148,17 @@ pub fn connect(urls: &[String], cluster: bool, timeout: Duration) -> redis::Redi
             .response_timeout(timeout)
             .retries(1)
             .build()?;
-        Ok(Conn::Cluster(Box::new(client.get_connection()?)))
+        let base = urls
+            .first()
+            .map(String::as_str)
+            .unwrap_or_default()
+            .into_connection_info()?;
+        Ok(Conn::Cluster(Box::new(Cluster {
+            router: client.get_connection()?,
+            base,
+            links: HashMap::new(),
+            timeout,
+        })))
     } else {
         let url = urls.first().map(String::as_str).unwrap_or_default();
         let client = redis::Client::open(url)?;
@@ -95,15 +176,38 @@ impl Conn {
     /// again one by one, which follows the redirection, until `deadline`.
     /// `readback`: the command that reads again what command `i` left, for
     /// a cluster pipeline that failed in part.
+    /// In a cluster, `node` is the master serving every command's key:
+    /// they go down its own connection (redirected ones are sent again
+    /// through the cluster connection); without it they go as one cluster
+    /// pipeline.
     pub fn exec(
         &mut self,
         cmds: &[Cmd],
+        node: Option<&str>,
         deadline: Instant,
         readback: &dyn Fn(usize) -> Option<Cmd>,
     ) -> (Vec<Reply>, Option<RedisError>) {
         match self {
             Conn::Single(con) => exec_single(con, cmds),
-            Conn::Cluster(con) => exec_cluster(con, cmds, deadline, readback),
+            Conn::Cluster(c) => match node {
+                None => exec_cluster(&mut c.router, cmds, deadline, readback),
+                Some(n) => {
+                    let (mut out, broken) = match c.link(n) {
+                        Ok(con) => exec_single(con, cmds),
+                        Err(e) => {
+                            let mut out = Vec::new();
+                            out.resize_with(cmds.len(), || Reply::NotSent);
+                            (out, Some(e))
+                        }
+                    };
+                    if broken.is_some() {
+                        c.drop_link(n);
+                        return (out, broken);
+                    }
+                    let broken = resend_redirected(&mut c.router, cmds, &mut out, deadline);
+                    (out, broken)
+                }
+            },
         }
     }
 
@@ -114,13 +218,12 @@ impl Conn {
         let ping = redis::cmd("PING");
         match self {
             Conn::Single(con) => (1, ping.query::<Value>(con).map(drop)),
-            Conn::Cluster(con) => {
-                if let Err(e) = ping.query::<Value>(&mut **con) {
+            Conn::Cluster(c) => {
+                let con = &mut c.router;
+                if let Err(e) = ping.query::<Value>(con) {
                     return (1, Err(e));
                 }
-                let info = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query::<String>(&mut **con);
+                let info = redis::cmd("CLUSTER").arg("INFO").query::<String>(con);
                 match info {
                     Ok(text) if text.contains("cluster_state:ok") => (2, Ok(())),
                     Ok(_) => (
@@ -231,8 +334,26 @@ fn exec_cluster(
             }
         }
     }
-    // Redirected commands did not run: send them again, singly (a single
-    // command follows MOVED/ASK), while the deadline allows.
+    if broken.is_some() {
+        for r in out.iter_mut().filter(|r| r.is_redirect()) {
+            *r = Reply::NotSent;
+        }
+        return (out, broken);
+    }
+    let broken = resend_redirected(con, cmds, &mut out, deadline);
+    (out, broken)
+}
+
+/// Redirected commands did not run: sends them again, singly (a single
+/// command follows MOVED/ASK), while the deadline allows; the others are
+/// marked not sent.
+fn resend_redirected(
+    con: &mut redis::cluster::ClusterConnection,
+    cmds: &[Cmd],
+    out: &mut [Reply],
+    deadline: Instant,
+) -> Option<RedisError> {
+    let mut broken = None;
     for (i, cmd) in cmds.iter().enumerate() {
         if !out[i].is_redirect() {
             continue;
@@ -250,5 +371,5 @@ fn exec_cluster(
             }
         };
     }
-    (out, broken)
+    broken
 }

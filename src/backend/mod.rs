@@ -10,9 +10,11 @@
 //! lives without a TTL, also after a `DEL`. Each reply is handled on its own
 //! (see `flush.rs`): an error reply fails that item only.
 
+mod cluster;
 mod flush;
 pub mod health;
 mod io;
+mod slots;
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
