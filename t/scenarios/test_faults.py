@@ -466,6 +466,48 @@ def test_near_limit_refresh_cost(h):
     h.expect(counts == [6] * 20, "expected a count of 6 for each key, got %s" % status_counts(counts))
 
 
+def test_hostile_keys_command_cost(h):
+    """2 workers, 1 500 distinct keys each requested once (500 with braces,
+    500 with control and high bytes, 500 of 4 KB): Redis receives at most
+    2 commands per allowed request (+ 20), every request is counted once,
+    and every counter has a TTL."""
+    r = h.redis()
+    http = ("    large_client_header_buffers 4 16k;\n"
+            + zone("z", r.url, key="$http_x_key", size="4m"))
+    ng = h.nginx(http, loc("/t", "redis_ratelimit z 100r/m;"), workers=2)
+    h.wait_minute_room(8)
+    u = h.uid
+    keys = (["{%s}%d}{{x" % (u, i) for i in range(500)]
+            + ["%s\x01\x7f\xe9\xff%d" % (u, i) for i in range(500)]
+            + ["%s-%d-%s" % (u, i, "L" * 4096) for i in range(500)])
+    m = Mon(r)
+    s0 = m.cmdstats()
+    sts = parallel_keepalive(ng.port, [("/t", {"X-Key": k}) for k in keys])
+    time.sleep(2.5)
+    s1 = m.cmdstats()
+    d = cmd_delta(s0, s1)
+    total = sum(d.values())
+    allowed = sts.count(200)
+    names = [n.encode("utf-8", "surrogateescape") for n in r.keys("rl:*")]
+    names = [n for n in names if u.encode() in n or b"sha256:" in n]
+    values = [int(r.cmd("GET", n) or 0) for n in names]
+    ttls = [r.cmd("TTL", n) for n in names]
+    m.close()
+    h.note("%s; %d commands for %d allowed (bound %d): %s; %d counters holding %d, TTLs %s..%s"
+           % (status_counts(sts), total, allowed, 2 * allowed + 20, delta_str(d), len(names),
+              sum(values), min(ttls or [0]), max(ttls or [0])))
+    h.expect(allowed == len(keys), "expected %d x 200, got %s" % (len(keys), status_counts(sts)))
+    h.expect(total <= 2 * allowed + 20, "%d Redis commands for %d allowed requests (bound %d)"
+             % (total, allowed, 2 * allowed + 20))
+    h.expect(sum(values) == allowed and all(v == 1 for v in values),
+             "counters: %d holding %d in all (expected %d of 1)" % (len(names), sum(values), allowed))
+    h.expect(ttls and min(ttls) > 0, "a counter without TTL: min TTL %s" % min(ttls or [None]))
+    h.expect(not nasty(ng), "error.log has %s" % nasty(ng)[:3])
+
+
+test_hostile_keys_command_cost.timeout = 40
+
+
 # ---------------------------------------------------------------------------
 # 8. TTL after DEL
 # ---------------------------------------------------------------------------
