@@ -19,9 +19,11 @@ use ngx::ngx_log_error;
 use parking_lot::Mutex;
 
 use crate::backend::{self, Channel, Event, Level, ZoneSpec};
+use crate::batch::ItemId;
 use crate::conf::MainConf;
 use crate::counter;
 use crate::rate::Rate;
+use crate::table::Entry;
 use crate::Module;
 
 static CHANNEL: OnceLock<Arc<Channel>> = OnceLock::new();
@@ -250,33 +252,12 @@ fn apply(log: *mut ngx_log_t) {
                 period,
                 limit,
                 confirmation,
-            } => {
-                let Some(shared) = mcf
-                    .zones
-                    .get(id.zone as usize)
-                    .and_then(|z| z.shared.as_ref())
-                else {
-                    continue;
-                };
-                let mut locked = shared.lock();
-                if let Some(i) = locked.table.find(id.entry) {
-                    let rate = Rate { limit, period };
-                    counter::confirm(locked.table.entry_mut(i), &confirmation, rate, now);
-                }
-            }
-            Event::KeepLocal { id, sent } => {
-                let Some(shared) = mcf
-                    .zones
-                    .get(id.zone as usize)
-                    .and_then(|z| z.shared.as_ref())
-                else {
-                    continue;
-                };
-                let mut locked = shared.lock();
-                if let Some(i) = locked.table.find(id.entry) {
-                    counter::keep_local(locked.table.entry_mut(i), id.window, sent);
-                }
-            }
+            } => with_entry(mcf, id, |e| {
+                counter::confirm(e, &confirmation, Rate { limit, period }, now);
+            }),
+            Event::KeepLocal { id, sent } => with_entry(mcf, id, |e| {
+                counter::keep_local(e, id.window, sent);
+            }),
             Event::Log {
                 zone,
                 level,
@@ -294,5 +275,20 @@ fn apply(log: *mut ngx_log_t) {
                 }
             }
         }
+    }
+}
+
+/// Runs `f` on the zone entry an item was for, if it is still there.
+fn with_entry(mcf: &MainConf, id: ItemId, f: impl FnOnce(&mut Entry)) {
+    let Some(shared) = mcf
+        .zones
+        .get(id.zone as usize)
+        .and_then(|z| z.shared.as_ref())
+    else {
+        return;
+    };
+    let mut locked = shared.lock();
+    if let Some(i) = locked.table.find(id.entry) {
+        f(locked.table.entry_mut(i));
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::flush::{cmds_key, held_note, Backend};
+use super::flush::{cmds_key, Backend};
 use super::health::Health;
 use super::io::Conn;
 use super::slots::Topology;
@@ -92,21 +92,14 @@ impl Backend {
             .entry(n.to_string())
             .or_insert_with(|| Health::new(now))
             .failed(now);
-        if let Some(held) = self.errors.pass(now, first) {
-            let message = self.scrub(format!(
-                "redis_ratelimit: zone \"{}\": sending to Redis Cluster master {} of {} failed: {}; the keys of its slots wait{}",
-                self.spec.name,
-                n,
-                self.describe(),
-                err,
-                held_note(held)
-            ));
-            events.push(Event::Log {
-                zone: self.spec.index,
-                level: Level::Error,
-                message,
-            });
-        }
+        let text = format!(
+            "redis_ratelimit: zone \"{}\": sending to Redis Cluster master {} of {} failed: {}; the keys of its slots wait",
+            self.spec.name,
+            n,
+            self.describe(),
+            err
+        );
+        self.log_error(false, first, text, events);
     }
 
     /// Failed masters whose backoff is over: forgotten if the slot map no

@@ -740,15 +740,33 @@ impl Backend {
     ) {
         self.conn = None;
         let first = self.health.failed(Instant::now());
-        if let Some(held) = self.errors.pass(Instant::now(), first) {
-            let message = self.scrub(format!(
-                "redis_ratelimit: zone \"{}\": {} {} failed: {}{}",
-                self.spec.name,
-                what,
-                self.describe(),
-                err,
-                held_note(held)
-            ));
+        let text = format!(
+            "redis_ratelimit: zone \"{}\": {} {} failed: {}",
+            self.spec.name,
+            what,
+            self.describe(),
+            err
+        );
+        self.log_error(false, first, text, events);
+    }
+
+    /// An error line through its gate (`refusal`: the one for error
+    /// replies, else the one for transport failures; `force`: the first of
+    /// an outage), with the count of lines held back and no secret in it.
+    pub(super) fn log_error(
+        &mut self,
+        refusal: bool,
+        force: bool,
+        text: String,
+        events: &mut Vec<Event>,
+    ) {
+        let gate = if refusal {
+            &mut self.refusals
+        } else {
+            &mut self.errors
+        };
+        if let Some(held) = gate.pass(Instant::now(), force) {
+            let message = self.scrub(format!("{text}{}", held_note(held)));
             events.push(Event::Log {
                 zone: self.spec.index,
                 level: Level::Error,
@@ -760,20 +778,13 @@ impl Backend {
     /// An error reply for one key: logged (at most once a second, key
     /// named), the backend stays up.
     fn refused(&mut self, key: &[u8], why: &str, events: &mut Vec<Event>) {
-        if let Some(held) = self.refusals.pass(Instant::now(), false) {
-            let message = self.scrub(format!(
-                "redis_ratelimit: zone \"{}\": Redis refused the counter \"{}\": {}; counted on this node only{}",
-                self.spec.name,
-                show_key(key),
-                why,
-                held_note(held)
-            ));
-            events.push(Event::Log {
-                zone: self.spec.index,
-                level: Level::Error,
-                message,
-            });
-        }
+        let text = format!(
+            "redis_ratelimit: zone \"{}\": Redis refused the counter \"{}\": {}; counted on this node only",
+            self.spec.name,
+            show_key(key),
+            why
+        );
+        self.log_error(true, false, text, events);
     }
 
     fn key_name(&self, id: &ItemId, item: &Item) -> Vec<u8> {

@@ -45,6 +45,18 @@ def counted(c, zone, keys, period, t0):
     return {k: sum(vals[n] or 0 for n in ns) for k, ns in names.items()}
 
 
+def keys_around(h, c, victim, base):
+    """3 keys (of zone "cz") on each master: (the victim's, the others')."""
+    by_owner, i = {}, 0
+    while len(by_owner) < 3 or min(len(v) for v in by_owner.values()) < 3:
+        k = h.key("%s%d" % (base, i))
+        i += 1
+        own = c.owner_of_slot(keyslot("cz:" + k))
+        if len(by_owner.setdefault(own, [])) < 3:
+            by_owner[own].append(k)
+    return by_owner[victim], [k for p, ks in by_owner.items() if p != victim for k in ks]
+
+
 def nasty(ng):
     return [l for l in ng.error_log_text().splitlines() if re.search(NASTY_RE, l)]
 
@@ -125,16 +137,7 @@ def test_master_killed_failover(h):
     victim = c.ports[1]                 # a master, and the 2nd seed URL
     h.check(victim in [m["port"] for m in c.masters()], "node 2 is not a master: %s" % c.masters())
     replica = c.replica_of(victim)
-    by_owner = {}
-    i = 0
-    while min(len(by_owner.get(m["port"], [])) for m in c.masters()) < 3 or len(by_owner) < 3:
-        k = h.key("fo%d" % i)
-        i += 1
-        own = c.owner_of_slot(keyslot("cz:" + k))
-        if len(by_owner.setdefault(own, [])) < 3:
-            by_owner[own].append(k)
-    vkeys = by_owner[victim]
-    okeys = [k for p, ks in by_owner.items() if p != victim for k in ks]
+    vkeys, okeys = keys_around(h, c, victim, "fo")
     keys = vkeys + okeys
     t_begin = time.time()
     for k in keys:
@@ -528,15 +531,7 @@ def _one_master_fails(h, how):
         names = {k: rkeys(zone, k, period, t0) for k in keys}
         vals = c.get_many([n for ns in names.values() for n in ns], port=alive)
         return {k: sum(vals[n] or 0 for n in ns) for k, ns in names.items()}
-    by_owner, i = {}, 0
-    while len(by_owner) < 3 or min(len(v) for v in by_owner.values()) < 3:
-        k = h.key("iso%d" % i)
-        i += 1
-        own = c.owner_of_slot(keyslot("cz:" + k))
-        if len(by_owner.setdefault(own, [])) < 3:
-            by_owner[own].append(k)
-    vkeys = by_owner[victim]
-    okeys = [k for p, ks in by_owner.items() if p != victim for k in ks]
+    vkeys, okeys = keys_around(h, c, victim, "iso")
     t_begin = time.time()
     for k in vkeys + okeys:
         h.check(ng.get("/t?k=" + k)[0] == 200, "warm-up request failed")
