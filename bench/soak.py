@@ -35,9 +35,18 @@ calls + rejected_calls over one persistent connection, minus the commands
 this script sent itself; INFO excluded) and the Redis counters of the hot
 keys (cross-check of what the clients saw allowed).
 
+A request in flight for >= --stall s (0.5) is a stall: the first three are
+captured (thread states, kernel stacks, CPU per thread over 0.3 s, a gdb
+backtrace of every worker thread) into stall-N-nginxM.txt; the gdb time is
+an outage.  CPU used by processes that are not the soak's (a build running
+beside it) is reported, and so is, per hot window, the longest gap between
+two answers of a node: accuracy excursions usually sit on such gaps.
+
 Exit status: 0 when every check holds; 1 when a check fails (5xx, crashes,
 a hot-key window outside outages above 1.05 x L, requests that got no
-status, 429s on keys far below their limit); 2 when the harness failed.
+status, 429s on keys far below their limit, stalls, counter keys without a
+TTL); 2 when the harness failed.  Logs and soak-data.json (every figure's
+raw data) are kept in the temp dir on failure or with --keep.
 Python 3 stdlib only.
 """
 
@@ -170,7 +179,8 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
         return {"counts": collections.Counter(), "errors": collections.Counter(),
                 "err_samples": [], "lat": array.array("f"), "slow": [],
                 "hot": collections.defaultdict(lambda: [0, 0, 0, 0]), "retried": 0,
-                "sent": 0, "n": 0, "hot_allowed": [], "lat_t": array.array("d")}
+                "sent": 0, "n": 0, "lat_t": array.array("d"),
+                "hx_t": array.array("d"), "hx_m": array.array("b")}
 
     def one(acc, conn, node, cls, path, key, slot):
         t = time.time()
@@ -244,7 +254,9 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
                         if st == 200:
                             h[0] += 1
                             h[2 + node] += 1
-                            acc["hot_allowed"].append((k, float(xt), node))
+                        # every hot answer: server time, key, node, allowed
+                        acc["hx_t"].append(float(xt))
+                        acc["hx_m"].append(k * 4 + node * 2 + (st == 200))
                 n += 1
                 if n % 256 == 0:
                     progress[idx] += 256
@@ -278,7 +290,8 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
             merged["slow"] += a["slow"]
             merged["retried"] += a["retried"]
             merged["sent"] += a["sent"]
-            merged["hot_allowed"] += a["hot_allowed"]
+            merged["hx_t"].extend(a["hx_t"])
+            merged["hx_m"].extend(a["hx_m"])
             for k, v in a["hot"].items():
                 merged["hot"][k] = v
         merged["threads_done"] = len(results)
@@ -363,6 +376,8 @@ class Run:
         self.thread_errors = []
         self.dead_masters = set()
         self.stalls = []          # (t, node) of requests in flight >= --stall s
+        self.foreign = collections.Counter()   # comm -> CPU ticks of other processes
+        self.foreign_prev = {}
         self.captures = []
         self.quit_times = []
 
@@ -383,10 +398,56 @@ class Run:
         return threading.Thread(target=run, name=name, daemon=True)
 
     # -- samplers ----------------------------------------------------------
+    def foreign_scan(self):
+        """CPU ticks used since the last scan by processes that are not this
+        soak's (not us, our children, nginx workers): other load on the box."""
+        procs = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    data = f.read()
+            except OSError:
+                continue
+            comm = data[data.find("(") + 1:data.rfind(")")]
+            rest = data[data.rfind(")") + 2:].split()
+            try:
+                procs[int(d)] = (int(rest[1]), int(rest[11]) + int(rest[12]), int(rest[19]), comm)
+            except (IndexError, ValueError):
+                continue
+        ours = {os.getpid()} | {ng.pid for ng in self.ngs if ng.pid}
+        ours |= {p for p, v in procs.items() if v[0] in ours}          # clients, redis, gdb, workers
+        for p, (ppid, ticks, start, comm) in procs.items():
+            if p in ours:
+                continue
+            key = (p, start)
+            if key in self.foreign_prev:
+                d = ticks - self.foreign_prev[key]
+            elif start >= self.boot_ticks0:
+                d = ticks                                               # started during the run
+            else:
+                d = 0                                                   # first sight: baseline
+            self.foreign_prev[key] = ticks
+            if d > 0:
+                self.foreign[comm] += d
+
+    def foreign_top(self, n):
+        hz = float(os.sysconf("SC_CLK_TCK"))
+        dur = max(1.0, time.time() - self.t_start) if hasattr(self, "t_start") else 1.0
+        return [(c, round(100.0 * v / hz / dur / os.cpu_count(), 1)) for c, v in self.foreign.most_common(n)]
+
     def proc_sampler(self):
         prev = {i: set(ng.worker_pids()) for i, ng in enumerate(self.ngs)}
+        with open("/proc/uptime") as f:
+            self.boot_ticks0 = int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+        self.foreign_scan()
+        nscan = 0
         while not self.stop.is_set():
             t = time.time()
+            nscan += 1
+            if nscan % 4 == 0:
+                self.foreign_scan()
             for i, ng in enumerate(self.ngs):
                 if not ng.running:
                     if ng.pid not in self.dead_masters:
@@ -809,7 +870,7 @@ def summarize(run, args):
     lat_t = array.array("d")
     hot = {}
     retried = sent = 0
-    hot_allowed = []
+    hx_t, hx_m = array.array("d"), array.array("b")
     harness_errors = list(run.thread_errors)
     for idx in range(args.procs):
         kind, res = run.client_res.get(idx, ("missing", "no result from client %d" % idx))
@@ -826,7 +887,8 @@ def summarize(run, args):
         lat_t.extend(res["lat_t"])
         retried += res["retried"]
         sent += res["sent"]
-        hot_allowed += res["hot_allowed"]
+        hx_t.extend(res["hx_t"])
+        hx_m.extend(res["hx_m"])
         for k, v in res["hot"].items():
             h = hot.setdefault(k, [0, 0, 0, 0])
             for j in range(4):
@@ -848,8 +910,12 @@ def summarize(run, args):
         % (fmt_int(total), fmt_int(by_status[200]), fmt_int(by_status[429]), fmt_int(many),
            fmt_int(total - many)))
     busy = 1.0 - (run.cpu1[1] - run.cpu0[1]) / float(max(1, run.cpu1[0] - run.cpu0[0]))
+    hz = float(os.sysconf("SC_CLK_TCK"))
+    other = sum(run.foreign.values()) / hz / dur / os.cpu_count()
     row("requests/s", "%.0f over %.0f s (keep-alive retries after nginx closed a connection: %d; "
         "CPU busy %.0f%% of %d cores, clients included)" % (total / dur, dur, retried, 100 * busy, os.cpu_count()))
+    row("CPU used by other processes", "%.0f%% of the machine (%s)" % (
+        100 * other, ", ".join("%s %.0f%%" % (c, p) for c, p in run.foreign_top(4)) or "none"))
     row("client 5xx", str(s5xx), s5xx == 0)
     row("non-200/429 statuses", ", ".join("%s x %d" % kv for kv in sorted(odd.items())) or "none",
         not any(500 <= st <= 599 for st in odd))
@@ -952,8 +1018,20 @@ def summarize(run, args):
     ev = collections.Counter(k for _, _, k, _ in run.events)
     row("chaos actions", ", ".join("%s %d" % kv for kv in sorted(ev.items())) or "none")
 
+    # answer gaps: per node, the longest time between two consecutive hot
+    # answers (server time) overlapping each window -- a stalled node (or
+    # client) shows up here
+    gaps = collections.defaultdict(lambda: [0.0, 0.0])
+    for n in range(2):
+        ts = sorted(t for t, m in zip(hx_t, hx_m) if (m >> 1) & 1 == n)
+        for a, b in zip(ts, ts[1:]):
+            if b - a >= 0.05:
+                for w in range(int(a), int(b) + 1):
+                    gaps[w][n] = max(gaps[w][n], b - a)
+
     # hot keys
     margin = args.margin
+    stalled_r, smooth_r = [], []
     worst_windows = []
     for k, key in enumerate(HOT_KEYS):
         plant_iv = [(t, int(t) + 2) for t, hk, name, kind in run.plants if hk == k]
@@ -968,6 +1046,7 @@ def summarize(run, args):
                 planted_w.append(r)
             else:
                 judged.append((r, w, allowed, tot, n1, n2))
+                (stalled_r if max(gaps[w]) >= 0.1 else smooth_r).append(r)
         over = [j for j in judged if j[0] > 1.05]
         busy = [j for j in judged if j[3] > HOT_RATE]
         mx = max([j[0] for j in judged] or [0])
@@ -994,6 +1073,11 @@ def summarize(run, args):
         row("  Redis counter = allowed (judged windows)", "%d equal, %d differ%s"
             % (same, diff, (": " + "; ".join(diffs[:3])) if diffs else ""))
 
+    row("judged hot windows with a >= 100 ms gap in a node's answers",
+        "%d of %d (max allowed/L %.2f, > 1.05: %d); without such a gap: max %.2f, > 1.05: %d"
+        % (len(stalled_r), len(stalled_r) + len(smooth_r), max(stalled_r or [0]),
+           sum(1 for r in stalled_r if r > 1.05), max(smooth_r or [0]), sum(1 for r in smooth_r if r > 1.05)))
+
     # raw figures, for a closer look (kept with the logs)
     try:
         import json
@@ -1004,7 +1088,8 @@ def summarize(run, args):
                        "hot": sorted([k, w] + v for (k, w), v in hot.items()),
                        "hot_redis": sorted([k, w, v] for (k, w), v in run.hot_redis.items()),
                        "redis_rate": run.redis_rate, "rss": run.rss, "churn": run.churn,
-                       "slow": sorted(slow)[-50:], "hot_allowed": sorted(hot_allowed, key=lambda x: x[1])}, f)
+                       "slow": sorted(slow)[-50:], "foreign": run.foreign_top(10),
+                       "hot_allowed": sorted((m >> 2, t, (m >> 1) & 1) for t, m in zip(hx_t, hx_m) if m & 1)}, f)
     except (OSError, TypeError, ValueError) as e:
         harness_errors.append("writing soak-data.json: %s" % e)
 
@@ -1015,9 +1100,11 @@ def summarize(run, args):
         fails.append("%d worker crash indicators" % crashes)
     first_w = {k: min([w for (kk, w) in hot if kk == k] or [0]) for k in range(len(HOT_KEYS))}
     for k, (r, w, allowed, tot, n1, n2) in worst_windows:
-        fails.append('hot key "%s": window %d (t=%.1fs) allowed %d = %.2f x L (nginx1 %d, nginx2 %d, %d requests)%s%s'
+        fails.append('hot key "%s": window %d (t=%.1fs) allowed %d = %.2f x L (nginx1 %d, nginx2 %d, %d requests)%s%s%s'
                      % (kname(HOT_KEYS[k]), w, w - run.t0, allowed, r, n1, n2, tot,
                         " [the key's first window]" if w == first_w[k] else "",
+                        "; longest answer gap nginx1 %.0f ms, nginx2 %.0f ms" % (gaps[w][0] * 1000, gaps[w][1] * 1000)
+                        + "",
                         "; nearest chaos: " + nearest(run, w) if nearest(run, w) else ""))
     if failed:
         fails.append("%d requests got no status" % failed)

@@ -11,6 +11,7 @@ own INFO calls neither add connections nor (INFO being excluded) commands.
 """
 
 import re
+import http.client
 import socket
 import subprocess
 import threading
@@ -506,6 +507,68 @@ def test_hostile_keys_command_cost(h):
 
 
 test_hostile_keys_command_cost.timeout = 40
+
+
+def test_planted_counter_spills_nowhere(h):
+    """Two nodes x 2 workers flood keys A, B, C (50r/s each) for 8 s while
+    A's counter of the current window is overwritten three times (garbage,
+    WRONGTYPE, garbage): A counts on each node alone in those windows, B and C
+    keep their limit in every whole window (<= 1.06 x L)."""
+    r = h.redis()
+    z = zone("z", r.url, size="4m")
+    server = loc("/t", "redis_ratelimit z 50r/s; add_header X-T $msec always;")
+    nodes = [h.nginx(z, server, workers=2), h.nginx(z, server, workers=2)]
+    u = h.uid
+    keys = ["A" + u, "B" + u, "C" + u]
+    stop = time.time() + 8.0
+    res, lock, planted = [], threading.Lock(), []
+
+    def flood(ng, key):
+        c = http.client.HTTPConnection(HOST, ng.port, timeout=2)
+        while time.time() < stop:
+            c.request("GET", "/t?k=" + key)
+            resp = c.getresponse()
+            resp.read()
+            t = resp.getheader("X-T")
+            with lock:
+                res.append((key, resp.status, float(t) if t else time.time()))
+        c.close()
+
+    def plant():
+        for i in range(3):
+            time.sleep(1.5)
+            name = "rl:{z:%s}:1:%d" % (keys[0], int(time.time()))
+            if i % 2:
+                r.cmd("DEL", name)
+                r.cmd("LPUSH", name, "x")
+            else:
+                r.cmd("SET", name, "notanumber")
+            planted.append(name)
+
+    ts = [threading.Thread(target=flood, args=(ng, k), daemon=True) for ng in nodes for k in keys for _ in range(2)]
+    ts.append(threading.Thread(target=plant, daemon=True))
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(15)
+    per = {}
+    for k, st, t in res:
+        if st == 200:
+            per[(k, int(t))] = per.get((k, int(t)), 0) + 1
+    windows = {k: [per[(kk, w)] for (kk, w) in sorted(per) if kk == k][1:-1] for k in keys}
+    bad = [s for s in (res and [x[1] for x in res]) if s not in (200, 429)]
+    h.note("allowed per whole 1 s window: A %s; B %s; C %s; planted %s"
+           % (windows[keys[0]], windows[keys[1]], windows[keys[2]], planted))
+    h.check(len(planted) == 3, "the planter did not run: %s" % planted)
+    for k in keys[1:]:
+        h.expect(windows[k] and max(windows[k]) <= 53, "%s: %s allowed in a window (bound 53 = 1.06 x L)"
+                 % (k, max(windows[k] or [0])))
+    h.expect(max(windows[keys[0]]) > 53, "A was never counted on each node alone: %s" % windows[keys[0]])
+    h.expect(not bad, "answers other than 200/429: %s" % status_counts(bad))
+    h.expect(not any(nasty(n) for n in nodes), "error.log has [alert]/[crit]/[emerg]")
+
+
+test_planted_counter_spills_nowhere.timeout = 40
 
 
 # ---------------------------------------------------------------------------
