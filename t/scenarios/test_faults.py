@@ -539,8 +539,9 @@ def test_planted_counter_spills_nowhere(h):
             time.sleep(1.5)
             name = "rl:{z:%s}:1:%d" % (keys[0], int(time.time()))
             if i % 2:
-                r.cmd("DEL", name)
-                r.cmd("LPUSH", name, "x")
+                # atomically: the module's INCRBY may recreate the key between
+                # a DEL and an LPUSH
+                r.cmd("EVAL", "redis.call('DEL', KEYS[1]) return redis.call('LPUSH', KEYS[1], 'x')", 1, name)
             else:
                 r.cmd("SET", name, "notanumber")
             planted.append(name)
