@@ -10,6 +10,7 @@ read over ONE persistent monitoring connection (``Mon``), so that the test's
 own INFO calls neither add connections nor (INFO being excluded) commands.
 """
 
+import os
 import re
 import http.client
 import socket
@@ -570,6 +571,46 @@ def test_planted_counter_spills_nowhere(h):
 
 
 test_planted_counter_spills_nowhere.timeout = 40
+
+
+def test_thread_blocks_every_signal(h):
+    """The background thread of each worker (comm "redis_ratelimit") has
+    every signal blocked (nginx handles them in the worker's main thread),
+    also after a reload; the main thread has not."""
+    r = h.redis()
+    ng = h.nginx(zone("z", r.url), loc("/t", "redis_ratelimit z 100r/s;"), workers=2)
+
+    def masks():
+        out = {}
+        for pid in ng.worker_pids():
+            for tid in os.listdir("/proc/%d/task" % pid):
+                base = "/proc/%d/task/%s/" % (pid, tid)
+                try:
+                    comm = open(base + "comm").read().strip()
+                    blk = [l.split()[1] for l in open(base + "status") if l.startswith("SigBlk:")][0]
+                except OSError:
+                    continue
+                out.setdefault(pid, []).append((comm, int(blk, 16)))
+        return out
+
+    for when in ("at start", "after a reload"):
+        if when != "at start":
+            ng.reload(check=False)
+            time.sleep(0.3)
+        m = masks()
+        h.note("%s: %s" % (when, {p: [(c, hex(b)) for c, b in t] for p, t in m.items()}))
+        h.check(len(m) == 2, "%s: expected 2 workers, found %s" % (when, list(m)))
+        for pid, threads in m.items():
+            bg = [b for c, b in threads if c == "redis_ratelimit"]
+            main = [b for c, b in threads if c != "redis_ratelimit"]
+            # SIGHUP(1), SIGINT(2), SIGQUIT(3), SIGUSR1(10), SIGUSR2(12),
+            # SIGALRM(14), SIGTERM(15), SIGCHLD(17), SIGIO(29)
+            wanted = sum(1 << (n - 1) for n in (1, 2, 3, 10, 12, 14, 15, 17, 29))
+            h.expect(len(bg) == 1 and bg[0] & wanted == wanted,
+                     "%s, worker %d: the background thread's mask %s lacks nginx's signals"
+                     % (when, pid, [hex(b) for b in bg]))
+            h.expect(main and all(b & wanted != wanted for b in main),
+                     "%s, worker %d: the main thread blocks every signal too" % (when, pid))
 
 
 # ---------------------------------------------------------------------------
