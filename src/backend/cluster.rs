@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::flush::{cmds_key, Backend};
+use super::flush::cmds_key;
 use super::health::Health;
 use super::io::Conn;
 use super::slots::Topology;
+use super::Backend;
 use super::{Event, Level};
 use crate::batch::{Item, ItemId};
 

@@ -14,7 +14,9 @@ mod cluster;
 mod flush;
 pub mod health;
 mod io;
+mod refresh;
 mod slots;
+mod zone;
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
@@ -28,7 +30,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::batch::{Batch, Delete, ItemId};
 use crate::counter::Confirmation;
 
-pub use flush::Backend;
+pub use zone::Backend;
 
 /// Increments wait at least this long after a flush, so that a hot key
 /// costs one pipeline per interval however many requests it gets.

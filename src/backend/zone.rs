@@ -1,0 +1,391 @@
+//! One zone's backend in the thread: its state (connection, health,
+//! increments to send again, log gates), the periodic work (idle checks,
+//! tries of a down backend), and its log lines. What a flush sends and how
+//! each reply is read is in `flush.rs`; refreshes of keys near their limit
+//! in `refresh.rs`; the masters of a cluster in `cluster.rs`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use redis::{Cmd, IntoConnectionInfo};
+
+use super::flush::{cmds_key, held_note, unix_ms, Prev, TtlFix};
+use super::health::{Budget, Health, LogGate};
+use super::io::{self, Conn};
+use super::refresh::{Watch, REFRESH_BUDGET};
+use super::{Event, Level, ZoneSpec};
+use crate::batch::{Delete, Item, ItemId};
+use crate::key::{redis_key_for_tag, show_key};
+use crate::params::redact;
+
+/// Bytes the increments kept for sending again may hold, per zone and
+/// worker (beyond it they are dropped, and stay counted on this node).
+pub const RETRY_BYTES: usize = 4 << 20;
+const LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+pub struct Backend {
+    pub(super) spec: ZoneSpec,
+    pub(super) conn: Option<Conn>,
+    pub(super) health: Health,
+    pub(super) errors: LogGate,
+    pub(super) refusals: LogGate,
+    pub(super) secrets: Vec<String>,
+    /// Increments known not to have run, sent with the next flush.
+    pub(super) retry: HashMap<ItemId, Item>,
+    pub(super) retry_bytes: usize,
+    /// Keys near their limit, to be read again (by entry, window 0).
+    pub(super) watch: HashMap<ItemId, Watch>,
+    pub(super) budget: Budget,
+    /// Counters whose `INCRBY` may have created them without an `EXPIRE`
+    /// (reply lost): `EXPIRE` sent with the next exchange.
+    pub(super) ttl_fix: HashMap<ItemId, TtlFix>,
+    pub(super) prev: HashMap<ItemId, Prev>,
+    /// When `prev` was last rid of windows that are over.
+    pub(super) swept: Instant,
+    /// Sending what waited, as the try of a down backend.
+    pub(super) probing: bool,
+    /// Cluster: a copy of the slot map, and when it was read.
+    pub(super) topo: Option<super::slots::Topology>,
+    pub(super) topo_at: Option<Instant>,
+    /// Cluster: masters that failed, each with its own backoff (the keys of
+    /// their slots wait, the others go on).
+    pub(super) nodes: HashMap<String, Health>,
+}
+impl Backend {
+    pub fn new(spec: ZoneSpec, now: Instant) -> Backend {
+        let mut secrets: Vec<String> = Vec::new();
+        for u in &spec.urls {
+            if let Ok(ci) = u.as_str().into_connection_info() {
+                if let Some(p) = ci.redis_settings().password() {
+                    secrets.push(p.to_string());
+                }
+            }
+            // the password as written (percent-encoded), too
+            if let Some(raw) = crate::params::url_password(u) {
+                secrets.push(raw.to_string());
+            }
+        }
+        secrets.retain(|s| !s.is_empty());
+        Backend {
+            spec,
+            conn: None,
+            health: Health::new(now),
+            errors: LogGate::new(LOG_INTERVAL),
+            refusals: LogGate::new(LOG_INTERVAL),
+            secrets,
+            retry: HashMap::new(),
+            retry_bytes: 0,
+            watch: HashMap::new(),
+            budget: Budget::new(REFRESH_BUDGET, now),
+            ttl_fix: HashMap::new(),
+            prev: HashMap::new(),
+            swept: now,
+            probing: false,
+            topo: None,
+            topo_at: None,
+            nodes: HashMap::new(),
+        }
+    }
+
+    pub fn zone(&self) -> u32 {
+        self.spec.index
+    }
+
+    /// Whether the backend works: its connection, and every master of a
+    /// cluster.
+    pub fn is_up(&self) -> bool {
+        self.health.is_up() && self.nodes.is_empty()
+    }
+
+    /// When the thread must wake for this backend, with nothing queued.
+    pub fn next_wake(&self, now: Instant) -> Instant {
+        let mut next = self.health.next_check();
+        if self.health.is_up() {
+            if !self.ttl_fix.is_empty() || !self.retry.is_empty() && self.nodes.is_empty() {
+                next = now;
+            }
+            if let Some(t) = self.nodes.values().map(Health::next_check).min() {
+                next = next.min(t);
+            }
+            if let Some(due) = self.watch.values().filter_map(|w| w.due).min() {
+                next = next.min(due);
+            }
+        }
+        next
+    }
+
+    /// The periodic work: try a down backend once its backoff is over (with
+    /// what it holds, or PING), check an idle one, send what waits, refresh.
+    pub fn tick(&mut self, events: &mut Vec<Event>) {
+        let now = Instant::now();
+        if !self.health.is_up() {
+            if !self.health.may_send(now) {
+                return;
+            }
+            // A PING first: a backend that still hangs or refuses costs a
+            // PING per backoff, and what waits is sent only once it
+            // answers (what a timed-out pipeline carried is lost to Redis,
+            // never sent twice). Up again once what waits went through.
+            if !self.check(events) {
+                return;
+            }
+            if self.retry.is_empty() {
+                self.succeeded(events);
+            } else {
+                self.probing = true;
+                self.send(Vec::new(), None, events);
+                self.probing = false;
+            }
+            return;
+        }
+        self.probe_nodes(events);
+        if !self.retry.is_empty() {
+            self.send(Vec::new(), None, events);
+        } else if !self.ttl_fix.is_empty() {
+            self.send_ttl_fixes(events);
+        } else if self.health.check_due(now) {
+            self.check(events);
+        }
+        if now.saturating_duration_since(self.swept) >= Duration::from_secs(1) {
+            self.swept = now;
+            let now_ms = unix_ms();
+            self.prev.retain(|id, s| {
+                let current = crate::window::window_index(now_ms, u64::from(s.period) * 1000);
+                id.window + 1 >= current
+            });
+        }
+        if self.health.is_up() {
+            self.refresh(events);
+        }
+    }
+
+    /// PING (and `CLUSTER INFO` for a cluster). An up backend that answers
+    /// has its idle timer reset; a down one stays down until what it holds
+    /// went through (`tick`).
+    fn check(&mut self, events: &mut Vec<Event>) -> bool {
+        if !self.ensure_conn(events) {
+            return false;
+        }
+        if self.spec.cluster {
+            let ok = self.check_cluster(events);
+            if ok && self.health.is_up() {
+                self.succeeded(events);
+            }
+            return ok;
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return false;
+        };
+        match conn.check().1 {
+            Ok(()) => {
+                if self.health.is_up() {
+                    self.succeeded(events);
+                }
+                true
+            }
+            Err(e) => {
+                self.transport_failed("sending to", &e, events);
+                false
+            }
+        }
+    }
+
+    /// Deletes both windows of a key (Lua's `reset`). Best effort.
+    pub fn delete(&mut self, d: &Delete, events: &mut Vec<Event>) {
+        // counted before the reset: forget them too
+        let mut freed = 0;
+        self.retry.retain(|id, item| {
+            let keep = id.entry != d.entry;
+            if !keep {
+                freed += item.bytes();
+            }
+            keep
+        });
+        self.retry_bytes -= freed;
+        self.prev.retain(|id, _| id.entry != d.entry);
+        self.watch.retain(|id, _| id.entry != d.entry);
+        self.ttl_fix.retain(|id, _| id.entry != d.entry);
+        if !self.health.is_up() || !self.ensure_conn(events) {
+            return;
+        }
+        let p = u64::from(d.period);
+        let node = self.node_of(&redis_key_for_tag(
+            &self.spec.prefix,
+            &d.tag,
+            d.period,
+            d.window * p,
+        ));
+        let cmds: Vec<Cmd> = [d.window, d.window.saturating_sub(1)]
+            .iter()
+            .map(|w| {
+                let mut c = redis::cmd("DEL");
+                c.arg(redis_key_for_tag(
+                    &self.spec.prefix,
+                    &d.tag,
+                    d.period,
+                    w * p,
+                ));
+                c
+            })
+            .collect();
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let deadline = Instant::now() + self.spec.timeout;
+        match conn.exec(&cmds, node.as_deref(), deadline, &|_| None).1 {
+            Some(e) => self.link_failed(node.as_deref(), &e, events),
+            None => self.link_ok(node.as_deref(), events),
+        }
+    }
+
+    /// Keeps increments known not to have run for the next flush (bounded
+    /// in bytes; beyond it they stay counted on this node only).
+    pub(super) fn keep_for_retry(&mut self, items: &[(ItemId, Item)]) {
+        for (id, item) in items.iter().filter(|(_, i)| i.n > 0) {
+            if let Some(r) = self.retry.get_mut(id) {
+                r.n = r.n.saturating_add(item.n);
+                r.limit = r.limit.min(item.limit);
+            } else if self.retry_bytes + item.bytes() <= RETRY_BYTES {
+                self.retry_bytes += item.bytes();
+                self.retry.insert(*id, item.clone());
+            }
+        }
+    }
+
+    /// New items plus those waiting to be sent again (merged per key and
+    /// window); increments for windows that no longer matter are dropped.
+    pub(super) fn with_retry(&mut self, items: Vec<(ItemId, Item)>) -> Vec<(ItemId, Item)> {
+        if self.retry.is_empty() {
+            return items;
+        }
+        let now_ms = unix_ms();
+        self.retry_bytes = 0;
+        let mut merged: HashMap<ItemId, Item> = self
+            .retry
+            .drain()
+            .filter(|(id, item)| {
+                let current = crate::window::window_index(now_ms, u64::from(item.period) * 1000);
+                id.window + 1 >= current
+            })
+            .collect();
+        for (id, item) in items {
+            match merged.get_mut(&id) {
+                Some(m) => {
+                    m.n = m.n.saturating_add(item.n);
+                    m.limit = m.limit.min(item.limit);
+                }
+                None => {
+                    merged.insert(id, item);
+                }
+            }
+        }
+        merged.into_iter().collect()
+    }
+
+    pub(super) fn ensure_conn(&mut self, events: &mut Vec<Event>) -> bool {
+        if self.conn.is_some() {
+            return true;
+        }
+        match io::connect(&self.spec.urls, self.spec.cluster, self.spec.timeout) {
+            Ok(c) => {
+                self.conn = Some(c);
+                true
+            }
+            Err(e) => {
+                self.transport_failed("connecting to", &e, events);
+                false
+            }
+        }
+    }
+
+    pub(super) fn succeeded(&mut self, events: &mut Vec<Event>) {
+        if self.health.succeeded(Instant::now()) {
+            events.push(Event::Log {
+                zone: self.spec.index,
+                level: Level::Notice,
+                message: format!(
+                    "redis_ratelimit: zone \"{}\": Redis {} is reachable again",
+                    self.spec.name,
+                    self.describe()
+                ),
+            });
+        }
+    }
+
+    /// A transport failure: the connection is dropped and the backend is
+    /// down until a try after its backoff works.
+    pub(super) fn transport_failed(
+        &mut self,
+        what: &str,
+        err: &redis::RedisError,
+        events: &mut Vec<Event>,
+    ) {
+        self.conn = None;
+        let first = self.health.failed(Instant::now());
+        let text = format!(
+            "redis_ratelimit: zone \"{}\": {} {} failed: {}",
+            self.spec.name,
+            what,
+            self.describe(),
+            err
+        );
+        self.log_error(false, first, text, events);
+    }
+
+    /// An error line through its gate (`refusal`: the one for error
+    /// replies, else the one for transport failures; `force`: the first of
+    /// an outage), with the count of lines held back and no secret in it.
+    pub(super) fn log_error(
+        &mut self,
+        refusal: bool,
+        force: bool,
+        text: String,
+        events: &mut Vec<Event>,
+    ) {
+        let gate = if refusal {
+            &mut self.refusals
+        } else {
+            &mut self.errors
+        };
+        if let Some(held) = gate.pass(Instant::now(), force) {
+            let message = self.scrub(format!("{text}{}", held_note(held)));
+            events.push(Event::Log {
+                zone: self.spec.index,
+                level: Level::Error,
+                message,
+            });
+        }
+    }
+
+    /// An error reply for one key: logged (at most once a second, key
+    /// named), the backend stays up.
+    pub(super) fn refused(&mut self, key: &[u8], why: &str, events: &mut Vec<Event>) {
+        let text = format!(
+            "redis_ratelimit: zone \"{}\": Redis refused the counter \"{}\": {}; counted on this node only",
+            self.spec.name,
+            show_key(key),
+            why
+        );
+        self.log_error(true, false, text, events);
+    }
+
+    pub(super) fn key_name(&self, id: &ItemId, item: &Item) -> Vec<u8> {
+        cmds_key(&self.spec.prefix, id, item)
+    }
+
+    pub(super) fn describe(&self) -> String {
+        self.spec
+            .urls
+            .iter()
+            .map(|u| redact(u))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub(super) fn scrub(&self, mut text: String) -> String {
+        for s in &self.secrets {
+            text = text.replace(s.as_str(), "***");
+        }
+        text
+    }
+}
