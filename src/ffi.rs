@@ -11,8 +11,7 @@ use ngx::http::HttpModuleMainConf;
 
 use crate::batch::Delete;
 use crate::conf::{MainConf, ZoneConf};
-use crate::counter;
-use crate::handler::{mode, now_ms, send, Mode};
+use crate::engine::{self, now_ms, Ask, Take};
 use crate::key::{redis_tag, MAX_NAMESPACE_BYTES};
 use crate::rate::Rate;
 use crate::window::window_index;
@@ -65,6 +64,7 @@ unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
 
 /// What every per-key call checks first: its bytes, the period, the zone.
 struct Call<'a> {
+    mcf: &'a MainConf,
     index: usize,
     zone: &'a ZoneConf,
     shared: &'a Shared,
@@ -102,6 +102,7 @@ impl<'a> Call<'a> {
         // declared, but its shared memory is not set up yet (init_by_lua*)
         let shared = z.shared.as_ref().ok_or(ERR_NOT_READY)?;
         Ok(Call {
+            mcf,
             index,
             zone: z,
             shared,
@@ -202,37 +203,30 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
         return ERR_ARGS;
     }
     let Call {
+        mcf,
         index,
-        zone: z,
-        shared,
         ns,
         key,
+        ..
     } = call;
     let rate = Rate { limit, period };
-    let channel = crate::worker::channel();
-    let how = mode(z, index, channel);
+    let how = if take == TAKE_ALWAYS {
+        Take::Always
+    } else {
+        Take::IfAllowed
+    };
+    let ask = Ask {
+        zone: index,
+        namespace: ns,
+        key,
+        rate,
+    };
     let now = now_ms();
-
-    let id = shared.ids.id(ns, period, key);
-    let mut locked = shared.lock();
-    let (entry, _) = locked.table.get_or_insert(id);
-    let e = locked.table.entry_mut(entry);
-    let mut check = counter::check(e, rate, now);
-    how.apply(&mut check, now);
-    let allowed = check.allowed;
-    let counted = matches!(how, Mode::Local | Mode::Remote) && (allowed || take == TAKE_ALWAYS);
-    if counted {
-        counter::count(e, how == Mode::Remote);
-    }
-    let after = counter::estimate(e, rate, now);
-    drop(locked);
-
-    if counted && how == Mode::Remote {
-        if let Some(ch) = channel {
-            let urgent = after.remaining(limit) <= limit / 2;
-            send(ch, index, id, ns, key, period, limit, check.window, urgent);
-        }
-    }
+    let Ok(d) = engine::decide(mcf, &[ask], now, how) else {
+        return ERR_ZONE;
+    };
+    let allowed = d.allowed;
+    let after = d.said.after;
     // SAFETY: out-pointers are checked for null; the caller owns them.
     unsafe {
         if !estimate.is_null() {
@@ -245,7 +239,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
             *retry_ms = if allowed {
                 0
             } else {
-                check.retry_at_ms.saturating_sub(now)
+                d.retry_at_ms.saturating_sub(now)
             };
         }
     }
@@ -276,6 +270,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
         shared,
         ns,
         key,
+        ..
     } = match unsafe { Call::new(zone, namespace, namespace_len, period, key, key_len) } {
         Ok(c) => c,
         Err(rc) => return rc,

@@ -19,6 +19,8 @@ pub mod window;
 #[cfg(not(test))]
 mod conf;
 #[cfg(not(test))]
+mod engine;
+#[cfg(not(test))]
 mod ffi;
 #[cfg(not(test))]
 mod handler;

@@ -201,7 +201,7 @@ pub unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
 }
 
 fn now_ms() -> u64 {
-    crate::handler::now_ms()
+    crate::engine::now_ms()
 }
 
 unsafe extern "C" fn on_notify(ev: *mut ngx_event_t) {
