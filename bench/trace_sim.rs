@@ -94,22 +94,8 @@ impl Arrivals {
     fn new(seed: u64, kind: Kind, rate_per_ms: f64, period_ms: f64, start: f64, end: f64) -> Self {
         let mut rng = Rng::new(seed);
         let on = rng.unit() < 1.0 / 3.0;
-        let phase_end = start
-            + if on {
-                rng.exp(period_ms / 2.0)
-            } else {
-                rng.exp(period_ms)
-            };
-        Arrivals {
-            rng,
-            kind,
-            rate_per_ms,
-            period_ms,
-            t: start,
-            end,
-            on,
-            phase_end,
-        }
+        let phase_end = start + if on { rng.exp(period_ms / 2.0) } else { rng.exp(period_ms) };
+        Arrivals { rng, kind, rate_per_ms, period_ms, t: start, end, on, phase_end }
     }
 }
 
@@ -156,10 +142,7 @@ struct SlidingLog {
 
 impl SlidingLog {
     fn new(period_ms: u64) -> Self {
-        SlidingLog {
-            times: VecDeque::new(),
-            period_ms,
-        }
+        SlidingLog { times: VecDeque::new(), period_ms }
     }
     fn count_at(&mut self, t: u64) -> usize {
         while let Some(&front) = self.times.front() {
@@ -232,23 +215,14 @@ fn simulate(rate: Rate, arrivals: Arrivals, backend: bool) -> Tally {
         // What the window module says the entry should hold after rolling.
         let idx = window_index(now, p);
         let (want_prev, want_cur) = if u64::from(e.window) < idx {
-            roll(
-                u64::from(e.window),
-                e.prev,
-                e.cur.saturating_add(e.inflight),
-                idx,
-            )
+            roll(u64::from(e.window), e.prev, e.cur.saturating_add(e.inflight), idx)
         } else {
             (e.prev, e.cur.saturating_add(e.inflight))
         };
 
         let c = check(&mut e, rate, now);
 
-        assert_eq!(
-            u64::from(e.window),
-            idx,
-            "entry rolled to the current window"
-        );
+        assert_eq!(u64::from(e.window), idx, "entry rolled to the current window");
         assert_eq!(
             (e.prev, e.cur.saturating_add(e.inflight)),
             (want_prev, want_cur),
@@ -292,22 +266,10 @@ fn trace_simulation() {
     // Offered load as a multiple of the limit, cycled over the sources.
     const LOADS: [f64; 9] = [0.1, 0.25, 0.5, 0.8, 0.95, 1.0, 1.05, 1.5, 3.0];
     const RATES: [Rate; 4] = [
-        Rate {
-            limit: 10,
-            period: 1,
-        },
-        Rate {
-            limit: 100,
-            period: 1,
-        },
-        Rate {
-            limit: 100,
-            period: 60,
-        },
-        Rate {
-            limit: 1000,
-            period: 60,
-        },
+        Rate { limit: 10, period: 1 },
+        Rate { limit: 100, period: 1 },
+        Rate { limit: 100, period: 60 },
+        Rate { limit: 1000, period: 60 },
     ];
 
     let mut by_kind = [Tally::default(); 2];
@@ -316,11 +278,7 @@ fn trace_simulation() {
     let mut total = Tally::default();
     let mut rng = Rng::new(0x5eed);
     for s in 0..SOURCES {
-        let kind = if s % 2 == 0 {
-            Kind::Poisson
-        } else {
-            Kind::Bursty
-        };
+        let kind = if s % 2 == 0 { Kind::Poisson } else { Kind::Bursty };
         let li = (s as usize / 2) % LOADS.len();
         let ri = (s as usize / 2 / LOADS.len()) % RATES.len();
         let rate = RATES[ri];

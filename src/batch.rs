@@ -130,12 +130,7 @@ impl Batch {
             return true;
         }
         let tag = redis_tag(namespace, key);
-        let item = Item {
-            tag,
-            period,
-            limit,
-            n: 1,
-        };
+        let item = Item { tag, period, limit, n: 1 };
         if self.full(item.bytes()) {
             self.dropped += 1;
             return false;
@@ -148,10 +143,7 @@ impl Batch {
     /// Takes every pending item, leaving the batch empty.
     pub fn drain(&mut self) -> (Vec<(ItemId, Item)>, Vec<Delete>) {
         self.bytes = 0;
-        (
-            self.items.drain().collect(),
-            std::mem::take(&mut self.deletes),
-        )
+        (self.items.drain().collect(), std::mem::take(&mut self.deletes))
     }
 }
 
@@ -160,11 +152,7 @@ mod tests {
     use super::*;
 
     fn id(zone: u32, e: u64, window: u64) -> ItemId {
-        ItemId {
-            zone,
-            entry: [e, 0],
-            window,
-        }
+        ItemId { zone, entry: [e, 0], window }
     }
 
     #[test]
@@ -232,21 +220,12 @@ mod tests {
         assert!(b.is_empty());
         assert!(b.add(id(0, 9, 7), b"ns", b"k", 60, 5));
         assert!(b.add(id(0, 8, 7), b"ns", b"other", 60, 5));
-        let d = Delete {
-            zone: 0,
-            entry: [9, 0],
-            tag: redis_tag(b"ns", b"k"),
-            period: 60,
-            window: 7,
-        };
+        let d =
+            Delete { zone: 0, entry: [9, 0], tag: redis_tag(b"ns", b"k"), period: 60, window: 7 };
         assert!(b.delete(d.clone()));
         assert!(!b.is_empty());
         let (items, deletes) = b.drain();
-        assert_eq!(
-            items.len(),
-            1,
-            "the deleted key's pending increment is gone"
-        );
+        assert_eq!(items.len(), 1, "the deleted key's pending increment is gone");
         assert_eq!(&*items[0].1.tag, b"ns:other");
         assert_eq!(deletes, vec![d]);
         assert!(b.is_empty());

@@ -137,11 +137,7 @@ pub extern "C" fn cmd_zone(
     let existing = mcf.zones.iter().position(|z| z.name == params.name);
     if let Some(i) = existing {
         if mcf.zones[i].declared {
-            return refuse(
-                cf,
-                D,
-                format!("zone \"{}\" is already declared", params.name),
-            );
+            return refuse(cf, D, format!("zone \"{}\" is already declared", params.name));
         }
     }
 
@@ -184,11 +180,7 @@ pub extern "C" fn cmd_zone(
     // SAFETY: just returned by nginx, non-null.
     let shm = unsafe { &mut *shm_zone };
     if !shm.data.is_null() {
-        return refuse(
-            cf,
-            D,
-            format!("zone \"{}\" is already declared", params.name),
-        );
+        return refuse(cf, D, format!("zone \"{}\" is already declared", params.name));
     }
 
     let zone = Box::new(ZoneConf {
@@ -239,22 +231,14 @@ pub extern "C" fn cmd_limit(
             );
         }
         if lcf.limits.as_ref().is_some_and(|l| !l.is_empty()) {
-            return refuse(
-                cf,
-                D,
-                "\"off\" cannot be combined with limits at the same level",
-            );
+            return refuse(cf, D, "\"off\" cannot be combined with limits at the same level");
         }
         lcf.off = true;
         lcf.limits = Some(Vec::new());
         return NGX_CONF_OK;
     }
     if lcf.off {
-        return refuse(
-            cf,
-            D,
-            "\"off\" cannot be combined with limits at the same level",
-        );
+        return refuse(cf, D, "\"off\" cannot be combined with limits at the same level");
     }
 
     let rate = match Rate::parse(args[2].as_bytes()) {
@@ -282,11 +266,7 @@ pub extern "C" fn cmd_limit(
     let limit = Limit { zone, rate };
     let limits = lcf.limits.get_or_insert_with(Vec::new);
     if limits.contains(&limit) {
-        return refuse(
-            cf,
-            D,
-            format!("duplicate limit \"{} {}\"", show(&args[1]), rate),
-        );
+        return refuse(cf, D, format!("duplicate limit \"{} {}\"", show(&args[1]), rate));
     }
     limits.push(limit);
     NGX_CONF_OK
@@ -324,10 +304,7 @@ fn flag(cf: *mut ngx_conf_t, directive: &str, slot: &mut Option<bool>) -> *mut c
             return refuse(
                 cf,
                 directive,
-                format!(
-                    "invalid value \"{}\": \"on\" or \"off\" expected",
-                    show(&args[1])
-                ),
+                format!("invalid value \"{}\": \"on\" or \"off\" expected", show(&args[1])),
             )
         }
     });
@@ -357,11 +334,7 @@ pub extern "C" fn cmd_status(
             lcf.status = Some(c);
             NGX_CONF_OK
         }
-        _ => refuse(
-            cf,
-            D,
-            format!("invalid status \"{}\": 400 to 599 expected", show(&args[1])),
-        ),
+        _ => refuse(cf, D, format!("invalid status \"{}\": 400 to 599 expected", show(&args[1]))),
     }
 }
 

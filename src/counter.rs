@@ -43,11 +43,7 @@ pub fn roll(e: &mut Entry, now_ms: u64, period_ms: u64) -> u64 {
         e.window = idx as u32;
         return idx;
     }
-    e.prev = if idx == stored + 1 {
-        e.cur.saturating_add(e.inflight)
-    } else {
-        0
-    };
+    e.prev = if idx == stored + 1 { e.cur.saturating_add(e.inflight) } else { 0 };
     e.cur = 0;
     e.inflight = 0;
     e.window = idx as u32;
@@ -96,14 +92,7 @@ pub fn check(e: &mut Entry, rate: Rate, now_ms: u64) -> Check {
         retry_at_ms: if allowed {
             now_ms
         } else {
-            free_at(
-                rate,
-                e.prev,
-                total,
-                window_start_ms,
-                now_ms.max(window_start_ms),
-            )
-            .min(latest)
+            free_at(rate, e.prev, total, window_start_ms, now_ms.max(window_start_ms)).min(latest)
         },
         window,
         window_start_ms,
@@ -124,12 +113,7 @@ pub fn count(e: &mut Entry, backend: bool) {
 pub fn estimate(e: &Entry, rate: Rate, now_ms: u64) -> Estimate {
     let p = rate.period_ms();
     let ws = u64::from(e.window) * p;
-    Estimate::new(
-        e.prev,
-        e.cur.saturating_add(e.inflight),
-        now_ms.saturating_sub(ws),
-        p,
-    )
+    Estimate::new(e.prev, e.cur.saturating_add(e.inflight), now_ms.saturating_sub(ws), p)
 }
 
 /// Redis's answer to one coalesced increment.
@@ -213,10 +197,7 @@ pub fn keep_local(e: &mut Entry, window: u64, sent: u32) {
 mod tests {
     use super::*;
 
-    const R: Rate = Rate {
-        limit: 10,
-        period: 60,
-    };
+    const R: Rate = Rate { limit: 10, period: 60 };
     const T0: u64 = 1_700_000_040_000; // start of a minute
 
     fn fresh() -> Entry {
@@ -248,17 +229,7 @@ mod tests {
         assert_eq!((e.cur, e.inflight), (0, 3));
         // Redis says the window holds 8: our 3 plus 5 from other nodes.
         let idx = window_index(T0, R.period_ms());
-        confirm(
-            &mut e,
-            &Confirmation {
-                window: idx,
-                sent: 3,
-                cur: 8,
-                prev: Some(0),
-            },
-            R,
-            T0 + 5,
-        );
+        confirm(&mut e, &Confirmation { window: idx, sent: 3, cur: 8, prev: Some(0) }, R, T0 + 5);
         assert_eq!((e.cur, e.inflight), (8, 0));
         assert!(check(&mut e, R, T0 + 6).allowed);
         count(&mut e, true);
@@ -277,28 +248,8 @@ mod tests {
             check(&mut e, R, T0);
             count(&mut e, true);
         }
-        confirm(
-            &mut e,
-            &Confirmation {
-                window: idx,
-                sent: 1,
-                cur: 6,
-                prev: Some(0),
-            },
-            R,
-            T0,
-        );
-        confirm(
-            &mut e,
-            &Confirmation {
-                window: idx,
-                sent: 1,
-                cur: 4,
-                prev: Some(0),
-            },
-            R,
-            T0,
-        );
+        confirm(&mut e, &Confirmation { window: idx, sent: 1, cur: 6, prev: Some(0) }, R, T0);
+        confirm(&mut e, &Confirmation { window: idx, sent: 1, cur: 4, prev: Some(0) }, R, T0);
         assert_eq!((e.cur, e.inflight), (6, 0));
     }
 
@@ -308,27 +259,14 @@ mod tests {
         let idx = window_index(T0, R.period_ms());
         check(&mut e, R, T0);
         count(&mut e, true);
-        confirm(
-            &mut e,
-            &Confirmation {
-                window: idx,
-                sent: 1,
-                cur: 10,
-                prev: Some(0),
-            },
-            R,
-            T0 + 1,
-        );
+        confirm(&mut e, &Confirmation { window: idx, sent: 1, cur: 10, prev: Some(0) }, R, T0 + 1);
         assert_eq!(e.blocked_limit, 10);
         assert_eq!(e.blocked_until_ms, T0 + 60_000 + 1);
         let c = check(&mut e, R, T0 + 2);
         assert!(!c.allowed);
         assert_eq!(c.retry_at_ms, T0 + 60_000 + 1);
         // a looser limit on the same entry is not held by that breaker
-        let loose = Rate {
-            limit: 20,
-            period: 60,
-        };
+        let loose = Rate { limit: 20, period: 60 };
         assert!(check(&mut e, loose, T0 + 3).allowed);
     }
 
@@ -348,12 +286,7 @@ mod tests {
         let old = window_index(T0, R.period_ms());
         confirm(
             &mut e,
-            &Confirmation {
-                window: old,
-                sent: 4,
-                cur: 12,
-                prev: Some(0),
-            },
+            &Confirmation { window: old, sent: 4, cur: 12, prev: Some(0) },
             R,
             T0 + 90_001,
         );
@@ -371,42 +304,19 @@ mod tests {
         // A's INCRBY reply already includes worker B's 5 (cur = 10) before
         // B's own reply is applied: the total is briefly 15, but only the
         // global 10 may arm the breaker, and a limit of 12 is not reached.
-        let r = Rate {
-            limit: 12,
-            period: 60,
-        };
+        let r = Rate { limit: 12, period: 60 };
         let mut e = fresh();
         for _ in 0..10 {
             assert!(check(&mut e, r, T0).allowed);
             count(&mut e, true);
         }
         let idx = window_index(T0, r.period_ms());
-        confirm(
-            &mut e,
-            &Confirmation {
-                window: idx,
-                sent: 5,
-                cur: 10,
-                prev: Some(0),
-            },
-            r,
-            T0 + 1,
-        );
+        confirm(&mut e, &Confirmation { window: idx, sent: 5, cur: 10, prev: Some(0) }, r, T0 + 1);
         assert_eq!((e.cur, e.inflight), (10, 5));
         assert_eq!(e.blocked_until_ms, 0, "no breaker from a double count");
         // until B's reply arrives decisions are conservative...
         assert!(!check(&mut e, r, T0 + 2).allowed);
-        confirm(
-            &mut e,
-            &Confirmation {
-                window: idx,
-                sent: 5,
-                cur: 10,
-                prev: Some(0),
-            },
-            r,
-            T0 + 3,
-        );
+        confirm(&mut e, &Confirmation { window: idx, sent: 5, cur: 10, prev: Some(0) }, r, T0 + 3);
         // ...then exact again: 2 more pass
         assert!(check(&mut e, r, T0 + 4).allowed);
     }
@@ -450,10 +360,7 @@ mod tests {
 
     #[test]
     fn clock_step_back_of_an_hour_neither_blocks_nor_floods() {
-        let r = Rate {
-            limit: 10,
-            period: 1,
-        };
+        let r = Rate { limit: 10, period: 1 };
         let mut e = fresh();
         let mut redis = std::collections::HashMap::new();
         let (a, _) = run(&mut e, r, T0, 3000, &mut redis);
@@ -474,10 +381,7 @@ mod tests {
 
     #[test]
     fn clock_step_forward_of_an_hour_forgets_and_goes_on() {
-        let r = Rate {
-            limit: 10,
-            period: 60,
-        };
+        let r = Rate { limit: 10, period: 60 };
         let mut e = fresh();
         let mut redis = std::collections::HashMap::new();
         let (a, _) = run(&mut e, r, T0, 1000, &mut redis);
@@ -493,10 +397,7 @@ mod tests {
 
     #[test]
     fn a_worker_a_little_behind_keeps_the_entry() {
-        let r = Rate {
-            limit: 10,
-            period: 1,
-        };
+        let r = Rate { limit: 10, period: 1 };
         let mut e = fresh();
         let w = T0 / 1000 + 1;
         for _ in 0..10 {
@@ -534,12 +435,7 @@ mod tests {
         let old = window_index(T0, R.period_ms());
         confirm(
             &mut e,
-            &Confirmation {
-                window: old,
-                sent: 1,
-                cur: 99,
-                prev: Some(99),
-            },
+            &Confirmation { window: old, sent: 1, cur: 99, prev: Some(99) },
             R,
             T0 + 180_000,
         );

@@ -56,10 +56,8 @@ const DENY_RETRY_MS: u64 = 1000;
 
 impl Mode {
     fn of(zone: &ZoneConf, index: usize, channel: Option<&Arc<Channel>>) -> Mode {
-        let Some(on_error) = zone
-            .params
-            .as_ref()
-            .and_then(|p| p.backend.as_ref().map(|_| p.on_error))
+        let Some(on_error) =
+            zone.params.as_ref().and_then(|p| p.backend.as_ref().map(|_| p.on_error))
         else {
             return Mode::Local;
         };
@@ -177,12 +175,7 @@ pub fn decide(mcf: &MainConf, asks: &[Ask<'_>], now: u64, take: Take) -> Result<
         let guard = zones.iter().position(|&z| z == a.zone).unwrap_or(0);
         let mode = Mode::of(&mcf.zones[a.zone], a.zone, channel);
         let (entry, s) = check(&mut guards[guard], id, a.rate, mode, now);
-        slots.push(Slot {
-            guard,
-            entry,
-            id,
-            mode,
-        });
+        slots.push(Slot { guard, entry, id, mode });
         said.push(s);
     }
     let allowed = said.iter().all(|s| s.check.allowed);
@@ -191,9 +184,7 @@ pub fn decide(mcf: &MainConf, asks: &[Ask<'_>], now: u64, take: Take) -> Result<
     let mut sends: SmallVec<[(usize, u32); 4]> = SmallVec::new();
     if allowed || take == Take::Always {
         for (i, (a, s)) in asks.iter().zip(&slots).enumerate() {
-            let first = slots[..i]
-                .iter()
-                .position(|o| o.guard == s.guard && o.entry == s.entry);
+            let first = slots[..i].iter().position(|o| o.guard == s.guard && o.entry == s.entry);
             match first {
                 None => {
                     if count(&mut guards[s.guard], s.entry, s.mode) {
@@ -245,13 +236,7 @@ pub fn decide(mcf: &MainConf, asks: &[Ask<'_>], now: u64, take: Take) -> Result<
             queue(ch, &asks[i], s.id, said[i].check.window, limit, urgent);
         }
     }
-    Ok(Decision {
-        allowed,
-        remaining,
-        retry_at_ms,
-        tightest,
-        said: said[tightest],
-    })
+    Ok(Decision { allowed, remaining, retry_at_ms, tightest, said: said[tightest] })
 }
 
 /// `decide` for one limit: the same steps.
@@ -272,14 +257,7 @@ fn decide_one(
     drop(locked);
     let left = said.after.remaining(a.rate.limit);
     if let Some(ch) = channel.filter(|_| send) {
-        queue(
-            ch,
-            a,
-            id,
-            said.check.window,
-            a.rate.limit,
-            left <= a.rate.limit / 2,
-        );
+        queue(ch, a, id, said.check.window, a.rate.limit, left <= a.rate.limit / 2);
     }
     Ok(Decision {
         allowed,
@@ -293,11 +271,7 @@ fn decide_one(
 /// The zone's shared memory and the key's entry id (hashed outside any
 /// lock).
 fn identify<'m>(mcf: &'m MainConf, a: &Ask<'_>) -> Result<(&'m Shared, [u64; 2]), NoZone> {
-    let shared = mcf
-        .zones
-        .get(a.zone)
-        .and_then(|z| z.shared.as_ref())
-        .ok_or(NoZone)?;
+    let shared = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()).ok_or(NoZone)?;
     Ok((shared, shared.ids.id(a.namespace, a.rate.period, a.key)))
 }
 
@@ -306,13 +280,7 @@ fn check(locked: &mut Locked<'_>, id: [u64; 2], rate: Rate, mode: Mode, now: u64
     let (entry, _) = locked.table.get_or_insert(id);
     let mut check = counter::check(locked.table.entry_mut(entry), rate, now);
     mode.apply(&mut check, now);
-    (
-        entry,
-        Said {
-            check,
-            after: check.estimate,
-        },
-    )
+    (entry, Said { check, after: check.estimate })
 }
 
 /// Counts the request in an entry, unless the backend's `on_error` says it
@@ -335,10 +303,6 @@ fn near(said: &Said, rate: Rate) -> bool {
 
 /// Queues one counted request for the zone's Redis thread.
 fn queue(ch: &Channel, a: &Ask<'_>, id: [u64; 2], window: u64, limit: u32, urgent: bool) {
-    let item = ItemId {
-        zone: a.zone as u32,
-        entry: id,
-        window,
-    };
+    let item = ItemId { zone: a.zone as u32, entry: id, window };
     ch.push(item, a.namespace, a.key, a.rate.period, limit, urgent);
 }

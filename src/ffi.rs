@@ -84,9 +84,9 @@ impl<'a> Call<'a> {
         key_len: usize,
     ) -> Result<Call<'a>, c_int> {
         // SAFETY: per the function's contract.
-        let (Some(ns), Some(key)) = (unsafe { bytes(namespace, namespace_len) }, unsafe {
-            bytes(key, key_len)
-        }) else {
+        let (Some(ns), Some(key)) =
+            (unsafe { bytes(namespace, namespace_len) }, unsafe { bytes(key, key_len) })
+        else {
             return Err(ERR_ARGS);
         };
         if key.is_empty()
@@ -101,14 +101,7 @@ impl<'a> Call<'a> {
         let z = mcf.zones.get(index).ok_or(ERR_ZONE)?;
         // declared, but its shared memory is not set up yet (init_by_lua*)
         let shared = z.shared.as_ref().ok_or(ERR_NOT_READY)?;
-        Ok(Call {
-            mcf,
-            index,
-            zone: z,
-            shared,
-            ns,
-            key,
-        })
+        Ok(Call { mcf, index, zone: z, shared, ns, key })
     }
 }
 
@@ -126,11 +119,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_zone_index(name: *const u8, le
     let Some(mcf) = main_conf() else {
         return ERR_NOT_READY;
     };
-    match mcf
-        .zones
-        .iter()
-        .position(|z| z.declared && z.name.as_bytes() == name)
-    {
+    match mcf.zones.iter().position(|z| z.declared && z.name.as_bytes() == name) {
         // init_by_lua* runs while the configuration is read, before the
         // zones' shared memory exists (lua-nginx-module points `ngx_cycle`
         // at the cycle being built)
@@ -202,25 +191,10 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     if limit == 0 {
         return ERR_ARGS;
     }
-    let Call {
-        mcf,
-        index,
-        ns,
-        key,
-        ..
-    } = call;
+    let Call { mcf, index, ns, key, .. } = call;
     let rate = Rate { limit, period };
-    let how = if take == TAKE_ALWAYS {
-        Take::Always
-    } else {
-        Take::IfAllowed
-    };
-    let ask = Ask {
-        zone: index,
-        namespace: ns,
-        key,
-        rate,
-    };
+    let how = if take == TAKE_ALWAYS { Take::Always } else { Take::IfAllowed };
+    let ask = Ask { zone: index, namespace: ns, key, rate };
     let now = now_ms();
     let Ok(d) = engine::decide(mcf, &[ask], now, how) else {
         return ERR_ZONE;
@@ -236,11 +210,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
             *remaining = if allowed { after.remaining(limit) } else { 0 };
         }
         if !retry_ms.is_null() {
-            *retry_ms = if allowed {
-                0
-            } else {
-                d.retry_at_ms.saturating_sub(now)
-            };
+            *retry_ms = if allowed { 0 } else { d.retry_at_ms.saturating_sub(now) };
         }
     }
     if allowed {
@@ -264,17 +234,11 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     key_len: usize,
 ) -> c_int {
     // SAFETY: per the function's contract.
-    let Call {
-        index,
-        zone: z,
-        shared,
-        ns,
-        key,
-        ..
-    } = match unsafe { Call::new(zone, namespace, namespace_len, period, key, key_len) } {
-        Ok(c) => c,
-        Err(rc) => return rc,
-    };
+    let Call { index, zone: z, shared, ns, key, .. } =
+        match unsafe { Call::new(zone, namespace, namespace_len, period, key, key_len) } {
+            Ok(c) => c,
+            Err(rc) => return rc,
+        };
     let id = {
         let mut locked = shared.lock();
         let id = shared.ids.id(ns, period, key);

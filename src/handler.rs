@@ -125,12 +125,8 @@ fn limit(
         if key.is_empty() {
             return Ok(NGX_DECLINED as ngx_int_t);
         }
-        let ask = Ask {
-            zone: l.zone,
-            namespace: mcf.zones[l.zone].name.as_bytes(),
-            key,
-            rate: l.rate,
-        };
+        let ask =
+            Ask { zone: l.zone, namespace: mcf.zones[l.zone].name.as_bytes(), key, rate: l.rate };
         let now = now_ms();
         let decision = engine::decide(mcf, &[ask], now, Take::IfAllowed).map_err(|_| ())?;
         return finish(r, mcf, lcf, now, limits, &decision);
@@ -196,11 +192,7 @@ fn finish(
 ) -> Result<ngx_int_t, ()> {
     let rejected = !d.allowed;
     let remaining = d.remaining;
-    let retry_at = if rejected {
-        d.retry_at_ms.max(now)
-    } else {
-        now
-    };
+    let retry_at = if rejected { d.retry_at_ms.max(now) } else { now };
     let tightest = &limits[d.tightest];
     let said = &d.said;
     let dry_run = lcf.dry_run.unwrap_or(false);
@@ -249,18 +241,14 @@ fn finish(
         } else {
             seconds_until(now, said.check.window_start_ms + tightest.rate.period_ms())
         };
-        let state = format!(
-            "\"{}\";r={};t={}",
-            mcf.zones[tightest.zone].name, remaining, reset
-        );
+        let state = format!("\"{}\";r={};t={}", mcf.zones[tightest.zone].name, remaining, reset);
         req.add_header_out("RateLimit-Policy", &policy).ok_or(())?;
         req.add_header_out("RateLimit", &state).ok_or(())?;
     }
 
     if rejected && !dry_run {
         let secs = seconds_until(now, retry_at);
-        req.add_header_out("Retry-After", &secs.to_string())
-            .ok_or(())?;
+        req.add_header_out("Retry-After", &secs.to_string()).ok_or(())?;
         return Ok(ngx_int_t::from(lcf.status.unwrap_or(DEFAULT_STATUS) as i16));
     }
     Ok(NGX_DECLINED as ngx_int_t)

@@ -122,10 +122,7 @@ mod tests {
         // the namespace length is hashed, so bytes cannot move across it
         assert_ne!(entry_id(s, b"ab", 1, b"c"), entry_id(s, b"a", 1, b"bc"));
         // binary keys are fine
-        assert_ne!(
-            entry_id(s, b"z", 1, &[0, 255]),
-            entry_id(s, b"z", 1, &[0, 254])
-        );
+        assert_ne!(entry_id(s, b"z", 1, &[0, 255]), entry_id(s, b"z", 1, &[0, 254]));
     }
 
     #[test]
@@ -153,23 +150,10 @@ mod tests {
 
     #[test]
     fn both_windows_share_a_slot_whatever_the_key_bytes() {
-        for key in [
-            &b"plain"[..],
-            b"a}b",
-            b"}",
-            b"{",
-            b"{x}",
-            b"\r\n*3",
-            &[0, 255, b'}', b'{'],
-        ] {
+        for key in [&b"plain"[..], b"a}b", b"}", b"{", b"{x}", b"\r\n*3", &[0, 255, b'}', b'{']] {
             let cur = redis_key(b"rl:", b"z", key, 60, 120);
             let prev = redis_key(b"rl:", b"z", key, 60, 60);
-            assert_eq!(
-                hash_tag(&cur),
-                hash_tag(&prev),
-                "{:?}",
-                String::from_utf8_lossy(key)
-            );
+            assert_eq!(hash_tag(&cur), hash_tag(&prev), "{:?}", String::from_utf8_lossy(key));
             // the tag always starts with the namespace: a key cannot move
             // its counter to another zone's tag
             assert!(hash_tag(&cur).starts_with(b"z:"));

@@ -99,10 +99,7 @@ mod glue {
 
     /// nginx compares directive names with `strcmp`: they need a NUL.
     const fn name(s: &'static std::ffi::CStr) -> ngx_str_t {
-        ngx_str_t {
-            len: s.count_bytes(),
-            data: s.as_ptr().cast_mut().cast(),
-        }
+        ngx_str_t { len: s.count_bytes(), data: s.as_ptr().cast_mut().cast() }
     }
 
     const ANY_LEVEL: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;

@@ -49,11 +49,7 @@ pub fn parse_size(s: &[u8]) -> Option<usize> {
     if num.is_empty() || !num.iter().all(u8::is_ascii_digit) || num.len() > 12 {
         return None;
     }
-    std::str::from_utf8(num)
-        .ok()?
-        .parse::<usize>()
-        .ok()?
-        .checked_mul(scale)
+    std::str::from_utf8(num).ok()?.parse::<usize>().ok()?.checked_mul(scale)
 }
 
 /// nginx time syntax in milliseconds: `100ms`, `2s`, `1m30s`, `1h`, `1d`; a
@@ -126,16 +122,9 @@ pub fn redact(url: &str) -> String {
 fn check_url(url: &str) -> Result<(), String> {
     let shown = redact(url);
     let lower = url.to_ascii_lowercase();
-    if ![
-        "redis://",
-        "rediss://",
-        "redis+unix://",
-        "unix://",
-        "valkey://",
-        "valkeys://",
-    ]
-    .iter()
-    .any(|s| lower.starts_with(s))
+    if !["redis://", "rediss://", "redis+unix://", "unix://", "valkey://", "valkeys://"]
+        .iter()
+        .any(|s| lower.starts_with(s))
     {
         return Err(format!(
             "invalid Redis URL \"{shown}\": expected redis://[user:pass@]host:port[/db], rediss://... or redis+unix:///path"
@@ -176,9 +165,7 @@ pub fn parse_zone_params(args: &[&[u8]], min_size: usize) -> Result<ZoneParams, 
                 })?;
                 let (n, sz) = (&v[..colon], &v[colon + 1..]);
                 if n.is_empty()
-                    || !n
-                        .iter()
-                        .all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+                    || !n.iter().all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}')
                 {
                     return Err(format!(
                         "invalid zone name \"{}\": printable ASCII without braces expected",
@@ -385,10 +372,7 @@ mod tests {
 
     #[test]
     fn passwords_never_shown() {
-        assert_eq!(
-            redact("redis://user:s3cret@h:1/0"),
-            "redis://user:***@h:1/0"
-        );
+        assert_eq!(redact("redis://user:s3cret@h:1/0"), "redis://user:***@h:1/0");
         assert_eq!(redact("redis://:s3cret@h:1"), "redis://:***@h:1");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
         let err = parse("zone=a:1m redis=redis://u:s3cret@h:notaport").unwrap_err();
@@ -396,15 +380,7 @@ mod tests {
         let err = parse("zone=a:1m redis=http://u:s3cret@h:1").unwrap_err();
         assert!(!err.contains("s3cret"), "{err}");
         // whatever bytes the password holds, as typed
-        for pass in [
-            "se/cr#et?x@y%zz",
-            "a/b",
-            "#x",
-            "?q",
-            "@@",
-            "p%2Fss",
-            "x@h:1/",
-        ] {
+        for pass in ["se/cr#et?x@y%zz", "a/b", "#x", "?q", "@@", "p%2Fss", "x@h:1/"] {
             for url in [
                 format!("redis://user:{pass}@127.0.0.1:6379/0"),
                 format!("redis://:{pass}@127.0.0.1:6379"),

@@ -25,10 +25,8 @@ impl Rate {
         if digits == 0 || digits > 10 {
             return Err(RateError);
         }
-        let limit: u64 = std::str::from_utf8(&s[..digits])
-            .ok()
-            .and_then(|d| d.parse().ok())
-            .ok_or(RateError)?;
+        let limit: u64 =
+            std::str::from_utf8(&s[..digits]).ok().and_then(|d| d.parse().ok()).ok_or(RateError)?;
         if limit == 0 || limit > u64::from(u32::MAX) {
             return Err(RateError);
         }
@@ -39,10 +37,7 @@ impl Rate {
             b"r/d" => 86400,
             _ => return Err(RateError),
         };
-        Ok(Rate {
-            limit: limit as u32,
-            period,
-        })
+        Ok(Rate { limit: limit as u32, period })
     }
 
     pub fn period_ms(&self) -> u64 {
@@ -72,34 +67,10 @@ mod tests {
 
     #[test]
     fn parses_every_unit() {
-        assert_eq!(
-            Rate::parse(b"10r/s"),
-            Ok(Rate {
-                limit: 10,
-                period: 1
-            })
-        );
-        assert_eq!(
-            Rate::parse(b"1r/m"),
-            Ok(Rate {
-                limit: 1,
-                period: 60
-            })
-        );
-        assert_eq!(
-            Rate::parse(b"100r/h"),
-            Ok(Rate {
-                limit: 100,
-                period: 3600
-            })
-        );
-        assert_eq!(
-            Rate::parse(b"7r/d"),
-            Ok(Rate {
-                limit: 7,
-                period: 86400
-            })
-        );
+        assert_eq!(Rate::parse(b"10r/s"), Ok(Rate { limit: 10, period: 1 }));
+        assert_eq!(Rate::parse(b"1r/m"), Ok(Rate { limit: 1, period: 60 }));
+        assert_eq!(Rate::parse(b"100r/h"), Ok(Rate { limit: 100, period: 3600 }));
+        assert_eq!(Rate::parse(b"7r/d"), Ok(Rate { limit: 7, period: 86400 }));
         assert_eq!(Rate::parse(b"4294967295r/s").map(|r| r.limit), Ok(u32::MAX));
     }
 
@@ -121,12 +92,7 @@ mod tests {
             b"99999999999r/s",
             b"1.5r/s",
         ] {
-            assert_eq!(
-                Rate::parse(bad),
-                Err(RateError),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
+            assert_eq!(Rate::parse(bad), Err(RateError), "{:?}", String::from_utf8_lossy(bad));
         }
     }
 

@@ -147,11 +147,7 @@ impl<'a> Table<'a> {
                 ..Entry::default()
             };
         }
-        Table {
-            hdr,
-            buckets,
-            entries,
-        }
+        Table { hdr, buckets, entries }
     }
 
     /// Whether a header describes a table of this version over this layout.
@@ -170,11 +166,7 @@ impl<'a> Table<'a> {
         buckets: &'a mut [u32],
         entries: &'a mut [Entry],
     ) -> Table<'a> {
-        Table {
-            hdr,
-            buckets,
-            entries,
-        }
+        Table { hdr, buckets, entries }
     }
 
     pub fn len(&self) -> usize {
@@ -188,11 +180,8 @@ impl<'a> Table<'a> {
     /// Claims the right to log a line of this kind in second `sec`: true for
     /// the first caller in that second, across all workers.
     pub fn claim_log(&mut self, error: bool, sec: u64) -> bool {
-        let slot = if error {
-            &mut self.hdr.error_logged_sec
-        } else {
-            &mut self.hdr.notice_logged_sec
-        };
+        let slot =
+            if error { &mut self.hdr.error_logged_sec } else { &mut self.hdr.notice_logged_sec };
         if *slot == sec {
             return false;
         }
@@ -252,13 +241,8 @@ impl<'a> Table<'a> {
             }
         };
         let b = self.bucket(id);
-        self.entries[i as usize] = Entry {
-            id,
-            next: self.buckets[b],
-            lru_prev: NIL,
-            lru_next: NIL,
-            ..Entry::default()
-        };
+        self.entries[i as usize] =
+            Entry { id, next: self.buckets[b], lru_prev: NIL, lru_next: NIL, ..Entry::default() };
         self.buckets[b] = i;
         self.lru_push_front(i);
         self.hdr.len += 1;
@@ -292,12 +276,8 @@ impl<'a> Table<'a> {
             }
         }
         self.lru_unlink(i);
-        self.entries[i as usize] = Entry {
-            next: self.hdr.free_head,
-            lru_prev: NIL,
-            lru_next: NIL,
-            ..Entry::default()
-        };
+        self.entries[i as usize] =
+            Entry { next: self.hdr.free_head, lru_prev: NIL, lru_next: NIL, ..Entry::default() };
         self.hdr.free_head = i;
         self.hdr.len -= 1;
     }
@@ -495,10 +475,7 @@ mod tests {
     #[test]
     fn validity_check() {
         let mut o = owned(16, 8);
-        let l = Layout {
-            capacity: 16,
-            nbuckets: 8,
-        };
+        let l = Layout { capacity: 16, nbuckets: 8 };
         assert!(!Table::is_valid(&o.hdr, l, 99));
         Table::format(&mut o.hdr, &mut o.buckets, &mut o.entries, [5, 6], 99);
         assert!(Table::is_valid(&o.hdr, l, 99));

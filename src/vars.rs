@@ -12,14 +12,10 @@ const REMAINING: usize = 1;
 
 /// Registers the variables (preconfiguration).
 pub unsafe extern "C" fn add(cf: *mut ngx_conf_t) -> ngx_int_t {
-    for (name, which) in [
-        (&b"redis_ratelimit_status"[..], STATUS),
-        (b"redis_ratelimit_remaining", REMAINING),
-    ] {
-        let mut n = ngx_str_t {
-            len: name.len(),
-            data: name.as_ptr().cast_mut(),
-        };
+    for (name, which) in
+        [(&b"redis_ratelimit_status"[..], STATUS), (b"redis_ratelimit_remaining", REMAINING)]
+    {
+        let mut n = ngx_str_t { len: name.len(), data: name.as_ptr().cast_mut() };
         // SAFETY: `cf` is valid during preconfiguration; nginx copies the name.
         let v =
             unsafe { ngx_http_add_variable(cf, &mut n, NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t) };

@@ -137,11 +137,7 @@ mod tests {
     fn fresh_key_gets_exactly_the_limit() {
         let r = rate(10, 60);
         let start = 1_700_000_040_000; // 0 s into a minute
-        let mut k = Key {
-            index: 0,
-            prev: 0,
-            cur: 0,
-        };
+        let mut k = Key { index: 0, prev: 0, cur: 0 };
         let allowed = (0..100).filter(|i| k.hit(r, start + i * 10)).count();
         assert_eq!(allowed, 10);
     }
@@ -223,11 +219,7 @@ mod tests {
         // 2x overload at 100 r/s for 10 s, evenly spaced: the sliding window
         // admits close to the limit.
         let r = rate(100, 1);
-        let mut k = Key {
-            index: 0,
-            prev: 0,
-            cur: 0,
-        };
+        let mut k = Key { index: 0, prev: 0, cur: 0 };
         let start = 1_700_000_000_000;
         let allowed = (0..2000u64).filter(|i| k.hit(r, start + i * 5)).count();
         let ratio = allowed as f64 / 1000.0;

@@ -108,11 +108,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     }
     // the final flush (bounded by STOP_FLUSH) plus one exchange that may
     // have started just before it, bounded by its timeout
-    let stop_wait = specs
-        .iter()
-        .map(|s| s.timeout * 3)
-        .max()
-        .unwrap_or_default()
+    let stop_wait = specs.iter().map(|s| s.timeout * 3).max().unwrap_or_default()
         + backend::STOP_FLUSH
         + Duration::from_millis(200);
 
@@ -150,12 +146,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
             MAIN_CONF.store(ptr::from_mut(mcf), Ordering::Release);
             CYCLE.store(cycle, Ordering::Release);
             let _ = CHANNEL.set(channel);
-            *HANDLE.lock() = Some(Handle {
-                thread,
-                conn,
-                write_fd: wfd,
-                stop_wait,
-            });
+            *HANDLE.lock() = Some(Handle { thread, conn, write_fd: wfd, stop_wait });
         }
         Err(e) => {
             ngx_log_error!(
@@ -247,22 +238,13 @@ fn apply(log: *mut ngx_log_t) {
     let now = now_ms();
     for event in ch.take_events() {
         match event {
-            Event::Confirmed {
-                id,
-                period,
-                limit,
-                confirmation,
-            } => with_entry(mcf, id, |e| {
+            Event::Confirmed { id, period, limit, confirmation } => with_entry(mcf, id, |e| {
                 counter::confirm(e, &confirmation, Rate { limit, period }, now);
             }),
             Event::KeepLocal { id, sent } => with_entry(mcf, id, |e| {
                 counter::keep_local(e, id.window, sent);
             }),
-            Event::Log {
-                zone,
-                level,
-                message,
-            } => {
+            Event::Log { zone, level, message } => {
                 let Some(shared) = mcf.zones.get(zone as usize).and_then(|z| z.shared.as_ref())
                 else {
                     continue;
@@ -280,11 +262,7 @@ fn apply(log: *mut ngx_log_t) {
 
 /// Runs `f` on the zone entry an item was for, if it is still there.
 fn with_entry(mcf: &MainConf, id: ItemId, f: impl FnOnce(&mut Entry)) {
-    let Some(shared) = mcf
-        .zones
-        .get(id.zone as usize)
-        .and_then(|z| z.shared.as_ref())
-    else {
+    let Some(shared) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref()) else {
         return;
     };
     let mut locked = shared.lock();

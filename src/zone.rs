@@ -61,10 +61,7 @@ impl Shared {
         // table until `Locked` drops; the parts lie inside the region as the
         // layout computed them when the table was formatted or checked.
         let table = unsafe { parts(self.table, self.layout, Table::attach) };
-        Locked {
-            pool: self.pool,
-            table,
-        }
+        Locked { pool: self.pool, table }
     }
 }
 
@@ -96,10 +93,7 @@ unsafe fn parts<'a, R>(
 
 fn random_seed() -> [u64; 2] {
     let mut buf = [0u8; 16];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .is_ok()
-    {
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).is_ok() {
         let a = u64::from_ne_bytes(buf[..8].try_into().unwrap_or_default());
         let b = u64::from_ne_bytes(buf[8..].try_into().unwrap_or_default());
         return [a, b];
@@ -196,11 +190,6 @@ pub unsafe extern "C" fn init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) 
     // SAFETY: the table was formatted or checked above; the seed never
     // changes after formatting.
     let seed = unsafe { (*table.cast::<Header>()).seed };
-    zone.shared = Some(Shared {
-        pool,
-        table,
-        layout,
-        ids: IdHasher::new(seed),
-    });
+    zone.shared = Some(Shared { pool, table, layout, ids: IdHasher::new(seed) });
     NGX_OK as ngx_int_t
 }

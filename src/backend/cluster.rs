@@ -52,8 +52,7 @@ impl Backend {
     /// Whether a group for `node` may be sent now: always for a master that
     /// works, once its backoff is over for one that failed.
     pub(super) fn node_may_send(&self, node: Option<&str>, now: Instant) -> bool {
-        node.and_then(|n| self.nodes.get(n))
-            .is_none_or(|h| h.may_send(now))
+        node.and_then(|n| self.nodes.get(n)).is_none_or(|h| h.may_send(now))
     }
 
     pub(super) fn link_ok(&mut self, node: Option<&str>, events: &mut Vec<Event>) {
@@ -88,11 +87,7 @@ impl Backend {
         };
         self.topo_at = None;
         let now = Instant::now();
-        let first = self
-            .nodes
-            .entry(n.to_string())
-            .or_insert_with(|| Health::new(now))
-            .failed(now);
+        let first = self.nodes.entry(n.to_string()).or_insert_with(|| Health::new(now)).failed(now);
         let text = format!(
             "redis_ratelimit: zone \"{}\": sending to Redis Cluster master {} of {} failed: {}; the keys of its slots wait",
             self.spec.name,
@@ -109,22 +104,14 @@ impl Backend {
     /// through (`send`).
     pub(super) fn probe_nodes(&mut self, events: &mut Vec<Event>) {
         let now = Instant::now();
-        let due: Vec<String> = self
-            .nodes
-            .iter()
-            .filter(|(_, h)| h.may_send(now))
-            .map(|(n, _)| n.clone())
-            .collect();
+        let due: Vec<String> =
+            self.nodes.iter().filter(|(_, h)| h.may_send(now)).map(|(n, _)| n.clone()).collect();
         if due.is_empty() || !self.ensure_conn(events) {
             return;
         }
         self.read_topology(true);
         for n in due {
-            if self
-                .topo
-                .as_ref()
-                .is_some_and(|t| !t.nodes().any(|m| m == n))
-            {
+            if self.topo.as_ref().is_some_and(|t| !t.nodes().any(|m| m == n)) {
                 self.nodes.remove(&n);
                 continue;
             }
@@ -159,11 +146,8 @@ impl Backend {
     /// on one that answered, which must say `cluster_state:ok`.
     pub(super) fn check_cluster(&mut self, events: &mut Vec<Event>) -> bool {
         self.read_topology(false);
-        let masters: Vec<String> = self
-            .topo
-            .as_ref()
-            .map(|t| t.nodes().map(str::to_string).collect())
-            .unwrap_or_default();
+        let masters: Vec<String> =
+            self.topo.as_ref().map(|t| t.nodes().map(str::to_string).collect()).unwrap_or_default();
         let Some(Conn::Cluster(c)) = self.conn.as_mut() else {
             return false;
         };
@@ -187,9 +171,7 @@ impl Backend {
                 Err(e) => failed.push((n.clone(), e)),
             }
         }
-        let state = answered
-            .as_ref()
-            .map(|n| c.query_on(n, redis::cmd("CLUSTER").arg("INFO")));
+        let state = answered.as_ref().map(|n| c.query_on(n, redis::cmd("CLUSTER").arg("INFO")));
         for (n, e) in failed {
             self.link_failed(Some(&n), &e, events);
         }
@@ -223,11 +205,7 @@ impl Backend {
     /// Reads `CLUSTER SLOTS` when the copy is old (or `force`). A failed
     /// read keeps the old copy.
     fn read_topology(&mut self, force: bool) {
-        let max_age = if self.nodes.is_empty() {
-            TOPOLOGY_MAX_AGE
-        } else {
-            TOPOLOGY_AGE_FAILING
-        };
+        let max_age = if self.nodes.is_empty() { TOPOLOGY_MAX_AGE } else { TOPOLOGY_AGE_FAILING };
         if !force && self.topo_at.is_some_and(|t| t.elapsed() < max_age) {
             return;
         }
@@ -236,11 +214,10 @@ impl Backend {
         };
         self.topo_at = Some(Instant::now());
         // from a master that works, on its own connection, if one is known
-        let healthy = self.topo.as_ref().and_then(|t| {
-            t.nodes()
-                .find(|n| !self.nodes.contains_key(*n))
-                .map(str::to_string)
-        });
+        let healthy = self
+            .topo
+            .as_ref()
+            .and_then(|t| t.nodes().find(|n| !self.nodes.contains_key(*n)).map(str::to_string));
         let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
         let reply = match healthy {
             Some(n) => c.query_on(&n, &slots),

@@ -127,13 +127,7 @@ impl Backend {
             let settled = now_ms >= id.window * p * 1000 + prev_settle_ms(item.period);
             let want_prev = match self.prev.get(id) {
                 None => {
-                    self.prev.insert(
-                        *id,
-                        Prev {
-                            period: item.period,
-                            ..Prev::default()
-                        },
-                    );
+                    self.prev.insert(*id, Prev { period: item.period, ..Prev::default() });
                     item.n == 0
                 }
                 Some(s) => s.value.is_none() || (!s.settled && settled),
@@ -294,14 +288,7 @@ impl Backend {
         let value = count(v)?;
         let p = u64::from(item.period);
         let settled = now_ms >= id.window * p * 1000 + prev_settle_ms(item.period);
-        self.prev.insert(
-            *id,
-            Prev {
-                period: item.period,
-                value: Some(value),
-                settled,
-            },
-        );
+        self.prev.insert(*id, Prev { period: item.period, value: Some(value), settled });
         Some(value)
     }
 
@@ -317,12 +304,7 @@ impl Backend {
         events: &mut Vec<Event>,
     ) {
         let prev = prev.or_else(|| self.prev.get(&id).and_then(|s| s.value));
-        let confirmation = Confirmation {
-            window: id.window,
-            sent: item.n,
-            cur,
-            prev,
-        };
+        let confirmation = Confirmation { window: id.window, sent: item.n, cur, prev };
         // A key near its limit is read once more shortly after each flush
         // that counted it: a refresh per allowed flush at most, within the
         // zone's budget.
@@ -330,10 +312,7 @@ impl Backend {
         wid.window = 0;
         if item.n > 0 && near_limit(&confirmation, item.period, item.limit, now_ms) {
             if let Some(w) = self.watch.get_mut(&wid) {
-                w.due = Some(refresh_due(
-                    now,
-                    Some(now.saturating_duration_since(w.last)),
-                ));
+                w.due = Some(refresh_due(now, Some(now.saturating_duration_since(w.last))));
                 w.last = now;
                 w.window = id.window;
                 w.limit = item.limit;
@@ -351,12 +330,7 @@ impl Backend {
                 );
             }
         }
-        events.push(Event::Confirmed {
-            id,
-            period: item.period,
-            limit: item.limit,
-            confirmation,
-        });
+        events.push(Event::Confirmed { id, period: item.period, limit: item.limit, confirmation });
     }
 }
 
@@ -396,11 +370,9 @@ pub(super) fn count(v: &Value) -> Option<u64> {
     match v {
         Value::Int(n) => Some((*n).max(0) as u64),
         Value::Nil => Some(0),
-        Value::BulkString(b) => std::str::from_utf8(b)
-            .ok()?
-            .parse::<i64>()
-            .ok()
-            .map(|n| n.max(0) as u64),
+        Value::BulkString(b) => {
+            std::str::from_utf8(b).ok()?.parse::<i64>().ok().map(|n| n.max(0) as u64)
+        }
         _ => None,
     }
 }

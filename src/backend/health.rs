@@ -31,12 +31,7 @@ pub struct Health {
 
 impl Health {
     pub fn new(now: Instant) -> Health {
-        Health {
-            up: true,
-            backoff: BACKOFF_MIN,
-            retry_at: None,
-            last_exchange: now,
-        }
+        Health { up: true, backoff: BACKOFF_MIN, retry_at: None, last_exchange: now }
     }
 
     pub fn is_up(&self) -> bool {
@@ -97,11 +92,7 @@ pub struct Budget {
 
 impl Budget {
     pub fn new(per_sec: u32, now: Instant) -> Budget {
-        Budget {
-            per_sec,
-            tokens: f64::from(per_sec),
-            at: now,
-        }
+        Budget { per_sec, tokens: f64::from(per_sec), at: now }
     }
 
     /// Takes `n` commands if the budget has them.
@@ -129,21 +120,13 @@ pub struct LogGate {
 
 impl LogGate {
     pub fn new(every: Duration) -> LogGate {
-        LogGate {
-            every,
-            last: None,
-            held: 0,
-        }
+        LogGate { every, last: None, held: 0 }
     }
 
     /// Whether a line may be written now (`force`: the first of an outage).
     /// Returns the number of lines held back since the last one.
     pub fn pass(&mut self, now: Instant, force: bool) -> Option<u64> {
-        if force
-            || self
-                .last
-                .is_none_or(|t| now.saturating_duration_since(t) >= self.every)
-        {
+        if force || self.last.is_none_or(|t| now.saturating_duration_since(t) >= self.every) {
             self.last = Some(now);
             Some(std::mem::take(&mut self.held))
         } else {

@@ -27,19 +27,15 @@ pub enum Reply {
 impl Reply {
     fn from_value(v: Value) -> Reply {
         match v {
-            Value::ServerError(e) => Reply::Refused {
-                code: e.code().to_string(),
-                text: e.to_string(),
-            },
+            Value::ServerError(e) => {
+                Reply::Refused { code: e.code().to_string(), text: e.to_string() }
+            }
             v => Reply::Value(v),
         }
     }
 
     fn refused(e: &RedisError) -> Reply {
-        Reply::Refused {
-            code: e.code().unwrap_or("ERR").to_string(),
-            text: e.to_string(),
-        }
+        Reply::Refused { code: e.code().unwrap_or("ERR").to_string(), text: e.to_string() }
     }
 
     /// A cluster reply saying the command went to the wrong node: it did
@@ -57,10 +53,7 @@ impl Reply {
 
 /// An error that is the server's answer, not the transport's.
 fn is_reply(e: &RedisError) -> bool {
-    matches!(
-        e.kind(),
-        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
-    )
+    matches!(e.kind(), redis::ErrorKind::Server(_) | redis::ErrorKind::Extension)
 }
 
 pub enum Conn {
@@ -90,11 +83,7 @@ impl Cluster {
             let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
             let port: u16 = port.parse().map_err(|_| bad())?;
             let addr = match self.base.addr() {
-                ConnectionAddr::TcpTls {
-                    insecure,
-                    tls_params,
-                    ..
-                } => ConnectionAddr::TcpTls {
+                ConnectionAddr::TcpTls { insecure, tls_params, .. } => ConnectionAddr::TcpTls {
                     host: host.to_string(),
                     port,
                     insecure: *insecure,
@@ -120,9 +109,7 @@ impl Cluster {
 
     /// PING on master `node`'s own connection.
     pub fn ping(&mut self, node: &str) -> redis::RedisResult<()> {
-        let r = self
-            .link(node)
-            .and_then(|con| redis::cmd("PING").query::<Value>(con).map(drop));
+        let r = self.link(node).and_then(|con| redis::cmd("PING").query::<Value>(con).map(drop));
         if r.is_err() {
             self.drop_link(node);
         }
@@ -148,11 +135,7 @@ pub fn connect(urls: &[String], cluster: bool, timeout: Duration) -> redis::Redi
             .response_timeout(timeout)
             .retries(1)
             .build()?;
-        let base = urls
-            .first()
-            .map(String::as_str)
-            .unwrap_or_default()
-            .into_connection_info()?;
+        let base = urls.first().map(String::as_str).unwrap_or_default().into_connection_info()?;
         Ok(Conn::Cluster(Box::new(Cluster {
             router: client.get_connection()?,
             base,
@@ -298,10 +281,7 @@ fn exec_cluster(
     out.resize_with(cmds.len(), || Reply::Value(Value::Okay));
     for (i, e) in errors.iter() {
         if let Some(slot) = out.get_mut(*i) {
-            *slot = Reply::Refused {
-                code: e.code().to_string(),
-                text: e.to_string(),
-            };
+            *slot = Reply::Refused { code: e.code().to_string(), text: e.to_string() };
         }
     }
     // Commands that ran and whose value matters: read it back.

@@ -73,7 +73,10 @@ pub enum Event {
     /// Redis did not take these increments (an error reply for the key, or
     /// the connection was lost with their fate unknown): they stay counted
     /// on this node only.
-    KeepLocal { id: ItemId, sent: u32 },
+    KeepLocal {
+        id: ItemId,
+        sent: u32,
+    },
     Log {
         zone: u32,
         level: Level,

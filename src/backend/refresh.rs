@@ -42,9 +42,7 @@ const WATCH_IDLE: Duration = Duration::from_secs(10);
 /// When a key flushed now, after `gap` since its previous flush, is read
 /// again.
 pub(super) fn refresh_due(now: Instant, gap: Option<Duration>) -> Instant {
-    let wait = gap.map_or(REFRESH_AFTER, |g| {
-        (g * 3 / 4).clamp(REFRESH_AFTER, WATCH_IDLE)
-    });
+    let wait = gap.map_or(REFRESH_AFTER, |g| (g * 3 / 4).clamp(REFRESH_AFTER, WATCH_IDLE));
     now + wait
 }
 
@@ -62,23 +60,11 @@ impl Backend {
             w.due = None;
             let mut id = *wid;
             id.window = w.window;
-            let cost = if self.prev.get(&id).is_some_and(|s| s.settled) {
-                1
-            } else {
-                2
-            };
+            let cost = if self.prev.get(&id).is_some_and(|s| s.settled) { 1 } else { 2 };
             if !self.budget.take(cost, now) {
                 continue;
             }
-            items.push((
-                id,
-                Item {
-                    tag: w.tag.clone(),
-                    period: w.period,
-                    limit: w.limit,
-                    n: 0,
-                },
-            ));
+            items.push((id, Item { tag: w.tag.clone(), period: w.period, limit: w.limit, n: 0 }));
         }
         for chunk in items.chunks(PIPELINE_ITEMS) {
             if !self.health.is_up() {

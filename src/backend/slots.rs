@@ -17,11 +17,8 @@ const SLOTS: u16 = 16384;
 /// 16 384 slots are numbered once.
 pub fn slot(key: &[u8]) -> u16 {
     static NUMBERS: OnceLock<HashMap<Slot, u16>> = OnceLock::new();
-    let numbers = NUMBERS.get_or_init(|| {
-        (0..SLOTS)
-            .filter_map(|n| Slot::new(n).map(|s| (s, n)))
-            .collect()
-    });
+    let numbers =
+        NUMBERS.get_or_init(|| (0..SLOTS).filter_map(|n| Slot::new(n).map(|s| (s, n))).collect());
     numbers.get(&Slot::for_key(key)).copied().unwrap_or(0)
 }
 

@@ -209,22 +209,13 @@ impl Backend {
             return;
         }
         let p = u64::from(d.period);
-        let node = self.node_of(&redis_key_for_tag(
-            &self.spec.prefix,
-            &d.tag,
-            d.period,
-            d.window * p,
-        ));
+        let node =
+            self.node_of(&redis_key_for_tag(&self.spec.prefix, &d.tag, d.period, d.window * p));
         let cmds: Vec<Cmd> = [d.window, d.window.saturating_sub(1)]
             .iter()
             .map(|w| {
                 let mut c = redis::cmd("DEL");
-                c.arg(redis_key_for_tag(
-                    &self.spec.prefix,
-                    &d.tag,
-                    d.period,
-                    w * p,
-                ));
+                c.arg(redis_key_for_tag(&self.spec.prefix, &d.tag, d.period, w * p));
                 c
             })
             .collect();
@@ -342,18 +333,10 @@ impl Backend {
         text: String,
         events: &mut Vec<Event>,
     ) {
-        let gate = if refusal {
-            &mut self.refusals
-        } else {
-            &mut self.errors
-        };
+        let gate = if refusal { &mut self.refusals } else { &mut self.errors };
         if let Some(held) = gate.pass(Instant::now(), force) {
             let message = self.scrub(format!("{text}{}", held_note(held)));
-            events.push(Event::Log {
-                zone: self.spec.index,
-                level: Level::Error,
-                message,
-            });
+            events.push(Event::Log { zone: self.spec.index, level: Level::Error, message });
         }
     }
 
@@ -374,12 +357,7 @@ impl Backend {
     }
 
     pub(super) fn describe(&self) -> String {
-        self.spec
-            .urls
-            .iter()
-            .map(|u| redact(u))
-            .collect::<Vec<_>>()
-            .join(",")
+        self.spec.urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",")
     }
 
     pub(super) fn scrub(&self, mut text: String) -> String {
