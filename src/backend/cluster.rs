@@ -152,14 +152,8 @@ impl Backend {
             return false;
         };
         if masters.is_empty() {
-            let (_, r) = self.conn.as_mut().map_or((0, Ok(())), |c| c.check());
-            return match r {
-                Ok(()) => true,
-                Err(e) => {
-                    self.transport_failed("sending to", &e, events);
-                    false
-                }
-            };
+            let r = c.check();
+            return self.checked(r, events);
         }
         let mut answered = None;
         let mut failed = Vec::new();
@@ -171,35 +165,14 @@ impl Backend {
                 Err(e) => failed.push((n.clone(), e)),
             }
         }
-        let state = answered.as_ref().map(|n| c.query_on(n, redis::cmd("CLUSTER").arg("INFO")));
+        let state = match &answered {
+            Some(n) => c.state_on(n),
+            None => Err(redis::RedisError::from((redis::ErrorKind::Io, "no master answers"))),
+        };
         for (n, e) in failed {
             self.link_failed(Some(&n), &e, events);
         }
-        let ok = match state {
-            Some(Ok(Value::BulkString(text)))
-                if text.windows(16).any(|w| w == b"cluster_state:ok") =>
-            {
-                true
-            }
-            Some(Ok(Value::VerbatimString { text, .. })) if text.contains("cluster_state:ok") => {
-                true
-            }
-            Some(Err(e)) => {
-                self.transport_failed("sending to", &e, events);
-                return false;
-            }
-            None => {
-                let e = redis::RedisError::from((redis::ErrorKind::Io, "no master answers"));
-                self.transport_failed("sending to", &e, events);
-                return false;
-            }
-            Some(Ok(_)) => false,
-        };
-        if !ok {
-            let e = redis::RedisError::from((redis::ErrorKind::Io, "cluster_state is not ok"));
-            self.transport_failed("sending to", &e, events);
-        }
-        ok
+        self.checked(state, events)
     }
 
     /// Reads `CLUSTER SLOTS` when the copy is old (or `force`). A failed

@@ -70,11 +70,13 @@ pub(super) struct Slots {
 
 impl Backend {
     /// Sends `items` plus what waits to be sent again, in pipelines. While
-    /// the backend is down and backing off, everything is kept for later.
+    /// the backend is down everything is kept for later, unless this is the
+    /// try that brings it back (`probe`: it answered a PING).
     pub fn send(
         &mut self,
         items: Vec<(ItemId, Item)>,
         deadline: Option<Instant>,
+        probe: bool,
         events: &mut Vec<Event>,
     ) {
         let items = self.with_retry(items);
@@ -82,7 +84,7 @@ impl Backend {
             for chunk in group.chunks(PIPELINE_ITEMS) {
                 let now = Instant::now();
                 if deadline.is_some_and(|d| now >= d)
-                    || !(self.health.is_up() || self.probing)
+                    || !(self.health.is_up() || probe)
                     || !self.node_may_send(node.as_deref(), now)
                     || !self.ensure_conn(events)
                 {

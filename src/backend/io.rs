@@ -107,22 +107,40 @@ impl Cluster {
         self.links.remove(node);
     }
 
-    /// PING on master `node`'s own connection.
-    pub fn ping(&mut self, node: &str) -> redis::RedisResult<()> {
-        let r = self.link(node).and_then(|con| redis::cmd("PING").query::<Value>(con).map(drop));
-        if r.is_err() {
+    /// `f` on master `node`'s own connection; a connection that failed (not
+    /// an error reply) is dropped.
+    fn on_link<T>(
+        &mut self,
+        node: &str,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> redis::RedisResult<T> {
+        let r = self.link(node).and_then(f);
+        if r.as_ref().is_err_and(|e| !is_reply(e)) {
             self.drop_link(node);
         }
         r
     }
 
+    /// PING on master `node`'s own connection.
+    pub fn ping(&mut self, node: &str) -> redis::RedisResult<()> {
+        self.on_link(node, |con| redis::cmd("PING").query::<Value>(con).map(drop))
+    }
+
     /// A command on master `node`'s own connection.
     pub fn query_on(&mut self, node: &str, cmd: &Cmd) -> redis::RedisResult<Value> {
-        let r = self.link(node).and_then(|con| cmd.query::<Value>(con));
-        if r.as_ref().is_err_and(|e| !is_reply(e)) {
-            self.drop_link(node);
-        }
-        r
+        self.on_link(node, |con| cmd.query::<Value>(con))
+    }
+
+    /// PING and `CLUSTER INFO` through the cluster connection (any node).
+    pub fn check(&mut self) -> redis::RedisResult<()> {
+        redis::cmd("PING").query::<Value>(&mut self.router)?;
+        cluster_state_ok(&mut self.router)
+    }
+
+    /// `CLUSTER INFO` on master `node`'s own connection: an error unless
+    /// the cluster is `ok`.
+    pub fn state_on(&mut self, node: &str) -> redis::RedisResult<()> {
+        self.on_link(node, |con| cluster_state_ok(con))
     }
 }
 
@@ -196,30 +214,26 @@ impl Conn {
 
     /// PING; for a cluster also `CLUSTER INFO`, which must say
     /// `cluster_state:ok` (a cluster that is not serving every slot counts
-    /// as down). Returns the commands sent and the outcome.
-    pub fn check(&mut self) -> (u32, redis::RedisResult<()>) {
+    /// as down).
+    pub fn check(&mut self) -> redis::RedisResult<()> {
         let ping = redis::cmd("PING");
         match self {
-            Conn::Single(con) => (1, ping.query::<Value>(con).map(drop)),
-            Conn::Cluster(c) => {
-                let con = &mut c.router;
-                if let Err(e) = ping.query::<Value>(con) {
-                    return (1, Err(e));
-                }
-                let info = redis::cmd("CLUSTER").arg("INFO").query::<String>(con);
-                match info {
-                    Ok(text) if text.contains("cluster_state:ok") => (2, Ok(())),
-                    Ok(_) => (
-                        2,
-                        Err(RedisError::from((
-                            redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
-                            "cluster_state is not ok",
-                        ))),
-                    ),
-                    Err(e) => (2, Err(e)),
-                }
-            }
+            Conn::Single(con) => ping.query::<Value>(con).map(drop),
+            Conn::Cluster(c) => c.check(),
         }
+    }
+}
+
+/// `CLUSTER INFO` on `con`: an error unless it says `cluster_state:ok`.
+fn cluster_state_ok(con: &mut dyn redis::ConnectionLike) -> redis::RedisResult<()> {
+    let info = redis::cmd("CLUSTER").arg("INFO").query::<String>(con)?;
+    if info.contains("cluster_state:ok") {
+        Ok(())
+    } else {
+        Err(RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+            "cluster_state is not ok",
+        )))
     }
 }
 

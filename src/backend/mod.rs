@@ -304,13 +304,13 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
             }
             for b in backends.iter_mut() {
                 if let Some(items) = by_zone.remove(&b.zone()) {
-                    b.send(items, deadline, &mut events);
+                    b.send(items, deadline, false, &mut events);
                 }
             }
         }
         for b in backends.iter_mut() {
             if stopping {
-                b.send(Vec::new(), deadline, &mut events);
+                b.send(Vec::new(), deadline, false, &mut events);
             } else {
                 b.tick(&mut events);
             }

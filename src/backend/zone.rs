@@ -42,8 +42,6 @@ pub struct Backend {
     pub(super) prev: HashMap<ItemId, Prev>,
     /// When `prev` was last rid of windows that are over.
     pub(super) swept: Instant,
-    /// Sending what waited, as the try of a down backend.
-    pub(super) probing: bool,
     /// Cluster: a copy of the slot map, and when it was read.
     pub(super) topo: Option<super::slots::Topology>,
     pub(super) topo_at: Option<Instant>,
@@ -80,7 +78,6 @@ impl Backend {
             ttl_fix: HashMap::new(),
             prev: HashMap::new(),
             swept: now,
-            probing: false,
             topo: None,
             topo_at: None,
             nodes: HashMap::new(),
@@ -132,15 +129,13 @@ impl Backend {
             if self.retry.is_empty() {
                 self.succeeded(events);
             } else {
-                self.probing = true;
-                self.send(Vec::new(), None, events);
-                self.probing = false;
+                self.send(Vec::new(), None, true, events);
             }
             return;
         }
         self.probe_nodes(events);
         if !self.retry.is_empty() {
-            self.send(Vec::new(), None, events);
+            self.send(Vec::new(), None, false, events);
         } else if !self.ttl_fix.is_empty() {
             self.send_ttl_fixes(events);
         } else if self.health.check_due(now) {
@@ -166,23 +161,24 @@ impl Backend {
         if !self.ensure_conn(events) {
             return false;
         }
-        if self.spec.cluster {
-            let ok = self.check_cluster(events);
-            if ok && self.health.is_up() {
-                self.succeeded(events);
+        let ok = if self.spec.cluster {
+            self.check_cluster(events)
+        } else {
+            match self.conn.as_mut().map(Conn::check) {
+                Some(r) => self.checked(r, events),
+                None => false,
             }
-            return ok;
-        }
-        let Some(conn) = self.conn.as_mut() else {
-            return false;
         };
-        match conn.check().1 {
-            Ok(()) => {
-                if self.health.is_up() {
-                    self.succeeded(events);
-                }
-                true
-            }
+        if ok && self.health.is_up() {
+            self.succeeded(events);
+        }
+        ok
+    }
+
+    /// The outcome of a check: a failure takes the backend down.
+    pub(super) fn checked(&mut self, r: redis::RedisResult<()>, events: &mut Vec<Event>) -> bool {
+        match r {
+            Ok(()) => true,
             Err(e) => {
                 self.transport_failed("sending to", &e, events);
                 false

@@ -23,6 +23,17 @@ our $Init = qq{
             INIT_TAKE = tostring(limited) .. "/" .. tostring(terr)
         end
         INIT_LIM = lim
+        -- what a request does with it: 429 when limited, 500 on an error
+        function LIMIT()
+            local limited, err = INIT_LIM:is_rate_limited(ngx.var.arg_k)
+            if err then
+                ngx.log(ngx.ERR, "is_rate_limited: ", err)
+                return ngx.exit(500)
+            end
+            if limited then
+                return ngx.exit(429)
+            end
+        end
     }
     init_worker_by_lua_block {
         local limited, err = INIT_LIM:is_rate_limited("from-init-worker")
@@ -42,16 +53,7 @@ $::Init . q{
 }
 --- config
     location = /t {
-        access_by_lua_block {
-            local limited, err = INIT_LIM:is_rate_limited(ngx.var.arg_k)
-            if err then
-                ngx.log(ngx.ERR, "is_rate_limited: ", err)
-                return ngx.exit(500)
-            end
-            if limited then
-                return ngx.exit(429)
-            end
-        }
+        access_by_lua_block { LIMIT() }
         content_by_lua_block {
             ngx.say(INIT_NEW, " | ", INIT_TAKE, " | ", WORKER_TAKE)
         }
@@ -80,16 +82,7 @@ $::Init . q{
 }
 --- config
     location = /lua {
-        access_by_lua_block {
-            local limited, err = INIT_LIM:is_rate_limited(ngx.var.arg_k)
-            if err then
-                ngx.log(ngx.ERR, "is_rate_limited: ", err)
-                return ngx.exit(500)
-            end
-            if limited then
-                return ngx.exit(429)
-            end
-        }
+        access_by_lua_block { LIMIT() }
         content_by_lua_block { ngx.say("lua") }
     }
     location = /dir {
