@@ -72,8 +72,9 @@ build: deps
 run: build
 	@bash nginx-conf/run.sh $(PORT) $(REDIS_PORT)
 
+# the core crate's unit tests (no nginx needed)
 unit: deps
-	$(CARGO) test $(CARGO_FLAGS) --lib
+	$(CARGO) test $(CARGO_FLAGS) -p ratelimit-core --lib
 
 # t/*.t on the vendored nginx
 integration: build
@@ -103,8 +104,7 @@ soak: build
 
 check:
 	$(CARGO) fmt --check
-	$(CARGO) clippy $(CARGO_FLAGS) -- -D warnings
-	$(CARGO) clippy $(CARGO_FLAGS) --lib --tests -- -D warnings
+	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
 
 clean:
 	rm -rf $(BUILD)

@@ -16,8 +16,8 @@ temporary directory, then in the same run:
     measured by filling a 1m zone until its first key is evicted;
   * accuracy: single-node flood, two-node flood, steady 2x overload, and
     (--with-trace) the trace simulation over the crate's decision code
-    (cargo test --release --test trace_sim -- --nocapture --exact trace_simulation;
-    Cargo.toml needs [[test]] name = "trace_sim", path = "bench/trace_sim.rs").
+    (cargo test --release -p ratelimit-core --test trace_sim -- --nocapture --exact trace_simulation;
+    core/Cargo.toml has [[test]] name = "trace_sim", path = "../bench/trace_sim.rs").
 
 Prints two markdown tables with the targets and a check mark next to each
 figure (nothing is asserted: the exit status is 0 unless the harness itself
@@ -578,7 +578,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=None,
                     help="rounds over all throughput cases, best kept (default 2, --quick 1)")
     ap.add_argument("--with-trace", dest="trace", action="store_true",
-                    help="also run the trace simulation (cargo test --release --test trace_sim)")
+                    help="also run the trace simulation (cargo test --release -p ratelimit-core --test trace_sim)")
     ap.add_argument("--no-trace", dest="trace", action="store_false")
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--nginx", default=os.path.join(ROOT, "build", "sbin", "nginx"))
@@ -814,10 +814,10 @@ def bench(a, duration, rounds, work, taken, pin, cpu_nginx, cpu_wrk, cpu_nginx_b
     # ---- trace simulation -----------------------------------------------------
     rc = 0
     if a.trace:
-        log("trace simulation: cargo test --release --test trace_sim")
+        log("trace simulation: cargo test --release -p ratelimit-core --test trace_sim")
         print("## Trace simulation (counter::check over simulated traffic vs an exact sliding log)")
         print()
-        p = subprocess.run(["cargo", "test", "--release", "--test", "trace_sim", "--",
+        p = subprocess.run(["cargo", "test", "--release", "-p", "ratelimit-core", "--test", "trace_sim", "--",
                             "--nocapture", "--exact", "trace_simulation"],
                            cwd=ROOT, capture_output=True, text=True)
         keep = [l for l in p.stdout.splitlines()

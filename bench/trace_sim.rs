@@ -10,38 +10,15 @@
 //! estimate against the exact count, and the admitted total against an
 //! independent exact sliding-log limiter fed the same arrivals.
 //!
-//! Wiring (Cargo.toml):
-//!
-//!   [[test]]
-//!   name = "trace_sim"
-//!   path = "bench/trace_sim.rs"
-//!
-//! Run: cargo test --release --test trace_sim -- --nocapture --exact trace_simulation
-//! (without the filter, the unit tests of the included modules run too).
-//!
-//! The pure modules are compiled into this test from `src/` by path rather
-//! than used as `ngx_http_redis_ratelimit::…`: any binary that links the
-//! crate's rlib also links its nginx glue (`#[used]` module statics, FFI
-//! exports), whose `ngx_*` symbols exist only inside nginx, so such a test
-//! fails to link. These four files depend on nothing but each other and std.
-
-#![allow(dead_code)]
-
-#[path = "../src/counter.rs"]
-mod counter;
-#[path = "../src/rate.rs"]
-mod rate;
-#[path = "../src/table.rs"]
-mod table;
-#[path = "../src/window.rs"]
-mod window;
+//! It is a test of the core crate (core/Cargo.toml, `[[test]] trace_sim`).
+//! Run: cargo test --release -p ratelimit-core --test trace_sim -- --nocapture --exact trace_simulation
 
 use std::collections::VecDeque;
 
-use counter::{check, count};
-use rate::Rate;
-use table::Entry;
-use window::{roll, window_index, Estimate};
+use ratelimit_core::counter::{check, count};
+use ratelimit_core::rate::Rate;
+use ratelimit_core::table::Entry;
+use ratelimit_core::window::{roll, window_index, Estimate};
 
 /// xorshift64* — tiny, deterministic, good enough for arrival times.
 struct Rng(u64);

@@ -11,31 +11,18 @@
 //! locks; queue the increments for the zone's Redis thread (at once for a
 //! key near its limit).
 
-use std::ptr;
 use std::sync::Arc;
 
-use nginx_sys::ngx_cached_time;
+use ratelimit_core::batch::ItemId;
+use ratelimit_core::counter;
+use ratelimit_core::params::OnError;
+use ratelimit_core::rate::Rate;
+use ratelimit_core::window::Estimate;
 use smallvec::SmallVec;
 
 use crate::backend::Channel;
-use crate::batch::ItemId;
-use crate::conf::{MainConf, ZoneConf};
-use crate::counter;
-use crate::params::OnError;
-use crate::rate::Rate;
-use crate::window::Estimate;
-use crate::zone::{Locked, Shared};
-
-/// Wall-clock milliseconds from nginx's cached time (windows are aligned to
-/// the epoch, so every node agrees on them).
-pub fn now_ms() -> u64 {
-    // SAFETY: nginx keeps `ngx_cached_time` pointing at a valid slot; reading
-    // it through a volatile load is how nginx itself reads it.
-    unsafe {
-        let tp = ptr::read_volatile(ptr::addr_of!(ngx_cached_time));
-        ((*tp).sec as u64) * 1000 + (*tp).msec as u64
-    }
-}
+use crate::nginx::conf::{MainConf, ZoneConf};
+use crate::nginx::zone::{Locked, Shared};
 
 /// How a zone counts right now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,7 +132,7 @@ struct Slot {
 /// Decides `asks` (at least one) at `now`, counts as `take` says, and
 /// queues the increments.
 pub fn decide(mcf: &MainConf, asks: &[Ask<'_>], now: u64, take: Take) -> Result<Decision, NoZone> {
-    let channel = crate::worker::channel();
+    let channel = crate::nginx::worker::channel();
     if let [one] = asks {
         // the common case, without the bookkeeping for several zones and
         // shared entries (callgrind: ~650 instructions a request)

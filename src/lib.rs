@@ -1,191 +1,154 @@
 //! ngx_http_redis_ratelimit_module: one global request rate across many
 //! nginx nodes.
 //!
-//! This file is the front door nginx sees: the module statics, its context
-//! and directive table. The pure logic (rates, window math, the counter
-//! table, key handling, parameter parsing) has no nginx types and is
-//! unit-tested on its own; the nginx glue lives in `conf`, `zone`, `handler`
-//! and `vars`.
+//! This file is the front door nginx sees: the module static, its context
+//! and directive table. The layers, each in one place:
+//!
+//! | where | what |
+//! |---|---|
+//! | `core/` (crate `ratelimit-core`) | pure logic: rates, window math, counters, the shared table layout, keys, batches, zone parameters, backoff; unit-tested, no nginx |
+//! | `src/nginx/` | nginx glue: configuration and directives, shared memory zones, the preaccess handler, variables, the worker's side of the Redis thread, debug logging |
+//! | `src/engine.rs` | the one decision for a request's limits, used by the handler and the Lua ABI |
+//! | `src/backend/` | the Redis I/O thread (one per worker): pipelines, replies, backoff, cluster routing; never calls nginx |
+//! | `src/lua/` | the C ABI that `lua/resty/redis_ratelimit.lua` binds to through LuaJIT's FFI |
 
-pub mod backend;
-pub mod batch;
-pub mod counter;
-pub mod key;
-pub mod params;
-pub mod rate;
-pub mod table;
-pub mod window;
-
-#[cfg(not(test))]
-mod conf;
-#[cfg(not(test))]
+mod backend;
 mod engine;
-#[cfg(not(test))]
-mod ffi;
-#[cfg(not(test))]
-mod handler;
-#[cfg(not(test))]
-mod vars;
-#[cfg(not(test))]
-mod worker;
-#[cfg(not(test))]
-mod zone;
+mod lua;
+mod nginx;
 
-#[cfg(not(test))]
-pub use glue::ngx_http_redis_ratelimit_module;
-#[cfg(not(test))]
-use glue::Module;
+use std::ptr;
 
-#[cfg(not(test))]
-mod glue {
-    use std::ptr;
+use nginx_sys::{
+    ngx_array_push, ngx_command_t, ngx_conf_t, ngx_http_handler_pt, ngx_http_module_t,
+    ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t,
+    NGX_CONF_2MORE, NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF,
+    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
+    NGX_HTTP_SRV_CONF, NGX_OK,
+};
+use ngx::http::{HttpModule, HttpModuleMainConf, NgxHttpCoreModule};
 
-    use nginx_sys::{
-        ngx_array_push, ngx_command_t, ngx_conf_t, ngx_http_handler_pt, ngx_http_module_t,
-        ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t,
-        NGX_CONF_2MORE, NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF,
-        NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
-        NGX_HTTP_SRV_CONF, NGX_OK,
-    };
-    use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+use crate::nginx::directives;
+use crate::nginx::module::Module;
 
-    use crate::conf::{self, LocConf, MainConf};
-
-    pub struct Module;
-
-    impl HttpModule for Module {
-        fn module() -> &'static ngx_module_t {
-            // SAFETY: the module static is only written by nginx while it
-            // loads the module, before any of our code runs.
-            unsafe { &*ptr::addr_of!(ngx_http_redis_ratelimit_module) }
-        }
-
-        unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-            // SAFETY: nginx passes a valid configuration.
-            unsafe { crate::vars::add(cf) }
-        }
-
-        unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-            // SAFETY: nginx passes a valid configuration.
-            let cf = unsafe { &mut *cf };
-            let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
-                return NGX_ERROR as ngx_int_t;
-            };
-            let phase = ngx_http_phases_NGX_HTTP_PREACCESS_PHASE as usize;
-            // SAFETY: the phase handler array is an nginx array of handler
-            // pointers, owned by the core module's main configuration.
-            let h = unsafe { ngx_array_push(&mut cmcf.phases[phase].handlers) }
-                .cast::<ngx_http_handler_pt>();
-            if h.is_null() {
-                return NGX_ERROR as ngx_int_t;
-            }
-            // SAFETY: `h` points at the new slot.
-            unsafe { *h = Some(crate::handler::preaccess) };
-            NGX_OK as ngx_int_t
-        }
-    }
-
-    // SAFETY: the main configuration is created by `create_main_conf` below as
-    // a `MainConf`.
-    unsafe impl HttpModuleMainConf for Module {
-        type MainConf = MainConf;
-    }
-
-    // SAFETY: location (and http/server) configurations are created by
-    // `create_loc_conf` below as `LocConf`.
-    unsafe impl HttpModuleLocationConf for Module {
-        type LocationConf = LocConf;
-    }
-
-    /// nginx compares directive names with `strcmp`: they need a NUL.
-    const fn name(s: &'static std::ffi::CStr) -> ngx_str_t {
-        ngx_str_t { len: s.count_bytes(), data: s.as_ptr().cast_mut().cast() }
-    }
-
-    const ANY_LEVEL: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
-
-    const fn command(
-        n: &'static std::ffi::CStr,
-        type_: u32,
-        set: unsafe extern "C" fn(
-            *mut ngx_conf_t,
-            *mut ngx_command_t,
-            *mut std::ffi::c_void,
-        ) -> *mut std::ffi::c_char,
-        conf: usize,
-    ) -> ngx_command_t {
-        ngx_command_t {
-            name: name(n),
-            type_: type_ as ngx_uint_t,
-            set: Some(set),
-            conf,
-            offset: 0,
-            post: ptr::null_mut(),
-        }
-    }
-
-    static mut COMMANDS: [ngx_command_t; 7] = [
-        command(
-            c"redis_ratelimit_zone",
-            NGX_HTTP_MAIN_CONF | NGX_CONF_2MORE,
-            conf::cmd_zone,
-            NGX_HTTP_MAIN_CONF_OFFSET,
-        ),
-        command(
-            c"redis_ratelimit",
-            ANY_LEVEL | NGX_CONF_TAKE12,
-            conf::cmd_limit,
-            NGX_HTTP_LOC_CONF_OFFSET,
-        ),
-        command(
-            c"redis_ratelimit_status",
-            ANY_LEVEL | NGX_CONF_TAKE1,
-            conf::cmd_status,
-            NGX_HTTP_LOC_CONF_OFFSET,
-        ),
-        command(
-            c"redis_ratelimit_dry_run",
-            ANY_LEVEL | NGX_CONF_TAKE1,
-            conf::cmd_dry_run,
-            NGX_HTTP_LOC_CONF_OFFSET,
-        ),
-        command(
-            c"redis_ratelimit_log_level",
-            ANY_LEVEL | NGX_CONF_TAKE1,
-            conf::cmd_log_level,
-            NGX_HTTP_LOC_CONF_OFFSET,
-        ),
-        command(
-            c"redis_ratelimit_headers",
-            ANY_LEVEL | NGX_CONF_TAKE1,
-            conf::cmd_headers,
-            NGX_HTTP_LOC_CONF_OFFSET,
-        ),
-        ngx_command_t::empty(),
-    ];
-
-    static MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
-        preconfiguration: Some(Module::preconfiguration),
-        postconfiguration: Some(Module::postconfiguration),
-        create_main_conf: Some(Module::create_main_conf),
-        init_main_conf: Some(conf::init_main_conf),
-        create_srv_conf: None,
-        merge_srv_conf: None,
-        create_loc_conf: Some(Module::create_loc_conf),
-        merge_loc_conf: Some(Module::merge_loc_conf),
-    };
-
-    ngx::ngx_modules!(ngx_http_redis_ratelimit_module);
-
-    #[used]
-    #[allow(non_upper_case_globals)]
-    pub static mut ngx_http_redis_ratelimit_module: ngx_module_t = ngx_module_t {
-        ctx: ptr::addr_of!(MODULE_CTX).cast_mut().cast(),
-        // SAFETY: the command table is a static that lives forever.
-        commands: unsafe { ptr::addr_of_mut!(COMMANDS[0]) },
-        type_: NGX_HTTP_MODULE as ngx_uint_t,
-        init_process: Some(crate::worker::init_process),
-        exit_process: Some(crate::worker::exit_process),
-        ..ngx_module_t::default()
-    };
+/// Adds the module's variables.
+unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+    // SAFETY: nginx passes a valid configuration.
+    unsafe { nginx::vars::add(cf) }
 }
+
+/// Installs the preaccess handler.
+unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+    // SAFETY: nginx passes a valid configuration.
+    let cf = unsafe { &mut *cf };
+    let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
+        return NGX_ERROR as ngx_int_t;
+    };
+    let phase = ngx_http_phases_NGX_HTTP_PREACCESS_PHASE as usize;
+    // SAFETY: the phase handler array is an nginx array of handler
+    // pointers, owned by the core module's main configuration.
+    let h =
+        unsafe { ngx_array_push(&mut cmcf.phases[phase].handlers) }.cast::<ngx_http_handler_pt>();
+    if h.is_null() {
+        return NGX_ERROR as ngx_int_t;
+    }
+    // SAFETY: `h` points at the new slot.
+    unsafe { *h = Some(nginx::handler::preaccess) };
+    NGX_OK as ngx_int_t
+}
+
+/// nginx compares directive names with `strcmp`: they need a NUL.
+const fn name(s: &'static std::ffi::CStr) -> ngx_str_t {
+    ngx_str_t { len: s.count_bytes(), data: s.as_ptr().cast_mut().cast() }
+}
+
+const ANY_LEVEL: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
+
+const fn command(
+    n: &'static std::ffi::CStr,
+    type_: u32,
+    set: unsafe extern "C" fn(
+        *mut ngx_conf_t,
+        *mut ngx_command_t,
+        *mut std::ffi::c_void,
+    ) -> *mut std::ffi::c_char,
+    conf: usize,
+) -> ngx_command_t {
+    ngx_command_t {
+        name: name(n),
+        type_: type_ as ngx_uint_t,
+        set: Some(set),
+        conf,
+        offset: 0,
+        post: ptr::null_mut(),
+    }
+}
+
+static mut COMMANDS: [ngx_command_t; 7] = [
+    command(
+        c"redis_ratelimit_zone",
+        NGX_HTTP_MAIN_CONF | NGX_CONF_2MORE,
+        directives::cmd_zone,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+    ),
+    command(
+        c"redis_ratelimit",
+        ANY_LEVEL | NGX_CONF_TAKE12,
+        directives::cmd_limit,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        c"redis_ratelimit_status",
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        directives::cmd_status,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        c"redis_ratelimit_dry_run",
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        directives::cmd_dry_run,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        c"redis_ratelimit_log_level",
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        directives::cmd_log_level,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        c"redis_ratelimit_headers",
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        directives::cmd_headers,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    ngx_command_t::empty(),
+];
+
+static MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
+    preconfiguration: Some(preconfiguration),
+    postconfiguration: Some(postconfiguration),
+    create_main_conf: Some(Module::create_main_conf),
+    init_main_conf: Some(directives::init_main_conf),
+    create_srv_conf: None,
+    merge_srv_conf: None,
+    create_loc_conf: Some(Module::create_loc_conf),
+    merge_loc_conf: Some(Module::merge_loc_conf),
+};
+
+ngx::ngx_modules!(ngx_http_redis_ratelimit_module);
+
+/// The module. Exported under its C name: the rest of the glue reaches it
+/// through the declaration in `nginx/module.rs`, as an nginx module in C
+/// declares it `extern` in its header.
+#[used]
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_http_redis_ratelimit_module: ngx_module_t = ngx_module_t {
+    ctx: ptr::addr_of!(MODULE_CTX).cast_mut().cast(),
+    // SAFETY: the command table is a static that lives forever.
+    commands: unsafe { ptr::addr_of_mut!(COMMANDS[0]) },
+    type_: NGX_HTTP_MODULE as ngx_uint_t,
+    init_process: Some(crate::nginx::worker::init_process),
+    exit_process: Some(crate::nginx::worker::exit_process),
+    ..ngx_module_t::default()
+};

@@ -10,15 +10,15 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use ratelimit_core::batch::{Item, ItemId};
+use ratelimit_core::health::Health;
+use ratelimit_core::slots::Topology;
 use redis::Value;
 
+use super::event::{Event, Level};
 use super::flush::cmds_key;
-use super::health::Health;
 use super::io::Conn;
-use super::slots::Topology;
-use super::Backend;
-use super::{Event, Level};
-use crate::batch::{Item, ItemId};
+use super::state::Backend;
 
 /// The slot map is read again this often, and every second while a master
 /// is failing.

@@ -19,19 +19,16 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use ratelimit_core::batch::{Item, ItemId};
+use ratelimit_core::counter::Confirmation;
+use ratelimit_core::key::redis_key_for_tag;
 use redis::{Cmd, Value};
 
+use super::event::{Event, PIPELINE_ITEMS};
 use super::io::Reply;
-use super::refresh::{near_limit, refresh_due, Watch, WATCH_MAX};
-use super::{Backend, Event};
-use crate::batch::{Item, ItemId};
-use crate::counter::Confirmation;
-use crate::key::redis_key_for_tag;
+use super::refresh::{near_limit, refresh_due};
+use super::state::{Backend, Prev, TtlFix, Watch, TTL_FIX_MAX, WATCH_MAX};
 
-/// Items per pipeline.
-pub(super) const PIPELINE_ITEMS: usize = 1024;
-/// Most keys whose TTL is still to be set again after a lost reply.
-pub(super) const TTL_FIX_MAX: usize = 4096;
 /// Most (key, window) states remembered for reading previous windows.
 const PREV_MAX: usize = 1 << 16;
 
@@ -47,19 +44,6 @@ pub(super) fn unix_ms() -> u64 {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
-
-/// What this worker knows of a key's previous window, per current window.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Prev {
-    pub(super) period: u32,
-    /// The last count read, if any.
-    pub(super) value: Option<u64>,
-    /// Read after the settle time: it will not change any more.
-    pub(super) settled: bool,
-}
-
-/// A counter whose TTL is to be set (again): its tag and period.
-pub(super) type TtlFix = (Box<[u8]>, u32);
 
 /// The commands of one item, by position in the pipeline.
 #[derive(Clone, Copy)]

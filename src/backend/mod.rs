@@ -11,11 +11,11 @@
 //! (see `flush.rs`): an error reply fails that item only.
 
 mod cluster;
+mod event;
 mod flush;
-pub mod health;
 mod io;
 mod refresh;
-mod slots;
+mod state;
 mod zone;
 
 use std::collections::HashMap;
@@ -27,10 +27,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::batch::{Batch, Delete, ItemId};
-use crate::counter::Confirmation;
+use ratelimit_core::batch::{Batch, Delete, ItemId};
+use ratelimit_core::health;
 
-pub use zone::Backend;
+pub use event::{Event, Level, ZoneSpec};
+pub use state::Backend;
 
 /// Increments wait at least this long after a flush, so that a hot key
 /// costs one pipeline per interval however many requests it gets.
@@ -43,46 +44,6 @@ pub const BATCH_BYTES: usize = 4 << 20;
 /// stop (worker exit, reload).
 pub const STOP_FLUSH: Duration = Duration::from_secs(1);
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
-
-/// A zone with a Redis backend, as the thread needs it.
-#[derive(Clone, Debug)]
-pub struct ZoneSpec {
-    pub index: u32,
-    pub name: String,
-    pub urls: Vec<String>,
-    pub cluster: bool,
-    pub prefix: Vec<u8>,
-    pub timeout: Duration,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    Error,
-    Notice,
-}
-
-#[derive(Debug)]
-pub enum Event {
-    /// Redis's counts for an item.
-    Confirmed {
-        id: ItemId,
-        period: u32,
-        limit: u32,
-        confirmation: Confirmation,
-    },
-    /// Redis did not take these increments (an error reply for the key, or
-    /// the connection was lost with their fate unknown): they stay counted
-    /// on this node only.
-    KeepLocal {
-        id: ItemId,
-        sent: u32,
-    },
-    Log {
-        zone: u32,
-        level: Level,
-        message: String,
-    },
-}
 
 /// What a worker and its thread share.
 pub struct Channel {

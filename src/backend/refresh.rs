@@ -3,39 +3,17 @@
 //! node's next decision sees what the other nodes counted meanwhile; within
 //! a budget of Redis commands per second per zone and worker.
 
+use ratelimit_core::batch::Item;
+use ratelimit_core::counter::Confirmation;
 use std::time::{Duration, Instant};
 
-use super::flush::PIPELINE_ITEMS;
-use super::{Backend, Event};
-use crate::batch::Item;
-use crate::counter::Confirmation;
+use super::event::Event;
+use super::event::PIPELINE_ITEMS;
+use super::state::Backend;
 
 /// A key near its limit is read again this long after its last flush, once
 /// per flush, so a node learns what the others counted.
 pub const REFRESH_AFTER: Duration = Duration::from_millis(10);
-/// Redis commands per second the refreshes of one zone may spend, per
-/// worker, whatever the keys.
-pub const REFRESH_BUDGET: u32 = 200;
-/// Most keys waiting for a refresh, per zone and worker.
-pub(super) const WATCH_MAX: usize = 4096;
-
-/// A key near its limit that this worker counts: read again once after
-/// each flush that counted it, shortly before its next request is expected
-/// (three quarters of the gap between its last two flushes, at least
-/// `REFRESH_AFTER`), so that the next decision sees what the other nodes
-/// counted meanwhile. At most one refresh per counted flush, within the
-/// zone's budget.
-pub(super) struct Watch {
-    pub(super) tag: Box<[u8]>,
-    pub(super) period: u32,
-    pub(super) limit: u32,
-    pub(super) window: u64,
-    /// The last flush that counted the key.
-    pub(super) last: Instant,
-    /// When to read it again, if a refresh is owed.
-    pub(super) due: Option<Instant>,
-}
-
 /// Forgotten after this long without a counted flush.
 const WATCH_IDLE: Duration = Duration::from_secs(10);
 
@@ -78,7 +56,7 @@ impl Backend {
 /// Whether counts put a key at or above half its limit.
 pub(super) fn near_limit(c: &Confirmation, period: u32, limit: u32, now_ms: u64) -> bool {
     let p = u64::from(period) * 1000;
-    let idx = crate::window::window_index(now_ms, p);
+    let idx = ratelimit_core::window::window_index(now_ms, p);
     let prev = c.prev.unwrap_or(0);
     let (prev, cur) = if idx == c.window {
         (prev, c.cur)
@@ -88,7 +66,11 @@ pub(super) fn near_limit(c: &Confirmation, period: u32, limit: u32, now_ms: u64)
         return false;
     };
     let clamp = |v: u64| v.min(u64::from(u32::MAX)) as u32;
-    let est =
-        crate::window::Estimate::new(clamp(prev), clamp(cur), now_ms.saturating_sub(idx * p), p);
+    let est = ratelimit_core::window::Estimate::new(
+        clamp(prev),
+        clamp(cur),
+        now_ms.saturating_sub(idx * p),
+        p,
+    );
     !est.below(limit.div_ceil(2))
 }

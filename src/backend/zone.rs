@@ -7,93 +7,18 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use redis::{Cmd, IntoConnectionInfo};
+use ratelimit_core::batch::{Delete, Item, ItemId};
+use ratelimit_core::health::Health;
+use ratelimit_core::key::{redis_key_for_tag, show_key};
+use ratelimit_core::params::redact;
+use redis::Cmd;
 
-use super::flush::{cmds_key, held_note, unix_ms, Prev, TtlFix};
-use super::health::{Budget, Health, LogGate};
+use super::event::{Event, Level};
+use super::flush::{cmds_key, held_note, unix_ms};
 use super::io::{self, Conn};
-use super::refresh::{Watch, REFRESH_BUDGET};
-use super::{Event, Level, ZoneSpec};
-use crate::batch::{Delete, Item, ItemId};
-use crate::key::{redis_key_for_tag, show_key};
-use crate::params::redact;
+use super::state::{Backend, RETRY_BYTES};
 
-/// Bytes the increments kept for sending again may hold, per zone and
-/// worker (beyond it they are dropped, and stay counted on this node).
-pub const RETRY_BYTES: usize = 4 << 20;
-const LOG_INTERVAL: Duration = Duration::from_secs(1);
-
-pub struct Backend {
-    pub(super) spec: ZoneSpec,
-    pub(super) conn: Option<Conn>,
-    pub(super) health: Health,
-    pub(super) errors: LogGate,
-    pub(super) refusals: LogGate,
-    pub(super) secrets: Vec<String>,
-    /// Increments known not to have run, sent with the next flush.
-    pub(super) retry: HashMap<ItemId, Item>,
-    pub(super) retry_bytes: usize,
-    /// Keys near their limit, to be read again (by entry, window 0).
-    pub(super) watch: HashMap<ItemId, Watch>,
-    pub(super) budget: Budget,
-    /// Counters whose `INCRBY` may have created them without an `EXPIRE`
-    /// (reply lost): `EXPIRE` sent with the next exchange.
-    pub(super) ttl_fix: HashMap<ItemId, TtlFix>,
-    pub(super) prev: HashMap<ItemId, Prev>,
-    /// When `prev` was last rid of windows that are over.
-    pub(super) swept: Instant,
-    /// Cluster: a copy of the slot map, and when it was read.
-    pub(super) topo: Option<super::slots::Topology>,
-    pub(super) topo_at: Option<Instant>,
-    /// Cluster: masters that failed, each with its own backoff (the keys of
-    /// their slots wait, the others go on).
-    pub(super) nodes: HashMap<String, Health>,
-}
 impl Backend {
-    pub fn new(spec: ZoneSpec, now: Instant) -> Backend {
-        let mut secrets: Vec<String> = Vec::new();
-        for u in &spec.urls {
-            if let Ok(ci) = u.as_str().into_connection_info() {
-                if let Some(p) = ci.redis_settings().password() {
-                    secrets.push(p.to_string());
-                }
-            }
-            // the password as written (percent-encoded), too
-            if let Some(raw) = crate::params::url_password(u) {
-                secrets.push(raw.to_string());
-            }
-        }
-        secrets.retain(|s| !s.is_empty());
-        Backend {
-            spec,
-            conn: None,
-            health: Health::new(now),
-            errors: LogGate::new(LOG_INTERVAL),
-            refusals: LogGate::new(LOG_INTERVAL),
-            secrets,
-            retry: HashMap::new(),
-            retry_bytes: 0,
-            watch: HashMap::new(),
-            budget: Budget::new(REFRESH_BUDGET, now),
-            ttl_fix: HashMap::new(),
-            prev: HashMap::new(),
-            swept: now,
-            topo: None,
-            topo_at: None,
-            nodes: HashMap::new(),
-        }
-    }
-
-    pub fn zone(&self) -> u32 {
-        self.spec.index
-    }
-
-    /// Whether the backend works: its connection, and every master of a
-    /// cluster.
-    pub fn is_up(&self) -> bool {
-        self.health.is_up() && self.nodes.is_empty()
-    }
-
     /// When the thread must wake for this backend, with nothing queued.
     pub fn next_wake(&self, now: Instant) -> Instant {
         let mut next = self.health.next_check();
@@ -145,7 +70,8 @@ impl Backend {
             self.swept = now;
             let now_ms = unix_ms();
             self.prev.retain(|id, s| {
-                let current = crate::window::window_index(now_ms, u64::from(s.period) * 1000);
+                let current =
+                    ratelimit_core::window::window_index(now_ms, u64::from(s.period) * 1000);
                 id.window + 1 >= current
             });
         }
@@ -251,7 +177,8 @@ impl Backend {
             .retry
             .drain()
             .filter(|(id, item)| {
-                let current = crate::window::window_index(now_ms, u64::from(item.period) * 1000);
+                let current =
+                    ratelimit_core::window::window_index(now_ms, u64::from(item.period) * 1000);
                 id.window + 1 >= current
             })
             .collect();

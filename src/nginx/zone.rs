@@ -11,14 +11,13 @@ use std::io::Read;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_int_t, ngx_pagesize, ngx_shm_zone_t, ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc,
-    ngx_slab_pool_t, NGX_ERROR, NGX_LOG_EMERG, NGX_LOG_NOTICE, NGX_OK,
+    ngx_pagesize, ngx_shm_zone_t, ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc,
+    ngx_slab_pool_t, NGX_LOG_EMERG, NGX_LOG_NOTICE,
 };
 use ngx::ngx_log_error;
 
-use crate::conf::ZoneConf;
-use crate::key::IdHasher;
-use crate::table::{Entry, Header, Layout, Table};
+use ratelimit_core::key::IdHasher;
+use ratelimit_core::table::{Entry, Header, Layout, Table};
 
 const LEN_PREFIX: usize = 8;
 
@@ -105,20 +104,22 @@ fn random_seed() -> [u64; 2] {
     [t, u64::from(std::process::id()) ^ 0x9e37_79b9_7f4a_7c15]
 }
 
-/// nginx's `init` callback for the zone: on a fresh zone, allocates the
-/// region and formats the table; on a zone kept across a reload, finds the
-/// region again and keeps its counts unless the layout changed.
-pub unsafe extern "C" fn init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) -> ngx_int_t {
-    // SAFETY: nginx passes the zone it created in `cmd_zone`, whose `data`
-    // points at our boxed `ZoneConf`, and whose memory starts with the slab
-    // pool it initialised.
-    let (zone, pool, log) = unsafe {
-        (
-            &mut *(*shm_zone).data.cast::<ZoneConf>(),
-            (*shm_zone).shm.addr.cast::<ngx_slab_pool_t>(),
-            (*shm_zone).shm.log,
-        )
-    };
+/// Maps a zone's table: on a fresh zone, allocates the region and formats
+/// the table; on a zone kept across a reload, finds the region again and
+/// keeps its counts unless the layout changed. `None` (logged) when the
+/// zone cannot hold a table.
+///
+/// # Safety
+/// `shm_zone` is the zone nginx initialises, its memory starting with the
+/// slab pool nginx set up; `data` is what nginx passes to the zone's `init`.
+pub unsafe fn attach(
+    shm_zone: *mut ngx_shm_zone_t,
+    data: *mut c_void,
+    name: &str,
+) -> Option<Shared> {
+    // SAFETY: per the function's contract.
+    let (pool, log) =
+        unsafe { ((*shm_zone).shm.addr.cast::<ngx_slab_pool_t>(), (*shm_zone).shm.log) };
 
     // SAFETY: the pool is valid; `data` is non-null on a reused zone.
     let reused = !data.is_null() || unsafe { !(*pool).data.is_null() };
@@ -141,9 +142,9 @@ pub unsafe extern "C" fn init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) 
                 log,
                 "redis_ratelimit_zone: cannot allocate {} bytes in zone \"{}\"",
                 bytes,
-                zone.name
+                name
             );
-            return NGX_ERROR as ngx_int_t;
+            return None;
         }
         region_len = bytes;
         // SAFETY: the region is ours and at least 8 pages long.
@@ -154,13 +155,8 @@ pub unsafe extern "C" fn init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) 
     }
 
     let Some(layout) = Layout::for_region(region_len.saturating_sub(LEN_PREFIX)) else {
-        ngx_log_error!(
-            NGX_LOG_EMERG,
-            log,
-            "redis_ratelimit_zone: zone \"{}\" is too small",
-            zone.name
-        );
-        return NGX_ERROR as ngx_int_t;
+        ngx_log_error!(NGX_LOG_EMERG, log, "redis_ratelimit_zone: zone \"{}\" is too small", name);
+        return None;
     };
     // SAFETY: the region is page-aligned, so the table after the 8-byte length
     // prefix is 8-byte aligned.
@@ -176,7 +172,7 @@ pub unsafe extern "C" fn init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) 
                 NGX_LOG_NOTICE,
                 log,
                 "redis_ratelimit_zone: zone \"{}\" was written by another module version, counters reset",
-                zone.name
+                name
             );
         }
         let seed = random_seed();
@@ -190,6 +186,5 @@ pub unsafe extern "C" fn init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) 
     // SAFETY: the table was formatted or checked above; the seed never
     // changes after formatting.
     let seed = unsafe { (*table.cast::<Header>()).seed };
-    zone.shared = Some(Shared { pool, table, layout, ids: IdHasher::new(seed) });
-    NGX_OK as ngx_int_t
+    Some(Shared { pool, table, layout, ids: IdHasher::new(seed) })
 }

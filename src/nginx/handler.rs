@@ -13,12 +13,13 @@ use nginx_sys::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
+use ratelimit_core::window::seconds_until;
 use smallvec::SmallVec;
 
-use crate::conf::{Limit, LocConf, MainConf, DEFAULT_LOG_LEVEL, DEFAULT_STATUS};
-use crate::engine::{self, now_ms, Ask, Decision, Take};
-use crate::window::seconds_until;
-use crate::Module;
+use super::conf::{Limit, LocConf, MainConf, DEFAULT_LOG_LEVEL, DEFAULT_STATUS};
+use super::module::Module;
+use super::time::now_ms;
+use crate::engine::{self, Ask, Decision, Take};
 
 /// `$redis_ratelimit_status`
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

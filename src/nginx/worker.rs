@@ -17,14 +17,15 @@ use nginx_sys::{
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
 use parking_lot::Mutex;
+use ratelimit_core::batch::ItemId;
+use ratelimit_core::counter;
+use ratelimit_core::rate::Rate;
+use ratelimit_core::table::Entry;
 
+use super::conf::MainConf;
+use super::module::Module;
+use super::time::now_ms;
 use crate::backend::{self, Channel, Event, Level, ZoneSpec};
-use crate::batch::ItemId;
-use crate::conf::MainConf;
-use crate::counter;
-use crate::rate::Rate;
-use crate::table::Entry;
-use crate::Module;
 
 static CHANNEL: OnceLock<Arc<Channel>> = OnceLock::new();
 static MAIN_CONF: AtomicPtr<MainConf> = AtomicPtr::new(ptr::null_mut());
@@ -189,10 +190,6 @@ pub unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
     }
     // SAFETY: the connection was created in init_process on this thread.
     unsafe { ngx_close_connection(h.conn) };
-}
-
-fn now_ms() -> u64 {
-    crate::engine::now_ms()
 }
 
 unsafe extern "C" fn on_notify(ev: *mut ngx_event_t) {

@@ -1,6 +1,6 @@
-//! Configuration: what each directive stores, and one `cmd_*` handler per
-//! directive. Every refusal is an `[emerg]` line that names the directive and
-//! the bad value (`nginx -t` fails on it).
+//! One `cmd_*` handler per directive, and the check that every zone used
+//! was declared. Every refusal is an `[emerg]` line that names the directive
+//! and the bad value (`nginx -t` fails on it).
 
 use std::ffi::{c_char, c_void};
 use std::fmt::Display;
@@ -8,74 +8,19 @@ use std::ptr;
 
 use nginx_sys::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
-    ngx_http_complex_value_t, ngx_pagesize, ngx_shared_memory_add, ngx_str_t, ngx_uint_t,
-    NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
+    ngx_http_complex_value_t, ngx_int_t, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t,
+    ngx_str_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
+    NGX_OK,
 };
 use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
-use ngx::http::{HttpModuleMainConf, Merge, MergeConfigError};
+use ngx::http::HttpModuleMainConf;
 use ngx::ngx_conf_log_error;
+use ratelimit_core::params;
+use ratelimit_core::rate::Rate;
 
-use crate::params::{self, ZoneParams};
-use crate::rate::Rate;
-use crate::zone::Shared;
-use crate::Module;
-
-/// One `redis_ratelimit_zone`. Boxed in `MainConf::zones` so that the shared
-/// memory zone can point at it while the list grows.
-pub struct ZoneConf {
-    pub name: String,
-    /// False while only `redis_ratelimit` lines have named it.
-    pub declared: bool,
-    /// Where it was first used, for the "unknown zone" error.
-    pub used_at: String,
-    /// The parsed parameters; the Redis backend reads them.
-    pub params: Option<ZoneParams>,
-    pub key: *mut ngx_http_complex_value_t,
-    /// Set when nginx has mapped and initialised the shared memory.
-    pub shared: Option<Shared>,
-}
-
-#[derive(Default)]
-pub struct MainConf {
-    /// Boxed: each shared memory zone keeps a pointer to its `ZoneConf`,
-    /// which must not move when the list grows.
-    #[allow(clippy::vec_box)]
-    pub zones: Vec<Box<ZoneConf>>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limit {
-    pub zone: usize,
-    pub rate: Rate,
-}
-
-/// http, server and location level settings; `None` means "not set here".
-#[derive(Default)]
-pub struct LocConf {
-    /// `Some(empty)` after `redis_ratelimit off`.
-    pub limits: Option<Vec<Limit>>,
-    pub off: bool,
-    pub status: Option<u16>,
-    pub dry_run: Option<bool>,
-    pub log_level: Option<ngx_uint_t>,
-    pub headers: Option<bool>,
-}
-
-pub const DEFAULT_STATUS: u16 = 429;
-pub const DEFAULT_LOG_LEVEL: ngx_uint_t = NGX_LOG_ERR as ngx_uint_t;
-
-impl Merge for LocConf {
-    fn merge(&mut self, prev: &LocConf) -> Result<(), MergeConfigError> {
-        if self.limits.is_none() {
-            self.limits = prev.limits.clone();
-        }
-        self.status = self.status.or(prev.status);
-        self.dry_run = self.dry_run.or(prev.dry_run);
-        self.log_level = self.log_level.or(prev.log_level);
-        self.headers = self.headers.or(prev.headers);
-        Ok(())
-    }
-}
+use super::conf::{Limit, LocConf, MainConf, ZoneConf};
+use super::module::Module;
+use super::zone;
 
 /// The directive's arguments (the directive name first).
 ///
@@ -171,7 +116,7 @@ pub extern "C" fn cmd_zone(
             cf,
             &mut shm_name,
             params.size,
-            ptr::addr_of_mut!(crate::ngx_http_redis_ratelimit_module).cast(),
+            ptr::addr_of_mut!(super::module::ngx_http_redis_ratelimit_module).cast(),
         )
     };
     if shm_zone.is_null() {
@@ -201,7 +146,7 @@ pub extern "C" fn cmd_zone(
             mcf.zones.len() - 1
         }
     };
-    shm.init = Some(crate::zone::init);
+    shm.init = Some(zone_init);
     shm.data = ptr::from_mut::<ZoneConf>(&mut mcf.zones[slot]).cast();
     NGX_CONF_OK
 }
@@ -392,4 +337,22 @@ pub extern "C" fn cmd_log_level(
     };
     lcf.log_level = Some(level as ngx_uint_t);
     NGX_CONF_OK
+}
+
+/// nginx's `init` callback for a zone's shared memory: maps the counter
+/// table (fresh, or kept from before a reload) and hands it to the zone's
+/// configuration.
+unsafe extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) -> ngx_int_t {
+    // SAFETY: nginx passes the zone set up in `cmd_zone`, whose `data` points
+    // at our boxed `ZoneConf`.
+    let zone = unsafe { &mut *(*shm_zone).data.cast::<ZoneConf>() };
+    // SAFETY: nginx passes the zone it created and, on a reload, the data
+    // the old cycle's zone had.
+    match unsafe { zone::attach(shm_zone, data, &zone.name) } {
+        Some(shared) => {
+            zone.shared = Some(shared);
+            NGX_OK as ngx_int_t
+        }
+        None => nginx_sys::NGX_ERROR as ngx_int_t,
+    }
 }

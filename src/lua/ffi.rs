@@ -8,15 +8,16 @@ use std::ffi::c_int;
 
 use nginx_sys::{ngx_cycle, ngx_process, ngx_uint_t, NGX_PROCESS_SINGLE, NGX_PROCESS_WORKER};
 use ngx::http::HttpModuleMainConf;
+use ratelimit_core::batch::Delete;
+use ratelimit_core::key::{redis_tag, MAX_NAMESPACE_BYTES};
+use ratelimit_core::rate::Rate;
+use ratelimit_core::window::window_index;
 
-use crate::batch::Delete;
-use crate::conf::{MainConf, ZoneConf};
-use crate::engine::{self, now_ms, Ask, Take};
-use crate::key::{redis_tag, MAX_NAMESPACE_BYTES};
-use crate::rate::Rate;
-use crate::window::window_index;
-use crate::zone::Shared;
-use crate::Module;
+use crate::engine::{self, Ask, Take};
+use crate::nginx::conf::{MainConf, ZoneConf};
+use crate::nginx::module::Module;
+use crate::nginx::time::now_ms;
+use crate::nginx::zone::Shared;
 
 pub const OK: c_int = 0;
 pub const LIMITED: c_int = 1;
@@ -247,7 +248,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     };
     let has_backend = z.params.as_ref().is_some_and(|p| p.backend.is_some());
     if has_backend {
-        if let Some(ch) = crate::worker::channel() {
+        if let Some(ch) = crate::nginx::worker::channel() {
             ch.delete(Delete {
                 zone: index as u32,
                 entry: id,

@@ -1,0 +1,25 @@
+//! The pure core of ngx_http_redis_ratelimit: everything that decides or
+//! lays out, with no nginx and no I/O, so that it is unit-tested with a
+//! plain `cargo test -p ratelimit-core`.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | `rate` | `10r/s`, `100r/m`: parsing and printing |
+//! | `window` | window index, the previous/current sliding estimate |
+//! | `counter` | one key's counts: check, count, apply a Redis reply, roll |
+//! | `table` | the shared-memory table: layout, buckets, LRU, ids |
+//! | `key` | key hashing, Redis key format, hash tags |
+//! | `batch` | the coalescing batch a worker hands its Redis thread |
+//! | `params` | `redis_ratelimit_zone` parameters |
+//! | `health` | backoff, idle checks, refresh budget, log gate |
+//! | `slots` | Redis Cluster slot → master map |
+
+pub mod batch;
+pub mod counter;
+pub mod health;
+pub mod key;
+pub mod params;
+pub mod rate;
+pub mod slots;
+pub mod table;
+pub mod window;

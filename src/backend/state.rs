@@ -1,0 +1,133 @@
+//! One zone's backend in the thread: what it holds (connection, health,
+//! increments to send again, keys to refresh, TTLs to set again, what it
+//! knows of previous windows, the cluster's masters) and its bounds. What
+//! it does with them: `zone.rs` (periodic work, logs), `flush.rs` (what a
+//! flush sends, how each reply is read), `refresh.rs` (keys near their
+//! limit), `cluster.rs` (one pipeline per master).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use ratelimit_core::batch::{Item, ItemId};
+use ratelimit_core::health::{Budget, Health, LogGate};
+use ratelimit_core::slots::Topology;
+use redis::IntoConnectionInfo;
+
+use super::event::ZoneSpec;
+use super::io::Conn;
+
+/// Bytes the increments kept for sending again may hold, per zone and
+/// worker (beyond it they are dropped, and stay counted on this node).
+pub const RETRY_BYTES: usize = 4 << 20;
+const LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Most keys whose TTL is still to be set again after a lost reply.
+pub(super) const TTL_FIX_MAX: usize = 4096;
+/// Redis commands per second the refreshes of one zone may spend, per
+/// worker, whatever the keys.
+pub const REFRESH_BUDGET: u32 = 200;
+/// Most keys waiting for a refresh, per zone and worker.
+pub(super) const WATCH_MAX: usize = 4096;
+
+/// What this worker knows of a key's previous window, per current window.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Prev {
+    pub(super) period: u32,
+    /// The last count read, if any.
+    pub(super) value: Option<u64>,
+    /// Read after the settle time: it will not change any more.
+    pub(super) settled: bool,
+}
+
+/// A counter whose TTL is to be set (again): its tag and period.
+pub(super) type TtlFix = (Box<[u8]>, u32);
+
+/// A key near its limit that this worker counts: read again once after
+/// each flush that counted it, shortly before its next request is expected
+/// (three quarters of the gap between its last two flushes, at least
+/// `REFRESH_AFTER`), so that the next decision sees what the other nodes
+/// counted meanwhile. At most one refresh per counted flush, within the
+/// zone's budget.
+pub(super) struct Watch {
+    pub(super) tag: Box<[u8]>,
+    pub(super) period: u32,
+    pub(super) limit: u32,
+    pub(super) window: u64,
+    /// The last flush that counted the key.
+    pub(super) last: Instant,
+    /// When to read it again, if a refresh is owed.
+    pub(super) due: Option<Instant>,
+}
+
+pub struct Backend {
+    pub(super) spec: ZoneSpec,
+    pub(super) conn: Option<Conn>,
+    pub(super) health: Health,
+    pub(super) errors: LogGate,
+    pub(super) refusals: LogGate,
+    pub(super) secrets: Vec<String>,
+    /// Increments known not to have run, sent with the next flush.
+    pub(super) retry: HashMap<ItemId, Item>,
+    pub(super) retry_bytes: usize,
+    /// Keys near their limit, to be read again (by entry, window 0).
+    pub(super) watch: HashMap<ItemId, Watch>,
+    pub(super) budget: Budget,
+    /// Counters whose `INCRBY` may have created them without an `EXPIRE`
+    /// (reply lost): `EXPIRE` sent with the next exchange.
+    pub(super) ttl_fix: HashMap<ItemId, TtlFix>,
+    pub(super) prev: HashMap<ItemId, Prev>,
+    /// When `prev` was last rid of windows that are over.
+    pub(super) swept: Instant,
+    /// Cluster: a copy of the slot map, and when it was read.
+    pub(super) topo: Option<Topology>,
+    pub(super) topo_at: Option<Instant>,
+    /// Cluster: masters that failed, each with its own backoff (the keys of
+    /// their slots wait, the others go on).
+    pub(super) nodes: HashMap<String, Health>,
+}
+
+impl Backend {
+    pub fn new(spec: ZoneSpec, now: Instant) -> Backend {
+        let mut secrets: Vec<String> = Vec::new();
+        for u in &spec.urls {
+            if let Ok(ci) = u.as_str().into_connection_info() {
+                if let Some(p) = ci.redis_settings().password() {
+                    secrets.push(p.to_string());
+                }
+            }
+            // the password as written (percent-encoded), too
+            if let Some(raw) = ratelimit_core::params::url_password(u) {
+                secrets.push(raw.to_string());
+            }
+        }
+        secrets.retain(|s| !s.is_empty());
+        Backend {
+            spec,
+            conn: None,
+            health: Health::new(now),
+            errors: LogGate::new(LOG_INTERVAL),
+            refusals: LogGate::new(LOG_INTERVAL),
+            secrets,
+            retry: HashMap::new(),
+            retry_bytes: 0,
+            watch: HashMap::new(),
+            budget: Budget::new(REFRESH_BUDGET, now),
+            ttl_fix: HashMap::new(),
+            prev: HashMap::new(),
+            swept: now,
+            topo: None,
+            topo_at: None,
+            nodes: HashMap::new(),
+        }
+    }
+
+    pub fn zone(&self) -> u32 {
+        self.spec.index
+    }
+
+    /// Whether the backend works: its connection, and every master of a
+    /// cluster.
+    pub fn is_up(&self) -> bool {
+        self.health.is_up() && self.nodes.is_empty()
+    }
+}

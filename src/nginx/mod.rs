@@ -1,0 +1,21 @@
+//! The nginx glue: everything that touches nginx's types or calls its API.
+//!
+//! | file | what it holds |
+//! |---|---|
+//! | `module.rs` | the module as the glue knows it: `Module`, its configurations |
+//! | `conf.rs` | what the directives store; location inheritance |
+//! | `directives.rs` | one handler per directive; `[emerg]` refusals |
+//! | `zone.rs` | a zone's shared memory: mapping, locking |
+//! | `handler.rs` | the preaccess handler: evaluates keys, asks the engine, answers |
+//! | `vars.rs` | `$redis_ratelimit_*` variables |
+//! | `worker.rs` | the worker's side of the Redis thread: start, stop, replies |
+//! | `time.rs` | nginx's cached clock |
+
+pub mod conf;
+pub mod directives;
+pub mod handler;
+pub mod module;
+pub mod time;
+pub mod vars;
+pub mod worker;
+pub mod zone;

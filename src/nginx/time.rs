@@ -1,0 +1,16 @@
+//! nginx's clock, as the module reads it.
+
+use std::ptr;
+
+use nginx_sys::ngx_cached_time;
+
+/// Wall-clock milliseconds from nginx's cached time (windows are aligned to
+/// the epoch, so every node agrees on them).
+pub fn now_ms() -> u64 {
+    // SAFETY: nginx keeps `ngx_cached_time` pointing at a valid slot; reading
+    // it through a volatile load is how nginx itself reads it.
+    unsafe {
+        let tp = ptr::read_volatile(ptr::addr_of!(ngx_cached_time));
+        ((*tp).sec as u64) * 1000 + (*tp).msec as u64
+    }
+}
