@@ -3,11 +3,12 @@
 #   make build   nginx (vendored 1.28, --with-compat) + the module, in build/
 #   make run     nginx in the foreground with nginx-conf/example.conf
 #   make test    unit tests + every t/*.t against the built nginx
-#   make check   cargo fmt --check + clippy -D warnings
+#   make check   cargo fmt --check + clippy -D warnings + layout rules (no import cycles)
 #   make bench   throughput, Redis cost and accuracy against nginx's limit_req
 #   make soak    ~5 min of traffic on 2 nginx + Redis under chaos (not in `make test`)
-#   make build-debian  the module for Debian's nginx (nginx-dev), in build/debian
-#   make test-lua      the Lua API tests (t/lua) on Debian's nginx + lua module
+#   make build-debian  the module for Debian's nginx, through ./configure
+#                      --add-dynamic-module=. on its nginx-dev source
+#   make test-lua      t/lua (Lua API) and t/debian (debug log) on Debian's nginx
 #
 # NGINX_BUILD_DIR=/path/to/configured/nginx/objs builds the module for that
 # nginx instead of the vendored one (no nginx binary is copied then).
@@ -44,17 +45,24 @@ deps:
 deps-debian: deps
 	@bash scripts/ensure-packages $(DEB_PACKAGES_NGINX)
 
-# The module for Debian's nginx: its nginx-dev source, configured with the
-# flags Debian used, and NGINX_BUILD_DIR pointing at it.
+# The module for Debian's nginx, built the way packagers build third-party
+# modules: its nginx-dev source, configured with the flags Debian used plus
+# --add-dynamic-module=. (this repo's `config`), then `make modules`, which
+# runs cargo. Configured again only when `config`, `config.make` or
+# `auto/cargo` change. Debian's tree has no top Makefile: objs/Makefile.
+DEB_HOOK_FILES := config config.make auto/cargo
 build-debian: deps-debian
-	@if [ ! -f $(DEB_BUILD)/src/objs/ngx_auto_config.h ]; then \
+	@stamp="$$(cat $(DEB_HOOK_FILES) | sha256sum)"; \
+	if [ "$$(cat $(DEB_BUILD)/src/.configured 2>/dev/null)" != "$$stamp" ]; then \
 	  rm -rf $(DEB_BUILD)/src && mkdir -p $(DEB_BUILD) && cp -r $(DEB_NGINX_SRC) $(DEB_BUILD)/src && \
-	  cd $(DEB_BUILD)/src && source ./conf_flags && ./configure "$${NGX_CONF_FLAGS[@]}" > configure.log; \
+	  cd $(DEB_BUILD)/src && source ./conf_flags && \
+	  NGX_CARGO_TARGET_DIR=$(CURDIR)/target/debian ./configure "$${NGX_CONF_FLAGS[@]}" \
+	    --add-dynamic-module=$(CURDIR) > configure.log && \
+	  echo "$$stamp" > .configured; \
 	fi
-	NGINX_SOURCE_DIR=$(CURDIR)/$(DEB_BUILD)/src NGINX_BUILD_DIR=$(CURDIR)/$(DEB_BUILD)/src/objs \
-	CARGO_TARGET_DIR=$(CURDIR)/target/debian $(CARGO) build --release --no-default-features
+	$(MAKE) -C $(DEB_BUILD)/src -f objs/Makefile modules
 	@mkdir -p $(DEB_BUILD)/modules
-	@cp -f target/debian/release/libngx_http_redis_ratelimit.so $(DEB_BUILD)/modules/$(MODULE_NAME).so
+	@cp -f $(DEB_BUILD)/src/objs/$(MODULE_NAME).so $(DEB_BUILD)/modules/$(MODULE_NAME).so
 	@echo "built $(DEB_BUILD)/modules/$(MODULE_NAME).so for $$(/usr/sbin/nginx -v 2>&1)"
 
 build: deps
@@ -86,11 +94,12 @@ integration: build
 scenarios: build
 	python3 t/scenarios/run.py
 
-# t/lua/*.t on Debian's nginx with lua-nginx-module
+# t/lua/*.t (Lua API) and t/debian/*.t (debug logging) on Debian's nginx
+# (built --with-debug, with lua-nginx-module)
 test-lua: build-debian
 	TEST_NGINX_BINARY=/usr/sbin/nginx \
 	TEST_NGINX_LOAD_MODULES="$(LUA_MODULES) $(CURDIR)/$(DEB_BUILD)/modules/$(MODULE_NAME).so" \
-	python3 t/runner.py t/lua
+	python3 t/runner.py t/lua t/debian
 
 # Everything, with one summary line at the end.
 test: build build-debian
@@ -105,6 +114,7 @@ soak: build
 check:
 	$(CARGO) fmt --check
 	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
+	python3 scripts/check-layout
 
 clean:
 	rm -rf $(BUILD)

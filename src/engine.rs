@@ -13,6 +13,9 @@
 
 use std::sync::Arc;
 
+use nginx_sys::ngx_log_t;
+use ngx::log::DebugMask;
+use ngx::ngx_log_debug;
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter;
 use ratelimit_core::params::OnError;
@@ -42,6 +45,15 @@ pub enum Mode {
 const DENY_RETRY_MS: u64 = 1000;
 
 impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Local => "local",
+            Mode::Remote => "redis",
+            Mode::Allow => "allow (redis down)",
+            Mode::Deny => "deny (redis down)",
+        }
+    }
+
     fn of(zone: &ZoneConf, index: usize, channel: Option<&Arc<Channel>>) -> Mode {
         let Some(on_error) =
             zone.params.as_ref().and_then(|p| p.backend.as_ref().map(|_| p.on_error))
@@ -130,13 +142,20 @@ struct Slot {
 }
 
 /// Decides `asks` (at least one) at `now`, counts as `take` says, and
-/// queues the increments.
-pub fn decide(mcf: &MainConf, asks: &[Ask<'_>], now: u64, take: Take) -> Result<Decision, NoZone> {
+/// queues the increments. `log` (the request's, or the cycle's for Lua)
+/// gets one debug line per limit in nginx built `--with-debug`.
+pub fn decide(
+    mcf: &MainConf,
+    asks: &[Ask<'_>],
+    now: u64,
+    take: Take,
+    log: *mut ngx_log_t,
+) -> Result<Decision, NoZone> {
     let channel = crate::nginx::worker::channel();
     if let [one] = asks {
         // the common case, without the bookkeeping for several zones and
         // shared entries (callgrind: ~650 instructions a request)
-        return decide_one(mcf, one, now, take, channel);
+        return decide_one(mcf, one, now, take, channel, log);
     }
     let mut zones: SmallVec<[usize; 4]> = SmallVec::new();
     let mut ids: SmallVec<[[u64; 2]; 4]> = SmallVec::new();
@@ -190,6 +209,9 @@ pub fn decide(mcf: &MainConf, asks: &[Ask<'_>], now: u64, take: Take) -> Result<
         out.after = counter::estimate(guards[s.guard].table.entry(s.entry), a.rate, now);
     }
     drop(guards);
+    for ((a, s), x) in asks.iter().zip(&slots).zip(&said) {
+        trace(log, mcf, a, s.id, s.mode, x);
+    }
 
     // the answer
     let mut remaining = if allowed { u32::MAX } else { 0 };
@@ -233,6 +255,7 @@ fn decide_one(
     now: u64,
     take: Take,
     channel: Option<&Arc<Channel>>,
+    log: *mut ngx_log_t,
 ) -> Result<Decision, NoZone> {
     let (shared, id) = identify(mcf, a)?;
     let mode = Mode::of(&mcf.zones[a.zone], a.zone, channel);
@@ -242,6 +265,7 @@ fn decide_one(
     let send = (allowed || take == Take::Always) && count(&mut locked, entry, mode);
     said.after = counter::estimate(locked.table.entry(entry), a.rate, now);
     drop(locked);
+    trace(log, mcf, a, id, mode, &said);
     let left = said.after.remaining(a.rate.limit);
     if let Some(ch) = channel.filter(|_| send) {
         queue(ch, a, id, said.check.window, a.rate.limit, left <= a.rate.limit / 2);
@@ -253,6 +277,27 @@ fn decide_one(
         tightest: 0,
         said,
     })
+}
+
+/// One limit's decision, as a debug line (compiled out unless nginx was
+/// built `--with-debug`; written only with `error_log ... debug` or
+/// `debug_connection`).
+fn trace(log: *mut ngx_log_t, mcf: &MainConf, a: &Ask<'_>, id: [u64; 2], mode: Mode, s: &Said) {
+    if log.is_null() {
+        return;
+    }
+    ngx_log_debug!(
+        mask: DebugMask::Http,
+        log,
+        "redis_ratelimit: zone \"{}\" key #{:016x} {}: estimate {:.2}, {:.2} after, mode {}: {}",
+        mcf.zones[a.zone].name,
+        id[0],
+        a.rate,
+        s.check.estimate.value(),
+        s.after.value(),
+        mode.as_str(),
+        if s.check.allowed { "pass" } else { "limited" }
+    );
 }
 
 /// The zone's shared memory and the key's entry id (hashed outside any

@@ -135,6 +135,10 @@ static MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
     merge_loc_conf: Some(Module::merge_loc_conf),
 };
 
+// The list of modules a loadable module exports. Built by cargo alone (the
+// Makefile), the library must carry it; built through nginx's `config`, nginx
+// generates it, and `--no-default-features` leaves this one out.
+#[cfg(feature = "export-modules")]
 ngx::ngx_modules!(ngx_http_redis_ratelimit_module);
 
 /// The module. Exported under its C name: the rest of the glue reaches it

@@ -92,3 +92,21 @@ GET /dry?k=d
 qr/\[notice\] .*limiting requests, dry run, estimate: 2\.000 of 2r\/d by zone "z"/
 --- no_error_log
 [error]
+
+
+
+=== TEST 5: debug lines are compiled out of a module for nginx without --with-debug (this nginx; t/debian has the debug build)
+--- log_level: debug
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 10r/m; }
+--- user_files
+>>> t
+ok
+--- request
+GET /t?k=nodebug
+--- error_code: 200
+--- no_error_log
+redis_ratelimit: zone "z" key #
+redis_ratelimit: zone "z" fresh

@@ -197,7 +197,9 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     let how = if take == TAKE_ALWAYS { Take::Always } else { Take::IfAllowed };
     let ask = Ask { zone: index, namespace: ns, key, rate };
     let now = now_ms();
-    let Ok(d) = engine::decide(mcf, &[ask], now, how) else {
+    // SAFETY: `ngx_cycle` is the running cycle (checked by `Call::new`).
+    let log = unsafe { (*ngx_cycle).log };
+    let Ok(d) = engine::decide(mcf, &[ask], now, how, log) else {
         return ERR_ZONE;
     };
     let allowed = d.allowed;

@@ -2,7 +2,7 @@
 //! they are read), and how a location inherits from its server and http
 //! levels.
 
-use nginx_sys::{ngx_http_complex_value_t, ngx_uint_t, NGX_LOG_ERR};
+use nginx_sys::{ngx_cycle_t, ngx_http_complex_value_t, ngx_uint_t, NGX_LOG_ERR};
 use ngx::http::{Merge, MergeConfigError};
 use ratelimit_core::params::ZoneParams;
 use ratelimit_core::rate::Rate;
@@ -20,6 +20,9 @@ pub struct ZoneConf {
     /// The parsed parameters; the Redis backend reads them.
     pub params: Option<ZoneParams>,
     pub key: *mut ngx_http_complex_value_t,
+    /// The cycle being configured (its log is the one `error_log` set up
+    /// by the time the zone's memory is initialised).
+    pub cycle: *mut ngx_cycle_t,
     /// Set when nginx has mapped and initialised the shared memory.
     pub shared: Option<Shared>,
 }

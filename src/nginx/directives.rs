@@ -134,6 +134,8 @@ pub extern "C" fn cmd_zone(
         used_at: String::new(),
         params: Some(params),
         key,
+        // SAFETY: `cf` is valid while the directive is read.
+        cycle: unsafe { (*cf).cycle },
         shared: None,
     });
     let slot = match existing {
@@ -203,6 +205,7 @@ pub extern "C" fn cmd_limit(
                 used_at: position(cf),
                 params: None,
                 key: ptr::null_mut(),
+                cycle: ptr::null_mut(),
                 shared: None,
             }));
             mcf.zones.len() - 1
@@ -346,9 +349,12 @@ unsafe extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void)
     // SAFETY: nginx passes the zone set up in `cmd_zone`, whose `data` points
     // at our boxed `ZoneConf`.
     let zone = unsafe { &mut *(*shm_zone).data.cast::<ZoneConf>() };
+    // SAFETY: the cycle that declared the zone is the one being set up; its
+    // log is in place before shared memory is initialised.
+    let log = unsafe { zone.cycle.as_ref() }.map_or(unsafe { (*shm_zone).shm.log }, |c| c.log);
     // SAFETY: nginx passes the zone it created and, on a reload, the data
     // the old cycle's zone had.
-    match unsafe { zone::attach(shm_zone, data, &zone.name) } {
+    match unsafe { zone::attach(shm_zone, data, &zone.name, log) } {
         Some(shared) => {
             zone.shared = Some(shared);
             NGX_OK as ngx_int_t

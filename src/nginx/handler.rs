@@ -8,8 +8,8 @@ use std::fmt::Write;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_http_complex_value, ngx_http_request_t, ngx_int_t, ngx_pool_cleanup_add, ngx_str_t,
-    ngx_uint_t, NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+    ngx_http_complex_value, ngx_http_request_t, ngx_int_t, ngx_log_t, ngx_pool_cleanup_add,
+    ngx_str_t, ngx_uint_t, NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
@@ -129,7 +129,7 @@ fn limit(
         let ask =
             Ask { zone: l.zone, namespace: mcf.zones[l.zone].name.as_bytes(), key, rate: l.rate };
         let now = now_ms();
-        let decision = engine::decide(mcf, &[ask], now, Take::IfAllowed).map_err(|_| ())?;
+        let decision = engine::decide(mcf, &[ask], now, Take::IfAllowed, log(r)).map_err(|_| ())?;
         return finish(r, mcf, lcf, now, limits, &decision);
     }
     let mut keys: SmallVec<[(usize, &[u8]); INLINE]> = SmallVec::new();
@@ -159,8 +159,14 @@ fn limit(
         return Ok(NGX_DECLINED as ngx_int_t);
     }
     let now = now_ms();
-    let decision = engine::decide(mcf, &asks, now, Take::IfAllowed).map_err(|_| ())?;
+    let decision = engine::decide(mcf, &asks, now, Take::IfAllowed, log(r)).map_err(|_| ())?;
     finish(r, mcf, lcf, now, &applied, &decision)
+}
+
+/// The request's log (its connection's).
+fn log(r: &ngx_http_request_t) -> *mut ngx_log_t {
+    // SAFETY: a request being processed has its connection.
+    unsafe { (*r.connection).log }
 }
 
 /// The zone's key for this request (empty: not limited). The bytes live in

@@ -15,7 +15,8 @@ use nginx_sys::{
     NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
 };
 use ngx::http::HttpModuleMainConf;
-use ngx::ngx_log_error;
+use ngx::log::DebugMask;
+use ngx::{ngx_log_debug, ngx_log_error};
 use parking_lot::Mutex;
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter;
@@ -142,12 +143,14 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     }
 
     let channel = Arc::new(Channel::new(mcf.zones.len(), wfd));
+    let n = specs.len();
     match backend::spawn(channel.clone(), specs) {
         Ok(thread) => {
             MAIN_CONF.store(ptr::from_mut(mcf), Ordering::Release);
             CYCLE.store(cycle, Ordering::Release);
             let _ = CHANNEL.set(channel);
             *HANDLE.lock() = Some(Handle { thread, conn, write_fd: wfd, stop_wait });
+            ngx_log_debug!(log, "redis_ratelimit: background thread started, {} Redis zone(s)", n);
         }
         Err(e) => {
             ngx_log_error!(
@@ -179,6 +182,7 @@ pub unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
             // what the last flush brought back: apply it, so that no
             // increment stays in flight in the zone after this worker
             apply(log);
+            ngx_log_debug!(log, "redis_ratelimit: background thread stopped");
         } else {
             ngx_log_error!(
                 NGX_LOG_WARN,
@@ -236,7 +240,29 @@ fn apply(log: *mut ngx_log_t) {
     for event in ch.take_events() {
         match event {
             Event::Confirmed { id, period, limit, confirmation } => with_entry(mcf, id, |e| {
+                let armed = e.blocked_until_ms;
                 counter::confirm(e, &confirmation, Rate { limit, period }, now);
+                ngx_log_debug!(
+                    mask: DebugMask::Http,
+                    log,
+                    "redis_ratelimit: reply applied: zone {} key #{:016x} window {}: {} sent, count {}, previous {}",
+                    id.zone,
+                    id.entry[0],
+                    confirmation.window,
+                    confirmation.sent,
+                    confirmation.cur,
+                    confirmation.prev.map_or(-1, |p| p as i64)
+                );
+                if e.blocked_until_ms > now && e.blocked_until_ms != armed {
+                    ngx_log_debug!(
+                        mask: DebugMask::Http,
+                        log,
+                        "redis_ratelimit: breaker armed: zone {} key #{:016x} limited for {} ms",
+                        id.zone,
+                        id.entry[0],
+                        e.blocked_until_ms - now
+                    );
+                }
             }),
             Event::KeepLocal { id, sent } => with_entry(mcf, id, |e| {
                 counter::keep_local(e, id.window, sent);

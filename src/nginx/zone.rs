@@ -11,10 +11,10 @@ use std::io::Read;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_pagesize, ngx_shm_zone_t, ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc,
+    ngx_log_t, ngx_pagesize, ngx_shm_zone_t, ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc,
     ngx_slab_pool_t, NGX_LOG_EMERG, NGX_LOG_NOTICE,
 };
-use ngx::ngx_log_error;
+use ngx::{ngx_log_debug, ngx_log_error};
 
 use ratelimit_core::key::IdHasher;
 use ratelimit_core::table::{Entry, Header, Layout, Table};
@@ -111,15 +111,16 @@ fn random_seed() -> [u64; 2] {
 ///
 /// # Safety
 /// `shm_zone` is the zone nginx initialises, its memory starting with the
-/// slab pool nginx set up; `data` is what nginx passes to the zone's `init`.
+/// slab pool nginx set up; `data` is what nginx passes to the zone's `init`;
+/// `log` is valid.
 pub unsafe fn attach(
     shm_zone: *mut ngx_shm_zone_t,
     data: *mut c_void,
     name: &str,
+    log: *mut ngx_log_t,
 ) -> Option<Shared> {
     // SAFETY: per the function's contract.
-    let (pool, log) =
-        unsafe { ((*shm_zone).shm.addr.cast::<ngx_slab_pool_t>(), (*shm_zone).shm.log) };
+    let pool = unsafe { (*shm_zone).shm.addr.cast::<ngx_slab_pool_t>() };
 
     // SAFETY: the pool is valid; `data` is non-null on a reused zone.
     let reused = !data.is_null() || unsafe { !(*pool).data.is_null() };
@@ -183,6 +184,18 @@ pub unsafe fn attach(
             })
         };
     }
+    ngx_log_debug!(
+        log,
+        "redis_ratelimit: zone \"{}\" {}: {} entries in {} bytes",
+        name,
+        match (reused, kept) {
+            (false, _) => "fresh",
+            (true, true) => "kept from the previous cycle",
+            (true, false) => "reset",
+        },
+        layout.capacity,
+        table_len
+    );
     // SAFETY: the table was formatted or checked above; the seed never
     // changes after formatting.
     let seed = unsafe { (*table.cast::<Header>()).seed };
