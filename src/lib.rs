@@ -17,17 +17,19 @@ mod engine;
 mod lua;
 mod nginx;
 
+use std::mem::offset_of;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_array_push, ngx_command_t, ngx_conf_t, ngx_http_handler_pt, ngx_http_module_t,
-    ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t,
-    NGX_CONF_2MORE, NGX_CONF_TAKE1, NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF,
-    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
-    NGX_HTTP_SRV_CONF, NGX_OK,
+    ngx_array_push, ngx_command_t, ngx_conf_post_t, ngx_conf_set_flag_slot, ngx_conf_set_num_slot,
+    ngx_conf_t, ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
+    ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t, NGX_CONF_2MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1,
+    NGX_CONF_TAKE12, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF,
+    NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_OK,
 };
 use ngx::http::{HttpModule, HttpModuleMainConf, NgxHttpCoreModule};
 
+use crate::nginx::conf::LocConf;
 use crate::nginx::directives;
 use crate::nginx::module::Module;
 
@@ -64,25 +66,33 @@ const fn name(s: &'static std::ffi::CStr) -> ngx_str_t {
 
 const ANY_LEVEL: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-const fn command(
+type SetFn = unsafe extern "C" fn(
+    *mut ngx_conf_t,
+    *mut ngx_command_t,
+    *mut std::ffi::c_void,
+) -> *mut std::ffi::c_char;
+
+/// A directive read by one of our handlers.
+const fn command(n: &'static std::ffi::CStr, type_: u32, set: SetFn, conf: usize) -> ngx_command_t {
+    slot(n, type_, set, conf, 0, ptr::null_mut())
+}
+
+/// A directive read by one of nginx's stock slots into the field at
+/// `offset` of the configuration, with an optional post handler.
+const fn slot(
     n: &'static std::ffi::CStr,
     type_: u32,
-    set: unsafe extern "C" fn(
-        *mut ngx_conf_t,
-        *mut ngx_command_t,
-        *mut std::ffi::c_void,
-    ) -> *mut std::ffi::c_char,
+    set: SetFn,
     conf: usize,
+    offset: usize,
+    post: *mut std::ffi::c_void,
 ) -> ngx_command_t {
-    ngx_command_t {
-        name: name(n),
-        type_: type_ as ngx_uint_t,
-        set: Some(set),
-        conf,
-        offset: 0,
-        post: ptr::null_mut(),
-    }
+    ngx_command_t { name: name(n), type_: type_ as ngx_uint_t, set: Some(set), conf, offset, post }
 }
+
+/// `redis_ratelimit_status`'s range check, after nginx read the number.
+static STATUS_POST: ngx_conf_post_t =
+    ngx_conf_post_t { post_handler: Some(directives::check_status) };
 
 static mut COMMANDS: [ngx_command_t; 7] = [
     command(
@@ -97,17 +107,21 @@ static mut COMMANDS: [ngx_command_t; 7] = [
         directives::cmd_limit,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
-    command(
+    slot(
         c"redis_ratelimit_status",
         ANY_LEVEL | NGX_CONF_TAKE1,
-        directives::cmd_status,
+        ngx_conf_set_num_slot,
         NGX_HTTP_LOC_CONF_OFFSET,
+        offset_of!(LocConf, status),
+        ptr::addr_of!(STATUS_POST).cast_mut().cast(),
     ),
-    command(
+    slot(
         c"redis_ratelimit_dry_run",
-        ANY_LEVEL | NGX_CONF_TAKE1,
-        directives::cmd_dry_run,
+        ANY_LEVEL | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
         NGX_HTTP_LOC_CONF_OFFSET,
+        offset_of!(LocConf, dry_run),
+        ptr::null_mut(),
     ),
     command(
         c"redis_ratelimit_log_level",
@@ -115,11 +129,13 @@ static mut COMMANDS: [ngx_command_t; 7] = [
         directives::cmd_log_level,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
-    command(
+    slot(
         c"redis_ratelimit_headers",
-        ANY_LEVEL | NGX_CONF_TAKE1,
-        directives::cmd_headers,
+        ANY_LEVEL | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
         NGX_HTTP_LOC_CONF_OFFSET,
+        offset_of!(LocConf, headers),
+        ptr::null_mut(),
     ),
     ngx_command_t::empty(),
 ];

@@ -15,6 +15,7 @@ __DATA__
     redis_ratelimit_zone $arg_u zone=auth:1m redis=redis://user:secret@127.0.0.1:1/2 on_error=deny timeout=2s;
     redis_ratelimit_zone $arg_x zone=tls:1m redis=rediss://127.0.0.1:1 on_error=allow;
     redis_ratelimit_zone $arg_y zone=sock:1m redis=redis+unix:///tmp/none.sock;
+    redis_ratelimit_zone $arg_v zone=units:1M redis=redis://127.0.0.1:1 timeout=1m30s;
     redis_ratelimit local 1000r/d;
     redis_ratelimit_status 503;
     redis_ratelimit_dry_run off;
@@ -298,7 +299,7 @@ redis_ratelimit_status: invalid status "600"
     redis_ratelimit_status teapot;
 --- must_die
 --- error_log
-redis_ratelimit_status: invalid status "teapot"
+"redis_ratelimit_status" directive invalid number
 
 
 
@@ -307,7 +308,7 @@ redis_ratelimit_status: invalid status "teapot"
     redis_ratelimit_dry_run maybe;
 --- must_die
 --- error_log
-redis_ratelimit_dry_run: invalid value "maybe": "on" or "off" expected
+invalid value "maybe" in "redis_ratelimit_dry_run" directive, it must be "on" or "off"
 
 
 
@@ -316,7 +317,7 @@ redis_ratelimit_dry_run: invalid value "maybe": "on" or "off" expected
     redis_ratelimit_headers yes;
 --- must_die
 --- error_log
-redis_ratelimit_headers: invalid value "yes"
+invalid value "yes" in "redis_ratelimit_headers" directive, it must be "on" or "off"
 
 
 
@@ -335,7 +336,7 @@ redis_ratelimit_log_level: invalid level "debug": info, notice, warn or error ex
     redis_ratelimit_status 503;
 --- must_die
 --- error_log
-redis_ratelimit_status: is duplicate
+"redis_ratelimit_status" directive is duplicate
 
 
 
@@ -346,3 +347,34 @@ redis_ratelimit_status: is duplicate
 --- must_die
 --- error_log
 "redis_ratelimit_zone" directive is not allowed here
+
+
+
+=== TEST 31: an on/off directive repeated at one level (nginx's flag slot)
+--- config
+    redis_ratelimit_dry_run on;
+    redis_ratelimit_dry_run off;
+--- must_die
+--- error_log
+"redis_ratelimit_dry_run" directive is duplicate
+
+
+
+=== TEST 32: log level repeated at one level
+--- config
+    redis_ratelimit_log_level warn;
+    redis_ratelimit_log_level info;
+--- must_die
+--- error_log
+redis_ratelimit_log_level: is duplicate
+
+
+
+=== TEST 33: sizes and times as nginx reads them (ngx_parse_size, ngx_parse_time)
+--- http_config
+    redis_ratelimit_zone $arg_k zone=big:1M redis=redis://127.0.0.1:1 timeout=1m30s;
+    redis_ratelimit_zone $arg_k zone=bad:64k redis=redis://127.0.0.1:1 timeout=1.5s;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid timeout "1.5s": a time above zero expected (100ms, 1s)

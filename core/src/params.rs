@@ -38,56 +38,16 @@ fn show(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// `1024`, `10k`, `32m`, `1g` (nginx's `ngx_parse_size`).
-pub fn parse_size(s: &[u8]) -> Option<usize> {
-    let (num, scale) = match s.last()? {
-        b'k' | b'K' => (&s[..s.len() - 1], 1usize << 10),
-        b'm' | b'M' => (&s[..s.len() - 1], 1 << 20),
-        b'g' | b'G' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    if num.is_empty() || !num.iter().all(u8::is_ascii_digit) || num.len() > 12 {
-        return None;
-    }
-    std::str::from_utf8(num).ok()?.parse::<usize>().ok()?.checked_mul(scale)
-}
-
-/// nginx time syntax in milliseconds: `100ms`, `2s`, `1m30s`, `1h`, `1d`; a
-/// bare number is seconds, as everywhere in nginx.
-pub fn parse_time_ms(s: &[u8]) -> Option<u64> {
-    if s.is_empty() {
-        return None;
-    }
-    let mut total: u64 = 0;
-    let mut i = 0;
-    while i < s.len() {
-        let start = i;
-        while i < s.len() && s[i].is_ascii_digit() {
-            i += 1;
-        }
-        if i == start || i - start > 12 {
-            return None;
-        }
-        let n: u64 = std::str::from_utf8(&s[start..i]).ok()?.parse().ok()?;
-        let scale = if s[i..].starts_with(b"ms") {
-            i += 2;
-            1
-        } else {
-            let unit = s.get(i).copied();
-            if unit.is_some() {
-                i += 1;
-            }
-            match unit {
-                None | Some(b's') => 1000,
-                Some(b'm') => 60_000,
-                Some(b'h') => 3_600_000,
-                Some(b'd') => 86_400_000,
-                _ => return None,
-            }
-        };
-        total = total.checked_add(n.checked_mul(scale)?)?;
-    }
-    Some(total)
+/// How sizes and times are read. The module passes nginx's own parsers
+/// (`ngx_parse_size`, `ngx_parse_time`), so that `zone=a:10m` and
+/// `timeout=1m30s` mean what they mean everywhere in nginx; unit tests pass
+/// stand-ins.
+#[derive(Clone, Copy)]
+pub struct Units {
+    /// Bytes, or `None` when not a size.
+    pub size: fn(&[u8]) -> Option<usize>,
+    /// Milliseconds (a bare number is seconds), or `None` when not a time.
+    pub time_ms: fn(&[u8]) -> Option<u64>,
 }
 
 /// Where a URL's user information ends: at its last `@` (a password may
@@ -141,7 +101,11 @@ fn check_url(url: &str) -> Result<(), String> {
 /// Parses the parameters after the key: `zone=name:size` (required),
 /// `redis=URL[,URL...]`, `cluster`, `prefix=str`, `timeout=time`,
 /// `on_error=allow|deny|local`. `min_size` is the smallest zone accepted.
-pub fn parse_zone_params(args: &[&[u8]], min_size: usize) -> Result<ZoneParams, String> {
+pub fn parse_zone_params(
+    args: &[&[u8]],
+    min_size: usize,
+    units: Units,
+) -> Result<ZoneParams, String> {
     let mut zone: Option<(String, usize)> = None;
     let mut urls: Option<Vec<String>> = None;
     let mut cluster = false;
@@ -172,8 +136,8 @@ pub fn parse_zone_params(args: &[&[u8]], min_size: usize) -> Result<ZoneParams, 
                         show(n)
                     ));
                 }
-                let size =
-                    parse_size(sz).ok_or_else(|| format!("invalid zone size \"{}\"", show(sz)))?;
+                let size = (units.size)(sz)
+                    .ok_or_else(|| format!("invalid zone size \"{}\"", show(sz)))?;
                 if size < min_size {
                     return Err(format!(
                         "zone \"{}\" is too small: {} bytes, at least {} (8 pages) needed",
@@ -218,7 +182,7 @@ pub fn parse_zone_params(args: &[&[u8]], min_size: usize) -> Result<ZoneParams, 
                 if timeout_ms.is_some() {
                     return Err(dup());
                 }
-                match parse_time_ms(v) {
+                match (units.time_ms)(v) {
                     Some(ms) if ms > 0 => timeout_ms = Some(ms),
                     _ => {
                         return Err(format!(
@@ -288,32 +252,63 @@ mod tests {
 
     const MIN: usize = 8 * 4096;
 
+    /// Stand-in for `ngx_parse_size`: `1024`, `10k`, `32m`, `1g`.
+    fn size(s: &[u8]) -> Option<usize> {
+        let (num, scale) = match s.last()? {
+            b'k' | b'K' => (&s[..s.len() - 1], 1usize << 10),
+            b'm' | b'M' => (&s[..s.len() - 1], 1 << 20),
+            b'g' | b'G' => (&s[..s.len() - 1], 1 << 30),
+            _ => (s, 1),
+        };
+        if num.is_empty() || !num.iter().all(u8::is_ascii_digit) || num.len() > 12 {
+            return None;
+        }
+        std::str::from_utf8(num).ok()?.parse::<usize>().ok()?.checked_mul(scale)
+    }
+
+    /// Stand-in for `ngx_parse_time`: `100ms`, `2s`, `1m30s`, `1h`, `1d`; a
+    /// bare number is seconds.
+    fn time_ms(s: &[u8]) -> Option<u64> {
+        if s.is_empty() {
+            return None;
+        }
+        let mut total: u64 = 0;
+        let mut i = 0;
+        while i < s.len() {
+            let start = i;
+            while i < s.len() && s[i].is_ascii_digit() {
+                i += 1;
+            }
+            if i == start || i - start > 12 {
+                return None;
+            }
+            let n: u64 = std::str::from_utf8(&s[start..i]).ok()?.parse().ok()?;
+            let scale = if s[i..].starts_with(b"ms") {
+                i += 2;
+                1
+            } else {
+                let unit = s.get(i).copied();
+                if unit.is_some() {
+                    i += 1;
+                }
+                match unit {
+                    None | Some(b's') => 1000,
+                    Some(b'm') => 60_000,
+                    Some(b'h') => 3_600_000,
+                    Some(b'd') => 86_400_000,
+                    _ => return None,
+                }
+            };
+            total = total.checked_add(n.checked_mul(scale)?)?;
+        }
+        Some(total)
+    }
+
+    const UNITS: Units = Units { size, time_ms };
+
     fn parse(s: &str) -> Result<ZoneParams, String> {
         let args: Vec<&[u8]> = s.split_whitespace().map(str::as_bytes).collect();
-        parse_zone_params(&args, MIN)
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size(b"1024"), Some(1024));
-        assert_eq!(parse_size(b"10k"), Some(10 << 10));
-        assert_eq!(parse_size(b"32M"), Some(32 << 20));
-        assert_eq!(parse_size(b"1g"), Some(1 << 30));
-        for bad in [&b""[..], b"k", b"-1", b"1.5m", b"10x", b"1kk"] {
-            assert_eq!(parse_size(bad), None);
-        }
-    }
-
-    #[test]
-    fn times() {
-        assert_eq!(parse_time_ms(b"100ms"), Some(100));
-        assert_eq!(parse_time_ms(b"2s"), Some(2000));
-        assert_eq!(parse_time_ms(b"2"), Some(2000));
-        assert_eq!(parse_time_ms(b"1m30s"), Some(90_000));
-        assert_eq!(parse_time_ms(b"1h"), Some(3_600_000));
-        for bad in [&b""[..], b"-1", b"1x", b"ms", b"1.5s", b"s"] {
-            assert_eq!(parse_time_ms(bad), None, "{}", show(bad));
-        }
+        parse_zone_params(&args, MIN, UNITS)
     }
 
     #[test]

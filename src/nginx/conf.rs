@@ -2,7 +2,10 @@
 //! they are read), and how a location inherits from its server and http
 //! levels.
 
-use nginx_sys::{ngx_cycle_t, ngx_http_complex_value_t, ngx_uint_t, NGX_LOG_ERR};
+use nginx_sys::{
+    ngx_cycle_t, ngx_flag_t, ngx_http_complex_value_t, ngx_int_t, ngx_uint_t, NGX_CONF_UNSET,
+    NGX_LOG_ERR,
+};
 use ngx::http::{Merge, MergeConfigError};
 use ratelimit_core::params::ZoneParams;
 use ratelimit_core::rate::Rate;
@@ -41,30 +44,58 @@ pub struct Limit {
     pub rate: Rate,
 }
 
-/// http, server and location level settings; `None` means "not set here".
-#[derive(Default)]
+/// http, server and location level settings. The simple directives are
+/// read by nginx's own slots (`ngx_conf_set_flag_slot`,
+/// `ngx_conf_set_num_slot`) at these fields' offsets, so they have nginx's
+/// types and "unset" values, and are merged as nginx merges them.
 pub struct LocConf {
-    /// `Some(empty)` after `redis_ratelimit off`.
+    /// `None`: not set here; `Some(empty)` after `redis_ratelimit off`.
     pub limits: Option<Vec<Limit>>,
     pub off: bool,
-    pub status: Option<u16>,
-    pub dry_run: Option<bool>,
-    pub log_level: Option<ngx_uint_t>,
-    pub headers: Option<bool>,
+    /// `redis_ratelimit_status` (400 to 599).
+    pub status: ngx_int_t,
+    /// `redis_ratelimit_dry_run` (1 on, 0 off).
+    pub dry_run: ngx_flag_t,
+    /// `redis_ratelimit_log_level`.
+    pub log_level: ngx_uint_t,
+    /// `redis_ratelimit_headers` (1 on, 0 off).
+    pub headers: ngx_flag_t,
 }
 
-pub const DEFAULT_STATUS: u16 = 429;
-pub const DEFAULT_LOG_LEVEL: ngx_uint_t = NGX_LOG_ERR as ngx_uint_t;
+const UNSET: isize = NGX_CONF_UNSET as isize;
+/// nginx's `NGX_CONF_UNSET_UINT` (a macro, not in the bindings).
+pub const UNSET_UINT: ngx_uint_t = ngx_uint_t::MAX;
+
+impl Default for LocConf {
+    fn default() -> LocConf {
+        LocConf {
+            limits: None,
+            off: false,
+            status: UNSET,
+            dry_run: UNSET,
+            log_level: UNSET_UINT,
+            headers: UNSET,
+        }
+    }
+}
+
+/// nginx's `ngx_conf_merge_value`: unset here takes the outer level's
+/// value, or the default.
+fn merge<T: Copy + PartialEq>(v: &mut T, prev: T, unset: T, default: T) {
+    if *v == unset {
+        *v = if prev == unset { default } else { prev };
+    }
+}
 
 impl Merge for LocConf {
     fn merge(&mut self, prev: &LocConf) -> Result<(), MergeConfigError> {
         if self.limits.is_none() {
             self.limits = prev.limits.clone();
         }
-        self.status = self.status.or(prev.status);
-        self.dry_run = self.dry_run.or(prev.dry_run);
-        self.log_level = self.log_level.or(prev.log_level);
-        self.headers = self.headers.or(prev.headers);
+        merge(&mut self.status, prev.status, UNSET, 429);
+        merge(&mut self.dry_run, prev.dry_run, UNSET, 0);
+        merge(&mut self.log_level, prev.log_level, UNSET_UINT, NGX_LOG_ERR as ngx_uint_t);
+        merge(&mut self.headers, prev.headers, UNSET, 0);
         Ok(())
     }
 }

@@ -8,9 +8,9 @@ use std::ptr;
 
 use nginx_sys::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
-    ngx_http_complex_value_t, ngx_int_t, ngx_pagesize, ngx_shared_memory_add, ngx_shm_zone_t,
-    ngx_str_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
-    NGX_OK,
+    ngx_http_complex_value_t, ngx_int_t, ngx_pagesize, ngx_parse_size, ngx_parse_time,
+    ngx_shared_memory_add, ngx_shm_zone_t, ngx_str_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR,
+    NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
 };
 use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::http::HttpModuleMainConf;
@@ -18,7 +18,7 @@ use ngx::ngx_conf_log_error;
 use ratelimit_core::params;
 use ratelimit_core::rate::Rate;
 
-use super::conf::{Limit, LocConf, MainConf, ZoneConf};
+use super::conf::{Limit, LocConf, MainConf, ZoneConf, UNSET_UINT};
 use super::module::Module;
 use super::zone;
 
@@ -61,6 +61,24 @@ fn main_conf(cf: *mut ngx_conf_t) -> Option<&'static mut MainConf> {
     Module::main_conf_mut(unsafe { &*cf })
 }
 
+/// Sizes and times as nginx reads them everywhere.
+const NGINX_UNITS: params::Units = params::Units { size: parse_size, time_ms: parse_time_ms };
+
+fn parse_size(s: &[u8]) -> Option<usize> {
+    let mut v = ngx_str_t { len: s.len(), data: s.as_ptr().cast_mut() };
+    // SAFETY: ngx_parse_size reads `len` bytes of `data` and writes nothing.
+    let n = unsafe { ngx_parse_size(&mut v) };
+    usize::try_from(n).ok()
+}
+
+fn parse_time_ms(s: &[u8]) -> Option<u64> {
+    let mut v = ngx_str_t { len: s.len(), data: s.as_ptr().cast_mut() };
+    // SAFETY: ngx_parse_time reads `len` bytes of `data` and writes nothing;
+    // 0: the result is in milliseconds.
+    let n = unsafe { ngx_parse_time(&mut v, 0) };
+    u64::try_from(n).ok()
+}
+
 /// `redis_ratelimit_zone key zone=name:size [redis=URL,...] [cluster] ...`
 pub extern "C" fn cmd_zone(
     cf: *mut ngx_conf_t,
@@ -75,7 +93,7 @@ pub extern "C" fn cmd_zone(
     let rest: Vec<&[u8]> = args[2..].iter().map(|a| a.as_bytes()).collect();
     // SAFETY: ngx_pagesize is set by nginx before any configuration is read.
     let min_size = 8 * unsafe { ngx_pagesize };
-    let params = match params::parse_zone_params(&rest, min_size) {
+    let params = match params::parse_zone_params(&rest, min_size, NGINX_UNITS) {
         Ok(p) => p,
         Err(e) => return refuse(cf, D, e),
     };
@@ -239,76 +257,24 @@ pub unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) 
     NGX_CONF_OK
 }
 
-fn flag(cf: *mut ngx_conf_t, directive: &str, slot: &mut Option<bool>) -> *mut c_char {
-    // SAFETY: see `args`.
-    let args = unsafe { args(cf) };
-    if slot.is_some() {
-        return refuse(cf, directive, "is duplicate");
-    }
-    *slot = Some(match args[1].as_bytes() {
-        b"on" => true,
-        b"off" => false,
-        _ => {
-            return refuse(
-                cf,
-                directive,
-                format!("invalid value \"{}\": \"on\" or \"off\" expected", show(&args[1])),
-            )
-        }
-    });
-    NGX_CONF_OK
-}
-
-/// `redis_ratelimit_status code`
-pub extern "C" fn cmd_status(
+/// `redis_ratelimit_status code`: read by `ngx_conf_set_num_slot`; this
+/// post handler keeps it to 400..599 with an error that names the
+/// directive (nginx's stock bounds check does not).
+pub unsafe extern "C" fn check_status(
     cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
+    _post: *mut c_void,
+    data: *mut c_void,
 ) -> *mut c_char {
-    const D: &str = "redis_ratelimit_status";
-    // SAFETY: `conf` is this module's configuration at the current level.
-    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
-    // SAFETY: see `args`.
-    let args = unsafe { args(cf) };
-    if lcf.status.is_some() {
-        return refuse(cf, D, "is duplicate");
+    // SAFETY: nginx passes the number the slot just stored.
+    let code = unsafe { *data.cast::<ngx_int_t>() };
+    if (400..=599).contains(&code) {
+        return NGX_CONF_OK;
     }
-    let code = std::str::from_utf8(args[1].as_bytes())
-        .ok()
-        .filter(|s| s.len() == 3 && s.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|s| s.parse::<u16>().ok());
-    match code {
-        Some(c) if (400..=599).contains(&c) => {
-            lcf.status = Some(c);
-            NGX_CONF_OK
-        }
-        _ => refuse(cf, D, format!("invalid status \"{}\": 400 to 599 expected", show(&args[1]))),
-    }
+    refuse(cf, "redis_ratelimit_status", format!("invalid status \"{code}\": 400 to 599 expected"))
 }
 
-/// `redis_ratelimit_dry_run on|off`
-pub extern "C" fn cmd_dry_run(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: `conf` is this module's configuration at the current level.
-    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
-    flag(cf, "redis_ratelimit_dry_run", &mut lcf.dry_run)
-}
-
-/// `redis_ratelimit_headers on|off`
-pub extern "C" fn cmd_headers(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: `conf` is this module's configuration at the current level.
-    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
-    flag(cf, "redis_ratelimit_headers", &mut lcf.headers)
-}
-
-/// `redis_ratelimit_log_level info|notice|warn|error`
+/// `redis_ratelimit_log_level info|notice|warn|error`. Not nginx's enum slot:
+/// its error ("invalid value") does not name the directive.
 pub extern "C" fn cmd_log_level(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -319,7 +285,7 @@ pub extern "C" fn cmd_log_level(
     let lcf = unsafe { &mut *conf.cast::<LocConf>() };
     // SAFETY: see `args`.
     let args = unsafe { args(cf) };
-    if lcf.log_level.is_some() {
+    if lcf.log_level != UNSET_UINT {
         return refuse(cf, D, "is duplicate");
     }
     let level = match args[1].as_bytes() {
@@ -338,7 +304,7 @@ pub extern "C" fn cmd_log_level(
             )
         }
     };
-    lcf.log_level = Some(level as ngx_uint_t);
+    lcf.log_level = level as ngx_uint_t;
     NGX_CONF_OK
 }
 

@@ -16,7 +16,7 @@ use ngx::ngx_log_error;
 use ratelimit_core::window::seconds_until;
 use smallvec::SmallVec;
 
-use super::conf::{Limit, LocConf, MainConf, DEFAULT_LOG_LEVEL, DEFAULT_STATUS};
+use super::conf::{Limit, LocConf, MainConf};
 use super::module::Module;
 use super::time::now_ms;
 use crate::engine::{self, Ask, Decision, Take};
@@ -202,7 +202,7 @@ fn finish(
     let retry_at = if rejected { d.retry_at_ms.max(now) } else { now };
     let tightest = &limits[d.tightest];
     let said = &d.said;
-    let dry_run = lcf.dry_run.unwrap_or(false);
+    let dry_run = lcf.dry_run == 1;
     let outcome = match (rejected, dry_run) {
         (false, _) => Outcome::Passed,
         (true, false) => Outcome::Rejected,
@@ -211,7 +211,7 @@ fn finish(
 
     if rejected {
         let zone = &mcf.zones[tightest.zone];
-        let level = lcf.log_level.unwrap_or(DEFAULT_LOG_LEVEL);
+        let level = lcf.log_level;
         // SAFETY: the request's connection and its log are valid.
         let log = unsafe { (*r.connection).log };
         ngx_log_error!(
@@ -231,7 +231,7 @@ fn finish(
 
     // SAFETY: the request is valid; `Request` is a transparent wrapper.
     let req = unsafe { Request::from_ngx_http_request(r) };
-    if lcf.headers.unwrap_or(false) {
+    if lcf.headers == 1 {
         let mut policy = String::new();
         for (i, l) in limits.iter().enumerate() {
             if i > 0 {
@@ -256,7 +256,7 @@ fn finish(
     if rejected && !dry_run {
         let secs = seconds_until(now, retry_at);
         req.add_header_out("Retry-After", &secs.to_string()).ok_or(())?;
-        return Ok(ngx_int_t::from(lcf.status.unwrap_or(DEFAULT_STATUS) as i16));
+        return Ok(lcf.status);
     }
     Ok(NGX_DECLINED as ngx_int_t)
 }
