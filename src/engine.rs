@@ -282,8 +282,9 @@ fn decide_one(
 /// One limit's decision, as a debug line (compiled out unless nginx was
 /// built `--with-debug`; written only with `error_log ... debug` or
 /// `debug_connection`).
+#[inline(always)]
 fn trace(log: *mut ngx_log_t, mcf: &MainConf, a: &Ask<'_>, id: [u64; 2], mode: Mode, s: &Said) {
-    if log.is_null() {
+    if !ngx::log::DEBUG || log.is_null() {
         return;
     }
     ngx_log_debug!(
@@ -308,6 +309,7 @@ fn identify<'m>(mcf: &'m MainConf, a: &Ask<'_>) -> Result<(&'m Shared, [u64; 2])
 }
 
 /// Checks one limit against its entry (made if new), under the lock.
+#[inline(always)]
 fn check(locked: &mut Locked<'_>, id: [u64; 2], rate: Rate, mode: Mode, now: u64) -> (u32, Said) {
     let (entry, _) = locked.table.get_or_insert(id);
     let mut check = counter::check(locked.table.entry_mut(entry), rate, now);

@@ -116,6 +116,7 @@ impl Batch {
 
     /// Adds one increment; false if it had to be dropped. The key's tag is
     /// made (and a long key digested) only when the item is new.
+    #[inline]
     pub fn add(
         &mut self,
         id: ItemId,

@@ -16,6 +16,7 @@ use crate::window::{free_at, window_index, Estimate};
 /// stepped back: workers' cached clocks differ by a few milliseconds around
 /// a window's start, and a request decided in such a worker must not reset
 /// a key the others already moved on. Half a period, at most a second.
+#[inline]
 pub fn step_tolerance_ms(period_ms: u64) -> u64 {
     (period_ms / 2).min(1000)
 }
@@ -27,6 +28,7 @@ pub fn step_tolerance_ms(period_ms: u64) -> u64 {
 /// further starts the entry afresh in the earlier window: a key is never
 /// held longer than a period by a clock step (nginx's `limit_req` forgets
 /// backward steps the same way), and about `L` pass in that window.
+#[inline]
 pub fn roll(e: &mut Entry, now_ms: u64, period_ms: u64) -> u64 {
     let idx = window_index(now_ms, period_ms);
     let stored = u64::from(e.window);
@@ -65,6 +67,7 @@ pub struct Check {
 
 /// Decides whether `rate` allows another request now. Rolls the entry to
 /// the current window first. An open breaker for this limit rejects at once.
+#[inline]
 pub fn check(e: &mut Entry, rate: Rate, now_ms: u64) -> Check {
     let p = rate.period_ms();
     let window = roll(e, now_ms, p);
@@ -101,6 +104,7 @@ pub fn check(e: &mut Entry, rate: Rate, now_ms: u64) -> Check {
 
 /// Counts an allowed request: locally final without a backend, in flight
 /// until Redis confirms it with one.
+#[inline]
 pub fn count(e: &mut Entry, backend: bool) {
     if backend {
         e.inflight = e.inflight.saturating_add(1);
@@ -110,6 +114,7 @@ pub fn count(e: &mut Entry, backend: bool) {
 }
 
 /// The estimate after counting (for `$redis_ratelimit_remaining`).
+#[inline]
 pub fn estimate(e: &Entry, rate: Rate, now_ms: u64) -> Estimate {
     let p = rate.period_ms();
     let ws = u64::from(e.window) * p;

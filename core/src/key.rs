@@ -26,6 +26,7 @@ impl IdHasher {
         ])
     }
 
+    #[inline]
     pub fn id(&self, namespace: &[u8], period: u32, key: &[u8]) -> [u64; 2] {
         let hash = |s: &RandomState| {
             let mut h = s.build_hasher();

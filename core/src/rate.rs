@@ -40,6 +40,7 @@ impl Rate {
         Ok(Rate { limit: limit as u32, period })
     }
 
+    #[inline]
     pub fn period_ms(&self) -> u64 {
         u64::from(self.period) * 1000
     }

@@ -161,6 +161,7 @@ impl<'a> Table<'a> {
     }
 
     /// Wraps parts that `is_valid` accepted.
+    #[inline]
     pub fn attach(
         hdr: &'a mut Header,
         buckets: &'a mut [u32],
@@ -193,11 +194,13 @@ impl<'a> Table<'a> {
         self.hdr.evictions
     }
 
+    #[inline]
     fn bucket(&self, id: [u64; 2]) -> usize {
         (id[0] as usize) & (self.buckets.len() - 1)
     }
 
     /// Index of the entry with this id, if present (does not touch the LRU).
+    #[inline]
     pub fn find(&self, id: [u64; 2]) -> Option<u32> {
         let mut i = self.buckets[self.bucket(id)];
         while i != NIL {
@@ -210,10 +213,12 @@ impl<'a> Table<'a> {
         None
     }
 
+    #[inline]
     pub fn entry(&self, i: u32) -> &Entry {
         &self.entries[i as usize]
     }
 
+    #[inline]
     pub fn entry_mut(&mut self, i: u32) -> &mut Entry {
         &mut self.entries[i as usize]
     }
@@ -221,6 +226,7 @@ impl<'a> Table<'a> {
     /// The entry for `id`, marked most recently used; a new zeroed one if
     /// absent (reusing the least recently used entry when the table is full).
     /// Returns the index and whether it was created.
+    #[inline]
     pub fn get_or_insert(&mut self, id: [u64; 2]) -> (u32, bool) {
         if let Some(i) = self.find(id) {
             self.lru_unlink(i);
@@ -291,6 +297,7 @@ impl<'a> Table<'a> {
         Some(i)
     }
 
+    #[inline]
     fn lru_unlink(&mut self, i: u32) {
         let (p, n) = {
             let e = &self.entries[i as usize];
@@ -315,6 +322,7 @@ impl<'a> Table<'a> {
         e.lru_next = NIL;
     }
 
+    #[inline]
     fn lru_push_front(&mut self, i: u32) {
         let head = self.hdr.lru_head;
         {

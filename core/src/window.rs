@@ -12,6 +12,7 @@
 use crate::rate::Rate;
 
 /// Which window (counted from the epoch) contains `now_ms`.
+#[inline]
 pub fn window_index(now_ms: u64, period_ms: u64) -> u64 {
     now_ms / period_ms
 }
@@ -19,6 +20,7 @@ pub fn window_index(now_ms: u64, period_ms: u64) -> u64 {
 /// Counts stored for window `stored`, seen from window `now`: returns the
 /// (previous, current) counts for window `now`. A clock that went backwards
 /// keeps the stored counts rather than forgetting them.
+#[inline]
 pub fn roll(stored: u64, prev: u32, cur: u32, now: u64) -> (u32, u32) {
     if now <= stored {
         (prev, cur)
@@ -41,6 +43,7 @@ pub struct Estimate {
 
 impl Estimate {
     /// `elapsed_ms` is the time since the current window started (`t - w`).
+    #[inline]
     pub fn new(prev: u32, cur: u32, elapsed_ms: u64, period_ms: u64) -> Estimate {
         let elapsed = elapsed_ms.min(period_ms);
         let scaled = u64::from(prev)
@@ -50,11 +53,13 @@ impl Estimate {
     }
 
     /// Is another request allowed under `limit`?
+    #[inline]
     pub fn below(&self, limit: u32) -> bool {
         self.scaled < u64::from(limit).saturating_mul(self.period_ms)
     }
 
     /// How many more requests `limit` allows right now (`ceil(L - estimate)`).
+    #[inline]
     pub fn remaining(&self, limit: u32) -> u32 {
         let cap = u64::from(limit).saturating_mul(self.period_ms);
         if self.scaled >= cap {
@@ -64,6 +69,7 @@ impl Estimate {
     }
 
     /// The estimate as a number of requests (for logs and Lua's `measure`).
+    #[inline]
     pub fn value(&self) -> f64 {
         self.scaled as f64 / self.period_ms as f64
     }
@@ -72,6 +78,7 @@ impl Estimate {
 /// The earliest millisecond `t >= now_ms` at which the estimate for `rate`
 /// is below its limit again, assuming no further request is counted. `prev`
 /// and `cur` are the counts of the window that started at `window_start_ms`.
+#[inline]
 pub fn free_at(rate: Rate, prev: u32, cur: u32, window_start_ms: u64, now_ms: u64) -> u64 {
     let p = rate.period_ms();
     let limit = u64::from(rate.limit);
