@@ -1,0 +1,344 @@
+//! Multi-node simulation: N nginx nodes behind a load balancer share one
+//! key through one Redis, with round trips of 0.2 to 5 ms. Every decision
+//! and every merge of a Redis reply is the core crate's own code
+//! (`counter::check`, `count`, `confirm` on a `table::Entry`); what is
+//! modelled is the thread between a node and Redis: when a node sends its
+//! increments (the sync rule), the round trip, and what Redis answers.
+//!
+//! Reported per scenario: allowed ÷ L over the key's fixed windows (the
+//! worst window and the mean, over windows whose demand exceeds L), the
+//! decisions that differ from an exact global sliding log of the allowed
+//! requests, and Redis commands per allowed request.
+//!
+//! Run: cargo test --release -p ratelimit-core --test multi_node_sim -- --nocapture
+
+#[path = "sim/common.rs"]
+mod common;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+use common::{Arrivals, Kind, Rng, SlidingLog};
+use ratelimit_core::counter::{check, confirm, count, Confirmation};
+use ratelimit_core::rate::Rate;
+use ratelimit_core::table::Entry;
+use ratelimit_core::window::window_index;
+
+/// The module's flush interval: queued increments wait at most this long.
+const FLUSH_US: u64 = 2_000;
+/// A woken thread starts its flush this long after the request.
+const WAKE_US: u64 = 50;
+/// Refreshes of a key near its limit: at least this long after a flush.
+const REFRESH_MIN_US: u64 = 10_000;
+
+/// When a node sends what it counted: the module's rule today.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rule {
+    /// Every `FLUSH_US`; at once for a key at half its limit or more.
+    Today,
+}
+
+#[derive(Debug)]
+enum Ev {
+    Arrival,
+    Flush(usize),
+    Refresh(usize),
+    /// A node's message reaches Redis.
+    AtRedis(usize, Msg),
+    /// Redis's reply reaches the node.
+    Reply(usize, u64, Confirmation),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Msg {
+    window: u64,
+    n: u32,
+    get_prev: bool,
+}
+
+#[derive(Default)]
+struct Node {
+    e: Entry,
+    /// Increments not sent yet, by window.
+    batch: BTreeMap<u64, u32>,
+    flush_at: Option<u64>,
+    /// Flushes of the current window so far, and when the last two were.
+    flushes: u32,
+    flush_window: u64,
+    last_flush: Option<u64>,
+    gap: Option<u64>,
+    refresh_due: bool,
+}
+
+struct Scenario {
+    rule: Rule,
+    nodes: usize,
+    rtt_us: u64,
+    rate: Rate,
+    load: f64,
+    kind: Kind,
+    /// Idle for half a period, then the load at once.
+    flood: bool,
+    periods: f64,
+    seed: u64,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Outcome {
+    requests: u64,
+    allowed: u64,
+    wrong: u64,
+    cmds: u64,
+    worst: f64,
+    mean_sum: f64,
+    mean_n: u64,
+}
+
+struct Sim<'a> {
+    s: &'a Scenario,
+    nodes: Vec<Node>,
+    redis: HashMap<u64, u64>,
+    heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    events: Vec<Option<Ev>>,
+    out: Outcome,
+}
+
+impl<'a> Sim<'a> {
+    fn at(&mut self, t: u64, ev: Ev) {
+        let seq = self.events.len();
+        self.events.push(Some(ev));
+        self.heap.push(Reverse((t, seq as u64, seq)));
+    }
+
+    fn schedule_flush(&mut self, i: usize, t: u64) {
+        match self.nodes[i].flush_at {
+            Some(at) if at <= t => {}
+            _ => {
+                self.nodes[i].flush_at = Some(t);
+                self.at(t, Ev::Flush(i));
+            }
+        }
+    }
+
+    /// One request at node `i`; returns whether it was allowed.
+    fn request(&mut self, i: usize, t_us: u64) -> bool {
+        let now = t_us / 1000;
+        let rate = self.s.rate;
+        let n = &mut self.nodes[i];
+        let c = check(&mut n.e, rate, now);
+        if !c.allowed {
+            return false;
+        }
+        count(&mut n.e, true);
+        *n.batch.entry(c.window).or_insert(0) += 1;
+        let after = ratelimit_core::counter::estimate(&n.e, rate, now);
+        let urgent = after.remaining(rate.limit) <= rate.limit / 2;
+        match self.s.rule {
+            Rule::Today => {
+                let t = if urgent { t_us + WAKE_US } else { t_us + FLUSH_US };
+                self.schedule_flush(i, t);
+            }
+        }
+        true
+    }
+
+    fn flush(&mut self, i: usize, t_us: u64) {
+        let p = self.s.rate.period_ms();
+        let now = t_us / 1000;
+        let settle_ms = (p / 10).min(2000);
+        let n = &mut self.nodes[i];
+        n.flush_at = None;
+        let batch = std::mem::take(&mut n.batch);
+        if batch.is_empty() {
+            return;
+        }
+        let cur_w = window_index(now, p);
+        if n.flush_window != cur_w {
+            n.flush_window = cur_w;
+            n.flushes = 0;
+        }
+        n.flushes += 1;
+        if let Some(last) = n.last_flush {
+            n.gap = Some(t_us - last);
+        }
+        n.last_flush = Some(t_us);
+        // the previous window is read from the second flush of a window
+        // until its count is final (settled)
+        let second = n.flushes >= 2 && now < cur_w * p + 2 * settle_ms;
+        let near = batch.keys().any(|&w| w == cur_w) && {
+            let est = ratelimit_core::counter::estimate(&n.e, self.s.rate, now);
+            est.remaining(self.s.rate.limit) <= self.s.rate.limit / 2
+        };
+        let refresh = near && !n.refresh_due;
+        let gap = n.gap;
+        if refresh {
+            n.refresh_due = true;
+        }
+        for (w, cnt) in batch {
+            let msg = Msg { window: w, n: cnt, get_prev: second && w == cur_w };
+            self.out.cmds += 1 + u64::from(msg.get_prev);
+            self.at(t_us + self.s.rtt_us / 2, Ev::AtRedis(i, msg));
+        }
+        if refresh {
+            let wait = gap.map_or(REFRESH_MIN_US, |g| (g * 3 / 4).max(REFRESH_MIN_US));
+            self.at(t_us + wait, Ev::Refresh(i));
+        }
+    }
+
+    fn refresh(&mut self, i: usize, t_us: u64) {
+        self.nodes[i].refresh_due = false;
+        let w = window_index(t_us / 1000, self.s.rate.period_ms());
+        // GET of the current and the previous window
+        self.out.cmds += 2;
+        self.at(t_us + self.s.rtt_us / 2, Ev::AtRedis(i, Msg { window: w, n: 0, get_prev: true }));
+    }
+
+    fn at_redis(&mut self, i: usize, m: Msg, t_us: u64) {
+        let c = self.redis.entry(m.window).or_insert(0);
+        *c += u64::from(m.n);
+        let cur = *c;
+        if m.n > 0 && cur == u64::from(m.n) {
+            self.out.cmds += 1; // EXPIRE by the node that created the counter
+        }
+        let prev = if m.get_prev {
+            Some(self.redis.get(&(m.window.wrapping_sub(1))).copied().unwrap_or(0))
+        } else {
+            None
+        };
+        let conf = Confirmation { window: m.window, sent: m.n, cur, prev };
+        self.at(t_us + self.s.rtt_us / 2, Ev::Reply(i, t_us, conf));
+    }
+
+    fn run(mut self) -> Outcome {
+        let s = self.s;
+        let p = s.rate.period_ms();
+        let mut rng = Rng::new(s.seed);
+        let start_ms = 1_700_000_000_000.0 + (rng.next_u64() % 86_400_000) as f64;
+        let end_ms = start_ms + s.periods * p as f64;
+        let per_ms = s.load * f64::from(s.rate.limit) / p as f64;
+        let from = if s.flood { start_ms + p as f64 / 2.0 } else { start_ms };
+        let arrivals: Vec<u64> =
+            Arrivals::new(rng.next_u64(), s.kind, per_ms, p as f64, from, end_ms).collect();
+        // arrivals in µs with a random sub-millisecond part, one event each
+        let mut times: Vec<u64> =
+            arrivals.iter().map(|&ms| ms * 1000 + rng.next_u64() % 1000).collect();
+        times.sort_unstable();
+        for &t in &times {
+            self.at(t, Ev::Arrival);
+        }
+        let mut log = SlidingLog::new(p);
+        let mut windows: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        while let Some(Reverse((t, _, idx))) = self.heap.pop() {
+            let Some(ev) = self.events[idx].take() else { continue };
+            match ev {
+                Ev::Arrival => {
+                    let node = (rng.next_u64() % s.nodes as u64) as usize;
+                    let now = t / 1000;
+                    let exact_allows = log.count_at(now) < s.rate.limit as usize;
+                    let allowed = self.request(node, t);
+                    self.out.requests += 1;
+                    if allowed != exact_allows {
+                        self.out.wrong += 1;
+                    }
+                    let w = windows.entry(window_index(now, p)).or_insert((0, 0));
+                    w.1 += 1;
+                    if allowed {
+                        w.0 += 1;
+                        self.out.allowed += 1;
+                        log.push(now);
+                    }
+                }
+                Ev::Flush(i) => self.flush(i, t),
+                Ev::Refresh(i) => self.refresh(i, t),
+                Ev::AtRedis(i, m) => self.at_redis(i, m, t),
+                Ev::Reply(i, _sent_at, c) => {
+                    let now = t / 1000;
+                    confirm(&mut self.nodes[i].e, &c, s.rate, now);
+                }
+            }
+        }
+        for &(allowed, demand) in windows.values() {
+            if demand > u64::from(s.rate.limit) {
+                let r = allowed as f64 / f64::from(s.rate.limit);
+                self.out.worst = self.out.worst.max(r);
+                self.out.mean_sum += r;
+                self.out.mean_n += 1;
+            }
+        }
+        self.out
+    }
+}
+
+fn simulate(s: &Scenario) -> Outcome {
+    let sim = Sim {
+        s,
+        nodes: (0..s.nodes).map(|_| Node::default()).collect(),
+        redis: HashMap::new(),
+        heap: BinaryHeap::new(),
+        events: Vec::new(),
+        out: Outcome::default(),
+    };
+    sim.run()
+}
+
+#[test]
+fn multi_node_simulation() {
+    const NODES: [usize; 3] = [2, 10, 100];
+    const RTT_US: [u64; 3] = [200, 1_000, 5_000];
+    const RATES: [Rate; 2] = [Rate { limit: 100, period: 1 }, Rate { limit: 6000, period: 60 }];
+    // (load x L, kind, idle then flood)
+    const TRAFFIC: [(f64, Kind, bool, &str); 5] = [
+        (0.1, Kind::Poisson, false, "0.1 L Poisson"),
+        (0.5, Kind::Bursty, false, "0.5 L bursty"),
+        (1.5, Kind::Poisson, false, "1.5 L Poisson"),
+        (3.0, Kind::Bursty, false, "3 L bursty"),
+        (3.0, Kind::Poisson, true, "idle, then 3 L"),
+    ];
+
+    println!();
+    println!(
+        "multi-node simulation: one key, nodes behind a load balancer, one Redis; rule: {:?}",
+        Rule::Today
+    );
+    println!("| nodes | RTT ms | limit | traffic | requests | worst allowed/L | mean allowed/L | wrong % | cmds/allowed |");
+    println!("|---:|---:|---|---|---:|---:|---:|---:|---:|");
+    let mut worst_all: f64 = 0.0;
+    for rate in RATES {
+        for &nodes in &NODES {
+            for &rtt_us in &RTT_US {
+                for (i, &(load, kind, flood, name)) in TRAFFIC.iter().enumerate() {
+                    let s = Scenario {
+                        rule: Rule::Today,
+                        nodes,
+                        rtt_us,
+                        rate,
+                        load,
+                        kind,
+                        flood,
+                        periods: if rate.period == 1 { 20.0 } else { 4.0 },
+                        seed: 0x5eed ^ (nodes as u64) << 8 ^ rtt_us << 16 ^ (i as u64) << 40,
+                    };
+                    let o = simulate(&s);
+                    if o.mean_n > 0 {
+                        worst_all = worst_all.max(o.worst);
+                    }
+                    println!(
+                        "| {nodes} | {:.1} | {rate} | {name} | {} | {} | {} | {:.2} | {:.3} |",
+                        rtt_us as f64 / 1000.0,
+                        o.requests,
+                        if o.mean_n > 0 { format!("{:.3}", o.worst) } else { "-".into() },
+                        if o.mean_n > 0 {
+                            format!("{:.3}", o.mean_sum / o.mean_n as f64)
+                        } else {
+                            "-".into()
+                        },
+                        100.0 * o.wrong as f64 / o.requests.max(1) as f64,
+                        o.cmds as f64 / o.allowed.max(1) as f64,
+                    );
+                }
+            }
+        }
+    }
+    println!("worst window over all scenarios: {worst_all:.3} x L");
+    assert!(worst_all > 0.0, "the simulation ran");
+}
