@@ -333,6 +333,7 @@ fn multi_node_simulation() {
         println!("| nodes | RTT ms | limit | traffic | requests | worst allowed/L | mean allowed/L | wrong % | cmds/allowed |");
         println!("|---:|---:|---|---|---:|---:|---:|---:|---:|");
         let mut worst_all: f64 = 0.0;
+        let mut worst_excess: f64 = 0.0;
         for rate in RATES {
             for &nodes in &NODES {
                 for &rtt_us in &RTT_US {
@@ -352,8 +353,12 @@ fn multi_node_simulation() {
                         if o.mean_n > 0 {
                             worst_all = worst_all.max(o.worst);
                         }
+                        let excess = (o.worst - 1.0) * f64::from(rate.limit) / nodes as f64;
+                        if o.mean_n > 0 {
+                            worst_excess = worst_excess.max(excess);
+                        }
                         println!(
-                            "| {nodes} | {:.1} | {rate} | {name} | {} | {} | {} | {:.2} | {:.3} |",
+                            "| {nodes} | {:.1} | {rate} | {name} | {} | {} | {} | {} | {:.2} | {:.3} |",
                             rtt_us as f64 / 1000.0,
                             o.requests,
                             if o.mean_n > 0 { format!("{:.3}", o.worst) } else { "-".into() },
@@ -362,6 +367,7 @@ fn multi_node_simulation() {
                             } else {
                                 "-".into()
                             },
+                            if o.mean_n > 0 { format!("{excess:.2}") } else { "-".into() },
                             100.0 * o.wrong as f64 / o.requests.max(1) as f64,
                             o.cmds as f64 / o.allowed.max(1) as f64,
                         );
@@ -369,7 +375,9 @@ fn multi_node_simulation() {
                 }
             }
         }
-        println!("worst window over all scenarios: {worst_all:.3} x L");
+        println!(
+        "worst window over all scenarios: {worst_all:.3} x L; worst excess over L: {worst_excess:.2} x N requests"
+    );
         assert!(worst_all > 0.0, "the simulation ran");
     }
 }
