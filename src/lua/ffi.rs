@@ -74,19 +74,19 @@ struct Call<'a> {
 }
 
 impl<'a> Call<'a> {
+    /// The namespace and the key come as (pointer, length) pairs.
+    ///
     /// # Safety
     /// Pointers must be valid for their lengths.
     unsafe fn new(
         zone: c_int,
-        namespace: *const u8,
-        namespace_len: usize,
+        (ns_ptr, ns_len): (*const u8, usize),
         period: u32,
-        key: *const u8,
-        key_len: usize,
+        (key_ptr, key_len): (*const u8, usize),
     ) -> Result<Call<'a>, c_int> {
         // SAFETY: per the function's contract.
         let (Some(ns), Some(key)) =
-            (unsafe { bytes(namespace, namespace_len) }, unsafe { bytes(key, key_len) })
+            (unsafe { bytes(ns_ptr, ns_len) }, unsafe { bytes(key_ptr, key_len) })
         else {
             return Err(ERR_ARGS);
         };
@@ -185,7 +185,8 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     retry_ms: *mut u64,
 ) -> c_int {
     // SAFETY: per the function's contract.
-    let call = match unsafe { Call::new(zone, namespace, namespace_len, period, key, key_len) } {
+    let call = match unsafe { Call::new(zone, (namespace, namespace_len), period, (key, key_len)) }
+    {
         Ok(c) => c,
         Err(rc) => return rc,
     };
@@ -238,7 +239,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
 ) -> c_int {
     // SAFETY: per the function's contract.
     let Call { index, zone: z, shared, ns, key, .. } =
-        match unsafe { Call::new(zone, namespace, namespace_len, period, key, key_len) } {
+        match unsafe { Call::new(zone, (namespace, namespace_len), period, (key, key_len)) } {
             Ok(c) => c,
             Err(rc) => return rc,
         };
