@@ -39,14 +39,18 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "t", "lib"))
+
+import servers  # noqa: E402
+
 MODULE_NAME = "ngx_http_redis_ratelimit_module"
 FILE_BODY = b"x" * 63 + b"\n"  # the small static file every case serves
 
 # --------------------------------------------------------------------------
-# processes
+# processes (started and stopped by t/lib/servers.py, by PID)
 # --------------------------------------------------------------------------
 
-STARTED = []  # (description, Popen) of every long-running process we own
+STARTED = servers.Registry()  # every long-running process we own
 NGINXES = []  # Nginx instances, for their error logs when something fails
 ODDITIES = []  # things to print after the tables
 
@@ -55,173 +59,22 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def child_pids(pid):
-    """PIDs whose parent is `pid` (nginx workers of a master)."""
-    out = []
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            out = [int(x) for x in f.read().split()]
-    except OSError:
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid:
-                    out.append(int(d))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
-def stop(desc, p, sig=signal.SIGTERM, wait=5.0):
-    """Stops one process we started (and, for an nginx master, its workers)
-    by PID: `sig`, then SIGKILL after `wait` seconds."""
-    if p.poll() is not None:
-        return
-    kids = child_pids(p.pid)
-    try:
-        os.kill(p.pid, sig)
-    except ProcessLookupError:
-        pass
-    try:
-        p.wait(timeout=wait)
-    except subprocess.TimeoutExpired:
-        log(f"{desc} (pid {p.pid}) did not stop: SIGKILL")
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(timeout=5)
-    # workers exit with their master; make sure of it
-    deadline = time.time() + 3
-    for k in kids:
-        while time.time() < deadline and os.path.exists(f"/proc/{k}"):
-            try:
-                with open(f"/proc/{k}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        break
-            except OSError:
-                break
-            time.sleep(0.05)
-        if os.path.exists(f"/proc/{k}") and time.time() >= deadline:
-            try:
-                os.kill(k, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 def stop_all():
-    while STARTED:
-        desc, p = STARTED.pop()
-        try:
-            stop(desc, p)
-        except Exception as e:  # keep stopping the others
-            log(f"stopping {desc}: {e}")
+    STARTED.stop_all(quick=False, on_error=lambda obj, e: log(f"stopping {obj}: {e}"))
 
 
 def on_signal(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def free_port(taken):
-    for _ in range(100):
-        s = socket.socket()
-        try:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        finally:
-            s.close()
-        if port not in taken:
-            taken.add(port)
-            return port
-    raise RuntimeError("no free port")
+def start_redis(work):
+    """redis-server on a free port, its files in work/redis."""
+    return servers.RedisServer(os.path.join(work, "redis"), registry=STARTED).start(timeout=10.0)
 
 
-def wait_port(port, proc, desc, timeout=10.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{desc} exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{desc} does not listen on {port}")
-
-
-# --------------------------------------------------------------------------
-# Redis (a minimal RESP client, enough for INFO / GET / PING)
-# --------------------------------------------------------------------------
-
-
-class Redis:
-    def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.rf = self.sock.makefile("rb")
-
-    def cmd(self, *args):
-        out = [b"*%d\r\n" % len(args)]
-        for a in args:
-            a = a if isinstance(a, bytes) else str(a).encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-        self.sock.sendall(b"".join(out))
-        return self._reply()
-
-    def _reply(self):
-        line = self.rf.readline()
-        if not line:
-            raise ConnectionError("redis closed the connection")
-        t, rest = line[:1], line[1:-2]
-        if t == b"+":
-            return rest.decode()
-        if t == b"-":
-            raise RuntimeError("redis: " + rest.decode())
-        if t == b":":
-            return int(rest)
-        if t == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            data = self.rf.read(n + 2)[:-2]
-            return data
-        if t == b"*":
-            return [self._reply() for _ in range(int(rest))]
-        raise RuntimeError(f"redis: unexpected reply {line!r}")
-
-    def commands(self):
-        """Total calls of every command but INFO itself, from commandstats."""
-        info = self.cmd("INFO", "commandstats").decode()
-        total = 0
-        for m in re.finditer(r"^cmdstat_([^:]+):calls=(\d+)", info, re.M):
-            if m.group(1) != "info":
-                total += int(m.group(2))
-        return total
-
-    def close(self):
-        self.sock.close()
-
-
-def start_redis(work, port):
-    d = os.path.join(work, "redis")
-    os.makedirs(d)
-    cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-           "--save", "", "--appendonly", "no", "--dir", d,
-           "--logfile", os.path.join(d, "redis.log"), "--daemonize", "no"]
-    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    STARTED.append(("redis-server", p))
-    wait_port(port, p, "redis-server")
-    r = Redis(port)
-    for _ in range(50):
-        try:
-            if r.cmd("PING") == "PONG":
-                break
-        except RuntimeError:  # LOADING
-            time.sleep(0.1)
-    return r
+def commands(redis):
+    """Total calls of every command but INFO itself, from commandstats."""
+    return sum(int(d.get("calls", 0)) for c, d in redis.commandstats().items() if c != "info")
 
 
 # --------------------------------------------------------------------------
@@ -279,59 +132,44 @@ http {{
 """
 
 
-class Nginx:
+class Nginx(servers.NginxServer):
+    """One benchmark nginx: 1 worker (optionally pinned to a CPU), the
+    module's zones on one Redis, f.txt served by every case."""
+
     def __init__(self, binary, module, work, name, port, redis_port, cpu):
-        self.binary = binary
-        self.name = name
-        self.port = port
-        self.prefix = os.path.join(work, name)
-        for sub in ("conf", "logs", "html"):
-            os.makedirs(os.path.join(self.prefix, sub))
+        super().__init__(binary, os.path.join(work, name), port, workers=1, name=name,
+                         registry=STARTED)
         with open(os.path.join(self.prefix, "html", "f.txt"), "wb") as f:
             f.write(FILE_BODY)
         conf = NGINX_CONF.format(
             module=module, port=port, redis=f"redis://127.0.0.1:{redis_port}",
             affinity=(f"worker_cpu_affinity {1 << cpu:b};" if cpu is not None else ""))
-        self.conf = os.path.join(self.prefix, "conf", "nginx.conf")
-        with open(self.conf, "w") as f:
+        with open(self.conf_path, "w") as f:
             f.write(conf)
         # the master runs as root, the workers as nobody
         for dirpath, dirs, files in os.walk(self.prefix):
             os.chmod(dirpath, 0o755)
             for fn in files:
                 os.chmod(os.path.join(dirpath, fn), 0o644)
-        self.proc = None
+        self.pids = []  # the worker pids, to notice a crash (respawn)
         NGINXES.append(self)
 
     def start(self):
-        base = [self.binary, "-p", self.prefix + "/", "-c", self.conf]
-        t = subprocess.run(base + ["-t", "-q"], capture_output=True, text=True)
-        if t.returncode != 0:
-            raise RuntimeError(f"nginx -t failed for {self.name}:\n{t.stderr}")
-        self.proc = subprocess.Popen(base + ["-g", "daemon off;"], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        STARTED.append((f"nginx {self.name}", self.proc))
-        wait_port(self.port, self.proc, f"nginx {self.name}")
-        deadline = time.time() + 5
-        while not child_pids(self.proc.pid) and time.time() < deadline:
-            time.sleep(0.05)
-        self.workers = child_pids(self.proc.pid)
+        self.test_config()
+        super().start(timeout=10.0)
+        self.pids = sorted(self.worker_pids())
 
     def check_workers(self, when):
         """Notes a worker that died (and was respawned) since the last check."""
-        now = child_pids(self.proc.pid)
-        if now != self.workers:
-            msg = f"nginx {self.name}: worker pids {self.workers} -> {now} during {when} (crash?)"
+        now = sorted(self.worker_pids())
+        if now != self.pids:
+            msg = f"nginx {self.name}: worker pids {self.pids} -> {now} during {when} (crash?)"
             log(msg)
             ODDITIES.append(msg)
-            self.workers = now
+            self.pids = now
 
     def error_lines(self):
-        try:
-            with open(os.path.join(self.prefix, "logs", "error.log"), errors="replace") as f:
-                return [l.rstrip("\n") for l in f if l.strip()]
-        except OSError:
-            return []
+        return [l for l in self.error_log_text().splitlines() if l.strip()]
 
 
 # --------------------------------------------------------------------------
@@ -447,8 +285,7 @@ def wrk_parallel(jobs):
         return results
     finally:
         for cmd, p in procs:
-            if p.poll() is None:
-                stop("wrk", p, signal.SIGTERM, 2)
+            servers.stop_popen(p, grace=2.0)
 
 
 # --------------------------------------------------------------------------
@@ -604,16 +441,15 @@ def main():
     signal.signal(signal.SIGHUP, on_signal)
     work = tempfile.mkdtemp(prefix="rrl-bench-")
     os.chmod(work, 0o755)
-    taken = set()
     try:
-        return bench(a, duration, rounds, work, taken, pin, cpu_nginx, cpu_wrk, cpu_nginx_b)
+        return bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b)
     except KeyboardInterrupt:
         log("interrupted")
         return 130
     except Exception:
         for n in NGINXES:
-            if n.proc is not None:
-                log(f"nginx {n.name}: worker pids now {child_pids(n.proc.pid)}; error.log tail:")
+            if n.popen is not None:
+                log(f"nginx {n.name}: worker pids now {sorted(n.worker_pids())}; error.log tail:")
                 for l in n.error_lines()[-10:]:
                     log("    " + l)
         raise
@@ -625,11 +461,11 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
 
 
-def bench(a, duration, rounds, work, taken, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
+def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
     t_start = time.time()
-    redis_port = free_port(taken)
-    redis = start_redis(work, redis_port)
-    a_port, b_port = free_port(taken), free_port(taken)
+    redis = start_redis(work)
+    redis_port = redis.port
+    a_port, b_port = servers.free_port(), servers.free_port()
     # Run private copies: a concurrent `make build` rewrites build/ in place,
     # which would crash (SIGBUS/SIGSEGV) an nginx that has the files mapped.
     os.makedirs(os.path.join(work, "bin"))
@@ -689,10 +525,10 @@ def bench(a, duration, rounds, work, taken, pin, cpu_nginx, cpu_wrk, cpu_nginx_b
             log(f"throughput: {name} (round {rnd + 1}/{rounds})")
             wrk(base + path, 32, 1, script, cpu_wrk, args)  # warm-up
             time.sleep(0.3)
-            before = redis.commands()
+            before = commands(redis)
             r = wrk(base + path, 32, duration, script, cpu_wrk, args)
             time.sleep(0.5)  # the background thread flushes what it queued
-            r["cmds"] = redis.commands() - before
+            r["cmds"] = commands(redis) - before
             runs[name].append(r)
             na.check_workers(name)
     res = {}
@@ -808,7 +644,6 @@ def bench(a, duration, rounds, work, taken, pin, cpu_nginx, cpu_wrk, cpu_nginx_b
             for l in lines[-5:]:
                 print(f"    {l}")
             print()
-    redis.close()
     stop_all()  # before cargo: free the CPUs
 
     # ---- trace simulation -----------------------------------------------------

@@ -50,6 +50,11 @@ import tempfile
 import time
 import warnings
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+
+import servers  # noqa: E402
+from servers import free_port, pid_alive  # noqa: E402
+
 L1 = "latin-1"   # all test data is handled as byte-transparent latin-1 text
 
 # --------------------------------------------------------------------------
@@ -112,109 +117,37 @@ def perl_true(v):
     return v is not None and v != "" and v != "0"
 
 
-def free_port(exclude=()):
-    for _ in range(50):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        finally:
-            s.close()
-        if p not in exclude:
-            return p
-    raise RuntimeError("cannot find a free TCP port")
-
-
 # --------------------------------------------------------------------------
 # process bookkeeping: everything we start is stopped BY PID, never by name
+# (the process control itself: t/lib/servers.py)
 # --------------------------------------------------------------------------
-
-
-def _proc_stat(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    i = data.rfind(b")")
-    return data[i + 2:].split()
-
-
-def pid_alive(pid):
-    if not pid:
-        return False
-    st = _proc_stat(pid)
-    if st is None:
-        if os.path.isdir("/proc/self"):
-            return False
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
-    if st[0] in (b"Z", b"X"):
-        try:  # reap it if it happens to be our child
-            os.waitpid(pid, os.WNOHANG)
-        except (ChildProcessError, OSError):
-            pass
-        return False
-    return True
 
 
 def pid_is_nginx(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return b"nginx" in f.read()
-    except OSError:
-        return pid_alive(pid)
-
-
-def child_pids(ppid):
-    kids = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return kids
-    for d in entries:
-        if not d.isdigit():
-            continue
-        st = _proc_stat(int(d))
-        if st and len(st) > 1 and st[1].isdigit() and int(st[1]) == ppid:
-            kids.append(int(d))
-    return kids
+    """A pid read from a pid file is only signalled while it is still nginx."""
+    cmd = servers.proc_cmdline(pid)
+    return pid_alive(pid) if cmd is None else b"nginx" in cmd
 
 
 def worker_shutting_down(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return b"shutting down" in f.read()
-    except OSError:
-        return True
-
-
-def _kill(pid, sig):
-    try:
-        os.kill(pid, sig)
-        return True
-    except OSError:
-        return False
+    cmd = servers.proc_cmdline(pid)
+    return cmd is None or b"shutting down" in cmd
 
 
 class Reaper:
-    """Registry of every process the runner started (nginx masters, redis)."""
+    """Registry of every process the runner started: nginx masters by pid
+    (nginx daemonizes as in Test::Nginx; the pid comes from its pid file) and
+    the Redis servers (a servers.Registry)."""
 
     def __init__(self):
         self.nginx = set()
-        self.others = {}   # pid -> Popen
-        self.done = False
+        self.servers = servers.Registry()
 
     def cleanup(self):
         for pid in list(self.nginx):
             stop_nginx(pid, grace=1.0)
-        for pid, popen in list(self.others.items()):
-            stop_popen(popen, grace=2.0)
         self.nginx.clear()
-        self.others.clear()
+        self.servers.stop_all()
 
 
 REAPER = Reaper()
@@ -229,44 +162,11 @@ def stop_nginx(pid, grace=5.0):
         return True, None
     if not pid_is_nginx(pid):
         return True, "pid %d is no longer nginx; not killing it" % pid
-    kids = child_pids(pid)
-    _kill(pid, signal.SIGQUIT)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            break
-        time.sleep(0.02)
-    graceful = not pid_alive(pid)
-    msg = None
-    if not graceful:
-        kids = sorted(set(kids) | set(child_pids(pid)))
-        msg = ("nginx (pid %d) did not exit within %.1fs after SIGQUIT; sent SIGKILL "
-               "(a leaked timer/connection keeps a worker alive?)" % (pid, grace))
-        _kill(pid, signal.SIGKILL)
-    for k in kids:
-        if pid_alive(k):
-            _kill(k, signal.SIGKILL)
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and (pid_alive(pid) or any(pid_alive(k) for k in kids)):
-        time.sleep(0.02)
-    return graceful, msg
-
-
-def stop_popen(popen, grace=3.0):
-    REAPER.others.pop(popen.pid, None)
-    if popen.poll() is not None:
-        return
-    try:
-        popen.terminate()
-        popen.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        popen.kill()
-        try:
-            popen.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
-    except OSError:
-        pass
+    _, graceful = servers.stop_nginx(pid, grace)
+    if graceful:
+        return True, None
+    return False, ("nginx (pid %d) did not exit within %.1fs after SIGQUIT; sent SIGKILL "
+                   "(a leaked timer/connection keeps a worker alive?)" % (pid, grace))
 
 
 def _on_signal(signum, frame):
@@ -275,27 +175,21 @@ def _on_signal(signum, frame):
 
 
 # --------------------------------------------------------------------------
-# Redis
+# Redis (the servers themselves: t/lib/servers.py)
 # --------------------------------------------------------------------------
 
 
-def redis_cmd(port, payload, timeout=2.0):
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    try:
-        s.sendall(payload)
-        return s.recv(4096)
-    finally:
-        s.close()
+class _LazyRedis:
+    """What both managers share: a Redis of ours is started at most once,
+    and only if some selected file needs it (``ensure``); one that the
+    environment names is used as is (``external``, never flushed); ours is
+    registered in REAPER and stopped by its PID, its files in a temp dir."""
 
-
-class RedisManager:
-    """Starts ONE standalone redis-server lazily (only if some selected file
-    mentions TEST_NGINX_REDIS); exports TEST_NGINX_REDIS_PORT."""
+    ENV = None                  # the variable naming an external one
 
     def __init__(self, verbose=False):
         self.verbose = verbose
-        self.port = None
-        self.popen = None
+        self.server = None          # servers.RedisServer / RedisCluster of ours
         self.tmpdir = None
         self.error = None
         self.tried = False
@@ -305,272 +199,109 @@ class RedisManager:
         if self.tried:
             return
         self.tried = True
-        ext = os.environ.get("TEST_NGINX_REDIS_PORT")
+        ext = os.environ.get(self.ENV)
         if ext:
-            self.port = int(ext)
-            self.external = True
-            return
-        exe = shutil.which("redis-server")
-        if not exe:
-            self.error = "redis-server is not on PATH"
-            return
-        self.tmpdir = tempfile.mkdtemp(prefix="ngxtest-redis-")
-        logpath = os.path.join(self.tmpdir, "redis.log")
-        for _attempt in range(3):
-            port = free_port(used_ports)
-            logf = open(logpath, "ab")
-            try:
-                self.popen = subprocess.Popen(
-                    [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                     "--appendonly", "no", "--daemonize", "no", "--dir", self.tmpdir],
-                    stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                    cwd=self.tmpdir, start_new_session=True)
-            finally:
-                logf.close()
-            REAPER.others[self.popen.pid] = self.popen
-            deadline = time.monotonic() + 5.0
-            while time.monotonic() < deadline:
-                if self.popen.poll() is not None:
-                    break
-                try:
-                    if redis_cmd(port, b"PING\r\n", 0.5).startswith(b"+PONG"):
-                        self.port = port
-                        used_ports.add(port)
-                        if self.verbose:
-                            emit("# started redis-server pid %d on port %d" % (self.popen.pid, port))
-                        return
-                except OSError:
-                    pass
-                time.sleep(0.05)
-            stop_popen(self.popen)
-            self.popen = None
-        try:
-            with open(logpath, "rb") as f:
-                tail = f.read()[-2000:].decode(L1)
-        except OSError:
-            tail = ""
-        self.error = "could not start redis-server: " + tail.strip()
-
-    def flush(self):
-        """FLUSHALL our own (never an external) Redis before each file."""
-        if self.port and not self.external:
-            try:
-                redis_cmd(self.port, b"FLUSHALL\r\n")
-            except OSError:
-                pass
+            self.use_external(ext)
+        else:
+            self.start(used_ports)
 
     def stop(self):
-        if self.popen is not None:
-            stop_popen(self.popen)
-            self.popen = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
 
 
-def redis_call(port, *args, timeout=2.0):
-    """One RESP command on a fresh connection; returns the decoded reply
-    (str/int/list/None); an error reply comes back as RedisReplyError."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    try:
-        out = [b"*%d\r\n" % len(args)]
-        for a in args:
-            a = a if isinstance(a, bytes) else str(a).encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-        s.sendall(b"".join(out))
-        f = s.makefile("rb")
+class RedisManager(_LazyRedis):
+    """Starts ONE standalone redis-server lazily (only if some selected file
+    mentions TEST_NGINX_REDIS); exports TEST_NGINX_REDIS_PORT."""
 
-        def read():
-            line = f.readline()
-            if not line:
-                raise OSError("redis on port %d closed the connection" % port)
-            kind, rest = line[:1], line[1:].rstrip(b"\r\n")
-            if kind == b"+":
-                return rest.decode(L1)
-            if kind == b"-":
-                return RedisReplyError(rest.decode(L1))
-            if kind == b":":
-                return int(rest)
-            if kind == b"$":
-                n = int(rest)
-                if n < 0:
-                    return None
-                return f.read(n + 2)[:-2].decode(L1)
-            if kind == b"*":
-                n = int(rest)
-                return None if n < 0 else [read() for _ in range(n)]
-            raise OSError("bad RESP reply %r" % line[:80])
-        return read()
-    finally:
-        s.close()
+    ENV = "TEST_NGINX_REDIS_PORT"
 
+    def __init__(self, verbose=False):
+        super().__init__(verbose)
+        self.port = None
 
-class RedisReplyError(str):
-    pass
+    def use_external(self, ext):
+        self.port = int(ext)
+        self.external = True
 
+    def start(self, used_ports):
+        if not shutil.which("redis-server"):
+            self.error = "redis-server is not on PATH"
+            return
+        self.tmpdir = tempfile.mkdtemp(prefix="ngxtest-redis-")
+        err = None
+        for _attempt in range(3):
+            server = servers.RedisServer(self.tmpdir, free_port(used_ports),
+                                         registry=REAPER.servers)
+            try:
+                server.start()
+            except RuntimeError as e:   # it stopped the server
+                err = e
+                continue
+            self.server, self.port = server, server.port
+            used_ports.add(server.port)
+            if self.verbose:
+                emit("# started redis-server pid %d on port %d" % (server.pid, server.port))
+            return
+        self.error = "could not start redis-server: %s" % str(err).strip()
 
-def _port_bindable(port):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+    def flush(self):
+        """FLUSHALL our own (never an external) Redis before each file."""
+        if self.port and not self.external:
+            try:
+                servers.call(self.port, "FLUSHALL", timeout=2.0)
+            except (OSError, servers.RedisError):
+                pass
 
 
-def cluster_node_ports(used_ports, n=6):
-    """n distinct free loopback ports in [20000, 50000) whose cluster bus
-    ports (+10000) are free too."""
-    rnd = random.Random()
-    chosen = []
-    for _ in range(5000):
-        p = rnd.randrange(20000, 50000)
-        if p in used_ports or p in chosen or (p + 10000) in chosen or (p - 10000) in chosen:
-            continue
-        if (p + 10000) in used_ports:
-            continue
-        if _port_bindable(p) and _port_bindable(p + 10000):
-            chosen.append(p)
-            if len(chosen) == n:
-                return chosen
-    raise RuntimeError("cannot find %d free port pairs (P < 50000, P+10000)" % n)
-
-
-def cluster_state_ok(port):
-    try:
-        info = redis_call(port, "CLUSTER", "INFO", timeout=1.0)
-    except OSError:
-        return False
-    return isinstance(info, str) and not isinstance(info, RedisReplyError) \
-        and "cluster_state:ok" in info and "cluster_slots_assigned:16384" in info \
-        and "cluster_known_nodes:6" in info
-
-
-def start_redis_cluster(used_ports, verbose=False, timeout=30.0):
-    """Start a 3 masters + 3 replicas Redis Cluster on loopback.
-
-    6 ``redis-server --cluster-enabled yes`` nodes on free ports below 50000
-    (their bus ports, +10000, free too), each in its own temp dir, every
-    Popen registered in REAPER.others (stopped by pid); ``redis-cli
-    --cluster create ... --cluster-replicas 1 --cluster-yes``; then waits
-    until every node reports cluster_state:ok with 16384 slots and 6 known
-    nodes.  Returns (ports, popens, tmpdirs).  Raises RuntimeError (after
-    stopping whatever it started) on failure."""
-    exe = shutil.which("redis-server")
-    cli = shutil.which("redis-cli")
-    if not exe or not cli:
-        raise RuntimeError("redis-server/redis-cli not on PATH")
-    popens, tmpdirs, ports = [], [], []
-    try:
-        for attempt in range(3):
-            ports = cluster_node_ports(used_ports | set(ports))
-            started = True
-            for port in ports:
-                d = tempfile.mkdtemp(prefix="ngxtest-rcluster-%d-" % port)
-                tmpdirs.append(d)
-                logf = open(os.path.join(d, "redis.log"), "ab")
-                try:
-                    po = subprocess.Popen(
-                        [exe, "--port", str(port), "--bind", "127.0.0.1",
-                         "--cluster-enabled", "yes", "--cluster-config-file", "nodes-%d.conf" % port,
-                         "--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no",
-                         "--daemonize", "no", "--dir", d, "--protected-mode", "no",
-                         "--shutdown-on-sigterm", "now", "--repl-diskless-sync-delay", "0"],
-                        stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                        cwd=d, start_new_session=True)
-                finally:
-                    logf.close()
-                REAPER.others[po.pid] = po
-                popens.append(po)
-            deadline = time.monotonic() + 5.0
-            pending = list(zip(ports, popens[-6:]))
-            while pending and time.monotonic() < deadline:
-                for port, po in list(pending):
-                    if po.poll() is not None:
-                        started = False
-                        pending = []
-                        break
-                    try:
-                        if redis_call(port, "PING", timeout=0.5) == "PONG":
-                            pending.remove((port, po))
-                    except OSError:
-                        pass
-                time.sleep(0.05)
-            if started and not pending:
-                break
-            for po in popens:
-                stop_popen(po)
-            popens = []
-        else:
-            raise RuntimeError("could not start 6 cluster nodes (ports taken?)")
-        args = [cli, "--cluster", "create"] + ["127.0.0.1:%d" % p for p in ports] + \
-            ["--cluster-replicas", "1", "--cluster-yes"]
-        try:
-            p = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError("redis-cli --cluster create did not finish within %.0fs" % timeout)
-        out = (p.stdout + p.stderr).decode(L1)
-        if p.returncode != 0 or "[OK] All 16384 slots covered" not in out:
-            raise RuntimeError("redis-cli --cluster create failed (exit %d): %s"
-                               % (p.returncode, out[-1500:]))
-        deadline = time.monotonic() + timeout
-        while not all(cluster_state_ok(port) for port in ports):
-            if time.monotonic() > deadline:
-                raise RuntimeError("cluster not ok on every node within %.0fs: %s" % (
-                    timeout, " ".join("%d=%s" % (port, "ok" if cluster_state_ok(port) else "NOT ok")
-                                      for port in ports)))
-            time.sleep(0.1)
-        for port in ports:
-            used_ports.add(port)
-            used_ports.add(port + 10000)
-        if verbose:
-            emit("# started Redis Cluster (pids %s) on ports %s" % (
-                " ".join(str(po.pid) for po in popens), " ".join(map(str, ports))))
-        return ports, popens, tmpdirs
-    except BaseException:
-        for po in popens:
-            stop_popen(po)
-        for d in tmpdirs:
-            shutil.rmtree(d, ignore_errors=True)
-        raise
-
-
-class RedisClusterManager:
+class RedisClusterManager(_LazyRedis):
     """Starts ONE 3+3 Redis Cluster lazily (only if some selected file
     mentions TEST_NGINX_REDIS_CLUSTER); exports TEST_NGINX_REDIS_CLUSTER_PORTS
     ("P1 ... P6", space-separated) and TEST_NGINX_REDIS_CLUSTER_PORT_1..6.
     An externally given TEST_NGINX_REDIS_CLUSTER_PORTS is used as is (and
     never flushed)."""
 
-    def __init__(self, verbose=False):
-        self.verbose = verbose
-        self.ports = []
-        self.popens = []
-        self.tmpdirs = []
-        self.error = None
-        self.tried = False
-        self.external = False
+    ENV = "TEST_NGINX_REDIS_CLUSTER_PORTS"
 
-    def ensure(self, used_ports):
-        if self.tried:
-            return
-        self.tried = True
-        ext = os.environ.get("TEST_NGINX_REDIS_CLUSTER_PORTS")
-        if ext:
-            try:
-                self.ports = [int(x) for x in ext.replace(",", " ").split()]
-            except ValueError:
-                self.error = "TEST_NGINX_REDIS_CLUSTER_PORTS=%r is not a list of ports" % ext
-                self.ports = []
-                return
-            self.external = True
-            return
+    def __init__(self, verbose=False):
+        super().__init__(verbose)
+        self.ports = []
+
+    def use_external(self, ext):
         try:
-            self.ports, self.popens, self.tmpdirs = start_redis_cluster(used_ports, self.verbose)
-        except Exception as e:
-            self.error = "could not start a Redis Cluster: %s" % e
+            self.ports = [int(x) for x in ext.replace(",", " ").split()]
+        except ValueError:
+            self.error = "TEST_NGINX_REDIS_CLUSTER_PORTS=%r is not a list of ports" % ext
+            self.ports = []
+            return
+        self.external = True
+
+    def start(self, used_ports):
+        if not shutil.which("redis-server") or not shutil.which("redis-cli"):
+            self.error = "could not start a Redis Cluster: redis-server/redis-cli not on PATH"
+            return
+        self.tmpdir = tempfile.mkdtemp(prefix="ngxtest-rcluster-")
+        err = None
+        for attempt in range(3):
+            cluster = servers.RedisCluster.in_dir(os.path.join(self.tmpdir, str(attempt)),
+                                                  registry=REAPER.servers, exclude=used_ports)
+            try:
+                cluster.start(timeout=30.0)
+            except Exception as e:      # it stopped its nodes
+                err = e
+                continue
+            self.server, self.ports = cluster, cluster.ports
+            used_ports.update(self.ports)
+            used_ports.update(p + 10000 for p in self.ports)
+            if self.verbose:
+                emit("# started Redis Cluster (pids %s) on ports %s" % (
+                    " ".join(str(r.pid) for r in cluster.nodes), " ".join(map(str, self.ports))))
+            return
+        self.error = "could not start a Redis Cluster: %s" % err
 
     def env(self):
         if not self.ports:
@@ -587,27 +318,19 @@ class RedisClusterManager:
             return
         for port in self.ports:
             try:
-                role = redis_call(port, "ROLE")
+                role = servers.call(port, "ROLE", timeout=2.0)
                 if isinstance(role, list) and role and role[0] == "master":
-                    redis_call(port, "FLUSHALL")
-            except OSError:
+                    servers.call(port, "FLUSHALL", timeout=2.0)
+            except (OSError, servers.RedisError):
                 pass
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
             try:
-                if all(redis_call(port, "DBSIZE") == 0 for port in self.ports):
+                if all(servers.call(port, "DBSIZE", timeout=2.0) == 0 for port in self.ports):
                     break
-            except OSError:
+            except (OSError, servers.RedisError):
                 break
             time.sleep(0.02)
-
-    def stop(self):
-        for po in self.popens:
-            stop_popen(po)
-        self.popens = []
-        for d in self.tmpdirs:
-            shutil.rmtree(d, ignore_errors=True)
-        self.tmpdirs = []
 
 
 # --------------------------------------------------------------------------
@@ -1753,11 +1476,7 @@ class FileRunner:
             try:
                 rc = p.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                _kill(p.pid, signal.SIGKILL)
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
+                servers.stop_popen(p, 5.0, signal.SIGKILL, then=())
                 rc = None
         try:
             with open(errpath, "rb") as f:
@@ -2001,11 +1720,7 @@ class FileRunner:
         for d in entries:
             if not d.isdigit():
                 continue
-            try:
-                with open("/proc/%s/cmdline" % d, "rb") as f:
-                    cmd = f.read()
-            except OSError:
-                continue
+            cmd = servers.proc_cmdline(int(d)) or b""
             if needle in cmd and b"nginx" in cmd and pid_alive(int(d)):
                 emit("# WARNING: stopping stray nginx pid %s of %s" % (d, self.rel))
                 stop_nginx(int(d), grace=2.0)
@@ -2173,8 +1888,8 @@ class FileRunner:
         conf = self.build_config(block, config, ctx, log_level)
         self.write_config(conf)
         self.vprint("nginx.conf for %s (HUP reload):\n%s" % (block.name, conf))
-        old_workers = child_pids(pid)
-        if not _kill(pid, signal.SIGUSR1):
+        old_workers = servers.children(pid)
+        if not servers.send_signal(pid, signal.SIGUSR1):
             return False
         time.sleep(self.cfg.sleep)
         # the log files were removed: wait until the master reopened them, so
@@ -2182,7 +1897,7 @@ class FileRunner:
         deadline = time.monotonic() + 3.0
         while not os.path.exists(self.errlog) and time.monotonic() < deadline:
             time.sleep(0.005)
-        if not _kill(pid, signal.SIGHUP):
+        if not servers.send_signal(pid, signal.SIGHUP):
             return False
         time.sleep(self.cfg.sleep * 3)
         # wait until the new configuration answers (Test::Nginx test_config_version)

@@ -6,44 +6,23 @@ context, so every one is stopped BY ITS PID by the usual cleanup) on free
 loopback ports below 50000 whose bus ports (+10000) are free too, each in its
 own directory (nodes.conf lives there and survives a restart), then runs
 ``redis-cli --cluster create ... --cluster-replicas 1 --cluster-yes`` and
-waits for cluster_state:ok on every node.
+waits for cluster_state:ok on every node.  Starting, creating, waiting and
+reading the cluster's state are the shared library's (t/lib/servers.py
+``RedisCluster``); this file adds what the tests ask of a cluster.
 """
 
-import re
 import signal
-import socket
-import subprocess
-import shutil
 
-import harness
-from harness import HOST, Redis, RedisError, _resp_encode, _resp_read, wait_for
-
-REDIS_CLI = shutil.which("redis-cli") or "redis-cli"
-# repl-diskless-sync-delay 0: a replica gets its first full sync at once (the
-# default waits 5 s, and a replica that never synced refuses to fail over)
-NODE_ARGS = ["--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
-             "--shutdown-on-sigterm", "now", "--repl-diskless-sync-delay", "0"]
-
-
-def _bindable(port):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind((HOST, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+import harness  # noqa: F401 - puts t/lib on sys.path
+import servers
+from harness import HOST, Redis, RedisError, wait_for
+from servers import REDIS_CLI  # noqa: F401 - imported by the tests
+from servers import CLUSTER_NODE_ARGS as NODE_ARGS
 
 
 def cluster_port():
-    """A free port P < 50000 (from the harness) with P + 10000 free too."""
-    for _ in range(200):
-        p = harness.free_port()
-        if (p + 10000) not in harness._USED_PORTS and _bindable(p + 10000):
-            harness._USED_PORTS.add(p + 10000)
-            return p
-    raise RuntimeError("no free port pair (P, P+10000)")
+    """A free port P < 50000 with P + 10000 free too (both reserved)."""
+    return servers.cluster_ports(1)[0]
 
 
 # --- CRC16/XMODEM key slot, as Redis Cluster computes it -------------------
@@ -71,116 +50,21 @@ def keyslot(key):
 def cmds(port, commands, timeout=2.0):
     """Several commands on one connection (e.g. READONLY then GETs);
     returns the list of replies (RedisError objects for error replies)."""
-    s = socket.create_connection((HOST, port), timeout=timeout)
-    try:
-        s.sendall(b"".join(_resp_encode(list(c)) for c in commands))
-        f = s.makefile("rb")
-        return [_resp_read(f) for _ in commands]
-    finally:
-        s.close()
+    return servers.pipeline(port, commands, timeout=timeout)
 
 
-class Cluster:
+class Cluster(servers.RedisCluster):
+    """The test's Redis Cluster: nodes are the test's ``Redis`` objects."""
+
     def __init__(self, h, n=6):
         self.h = h
-        self.nodes = [Redis(h, cluster_port(), NODE_ARGS) for _ in range(n)]
+        super().__init__([Redis(h, port, NODE_ARGS) for port in servers.cluster_ports(n)])
         for r in self.nodes:
             h.procs.append(r)
             h.redises.append(r)
 
-    @property
-    def ports(self):
-        return [r.port for r in self.nodes]
-
-    def node(self, port):
-        return next(r for r in self.nodes if r.port == port)
-
     def urls(self, ports=None):
         return ",".join("redis://%s:%d" % (HOST, p) for p in (ports or self.ports[:2]))
-
-    def start(self, create=True, timeout=20.0):
-        for r in self.nodes:
-            r.start()
-        if create:
-            argv = [REDIS_CLI, "--cluster", "create"] + ["%s:%d" % (HOST, p) for p in self.ports] + \
-                ["--cluster-replicas", "1", "--cluster-yes"]
-            p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-            out = (p.stdout + p.stderr).decode("utf-8", "replace")
-            if p.returncode != 0 or "All 16384 slots covered" not in out:
-                raise RuntimeError("redis-cli --cluster create failed (%d): %s" % (p.returncode, out[-1500:]))
-        if not self.wait_ok(timeout):
-            raise RuntimeError("cluster not ok within %.0fs: %s" % (timeout, self.states()))
-        return self
-
-    # -- state ---------------------------------------------------------------
-    def info(self, port):
-        try:
-            return self.node(port).cmd("CLUSTER", "INFO", timeout=0.5)
-        except (OSError, RedisError):
-            return ""
-
-    def is_ok(self, port):
-        i = self.info(port)
-        return "cluster_state:ok" in i and "cluster_slots_ok:16384" in i
-
-    def states(self):
-        out = []
-        for r in self.nodes:
-            if not r.running:
-                out.append("%d=stopped" % r.port)
-            else:
-                m = re.search(r"cluster_state:(\w+)", self.info(r.port))
-                out.append("%d=%s" % (r.port, m.group(1) if m else "?"))
-        return " ".join(out)
-
-    def link_up(self, port):
-        """A master, or a replica whose replication link is up."""
-        try:
-            i = self.node(port).cmd("INFO", "replication", timeout=0.5)
-        except (OSError, RedisError):
-            return False
-        return "role:master" in i or "master_link_status:up" in i
-
-    def wait_ok(self, timeout):
-        """Every running node says cluster_state:ok with all slots ok, every
-        replica is in sync with its master, and they agree on the slot map."""
-        def ok():
-            live = [r.port for r in self.nodes if r.running]
-            if not all(self.is_ok(p) and self.link_up(p) for p in live):
-                return False
-            maps = set()
-            for p in live:
-                try:
-                    maps.add(tuple(sorted((m["port"], tuple(m["slots"])) for m in self.masters(p))))
-                except (OSError, RedisError):
-                    return False
-            return len(maps) == 1
-        return wait_for(ok, timeout, 0.05)
-
-    def cluster_nodes(self, port=None):
-        """[{id, port, flags, master_id, slots: [(lo, hi)...]}] as `port` sees it."""
-        if port is None:
-            port = next(r.port for r in self.nodes if r.running)
-        text = self.node(port).cmd("CLUSTER", "NODES", timeout=1.0)
-        out = []
-        for line in text.splitlines():
-            f = line.split()
-            if len(f) < 8:
-                continue
-            m = re.match(r"[^:]*:(\d+)@", f[1])
-            slots = []
-            for s in f[8:]:
-                if s.startswith("["):
-                    continue
-                lo, _, hi = s.partition("-")
-                slots.append((int(lo), int(hi or lo)))
-            out.append({"id": f[0], "port": int(m.group(1)) if m else None, "flags": f[2].split(","),
-                        "master_id": f[3], "slots": slots})
-        return out
-
-    def masters(self, port=None):
-        return [n for n in self.cluster_nodes(port)
-                if "master" in n["flags"] and "fail" not in n["flags"] and n["slots"]]
 
     def owner_of_slot(self, slot, port=None):
         for m in self.masters(port):
@@ -259,16 +143,4 @@ class Cluster:
     # -- faults ----------------------------------------------------------------
     def kill(self, port):
         """SIGKILL one node by its pid; returns when it is gone."""
-        r = self.node(port)
-        r.popen.send_signal(signal.SIGKILL)
-        r.popen.wait(timeout=5)
-        harness._unregister(r)
-
-    def stop_all(self):
-        for r in self.nodes:
-            r.stop()
-
-    def restart_all(self, timeout=20.0):
-        """Start the 6 nodes again on the same ports and dirs (nodes.conf
-        kept: the cluster reforms); waits for cluster_state:ok."""
-        return self.start(create=False, timeout=timeout)
+        self.node(port).stop(sig=signal.SIGKILL)

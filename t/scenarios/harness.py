@@ -15,6 +15,10 @@ Main pieces:
 * ``Redis``    - one redis-server, with a tiny RESP client (``cmd``).
 * ``http_get`` - one HTTP/1.1 request over a raw socket (2 s timeout).
 * ``burst``    - many concurrent requests from threads.
+
+Starting and stopping processes, ports and the RESP client are the shared
+library's (t/lib/servers.py); this file keeps the registry, the test API and
+the test-specific configs.
 """
 
 import atexit
@@ -24,7 +28,7 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,13 +36,18 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "t", "lib"))
+
+import servers  # noqa: E402
+# the names the tests and bench/soak.py import from here
+from servers import HOST, RedisError, free_port, proc_stat, wait_for  # noqa: E402,F401
+from servers import resp_encode as _resp_encode, resp_read as _resp_read  # noqa: E402,F401
+
 NGINX_BIN = os.environ.get("SCENARIO_NGINX", os.path.join(ROOT, "build", "sbin", "nginx"))
 MODULE_SO = os.environ.get(
     "SCENARIO_MODULE",
     os.path.join(ROOT, "build", "modules", "ngx_http_redis_ratelimit_module.so"))
 REDIS_SERVER = os.environ.get("SCENARIO_REDIS_SERVER") or shutil.which("redis-server") or "redis-server"
-
-HOST = "127.0.0.1"
 
 
 class TestFailure(AssertionError):
@@ -50,45 +59,17 @@ class TestTimeout(Exception):
 
 
 # --------------------------------------------------------------------------
-# process registry and hygiene
+# process registry (the processes themselves: t/lib/servers.py)
 # --------------------------------------------------------------------------
 
-_REGISTRY = []              # objects with .stop(); stopped in reverse order
-_REG_LOCK = threading.RLock()
-_CLEANING = False
-
-
-def _register(obj):
-    with _REG_LOCK:
-        _REGISTRY.append(obj)
-
-
-def _unregister(obj):
-    with _REG_LOCK:
-        try:
-            _REGISTRY.remove(obj)
-        except ValueError:
-            pass
+_REG = servers.Registry()   # what this process started; stopped in reverse order
+_REGISTRY = _REG.items      # (bench/soak.py empties these in its client processes)
+_REG_LOCK = _REG.lock
 
 
 def cleanup_all():
     """Stop every process still registered (by pid).  Idempotent."""
-    global _CLEANING
-    if _CLEANING:
-        return
-    _CLEANING = True
-    try:
-        while True:
-            with _REG_LOCK:
-                if not _REGISTRY:
-                    break
-                obj = _REGISTRY.pop()
-            try:
-                obj.stop(quick=True)
-            except Exception:
-                pass
-    finally:
-        _CLEANING = False
+    _REG.stop_all()
 
 
 atexit.register(cleanup_all)
@@ -110,112 +91,9 @@ def install_signal_handlers():
     signal.signal(signal.SIGTERM, _on_signal)
 
 
-def proc_stat(pid):
-    """(state, ppid, starttime) from /proc/<pid>/stat, or None."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read().decode("latin-1")
-    except OSError:
-        return None
-    rest = data[data.rindex(")") + 2:].split()
-    try:
-        return rest[0], int(rest[1]), int(rest[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def proc_cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("latin-1").strip()
-    except OSError:
-        return ""
-
-
-def children_of(ppid):
-    """{pid: starttime} of live (non-zombie) children of ppid."""
-    kids = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        st = proc_stat(int(d))
-        if st and st[1] == ppid and st[0] != "Z":
-            kids[int(d)] = st[2]
-    return kids
-
-
-def same_process_alive(pid, starttime):
-    st = proc_stat(pid)
-    return bool(st) and st[2] == starttime and st[0] != "Z"
-
-
-def _stop_popen(popen, first_sig, grace, then=(signal.SIGKILL,), then_grace=2.0):
-    """Signal one Popen (by its own pid) and wait; escalate.  Returns the
-    seconds from the first signal until it exited (None if it never did)."""
-    if popen.poll() is not None:
-        return 0.0
-    t0 = time.monotonic()
-    sigs = [(first_sig, grace)] + [(s, then_grace) for s in then]
-    for sig, g in sigs:
-        try:
-            popen.send_signal(sig)     # Popen checks it has not been reaped
-        except OSError:
-            pass
-        try:
-            popen.wait(timeout=g)
-            return time.monotonic() - t0
-        except subprocess.TimeoutExpired:
-            continue
-    return None
-
-
 # --------------------------------------------------------------------------
-# ports, files, waiting
+# files, figures
 # --------------------------------------------------------------------------
-
-_USED_PORTS = set()
-
-
-def free_port():
-    """A free loopback TCP port below 50000 (never handed out twice)."""
-    for _ in range(500):
-        port = random.randint(20000, 49999)
-        if port in _USED_PORTS:
-            continue
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            continue
-        finally:
-            s.close()
-        _USED_PORTS.add(port)
-        return port
-    s = socket.socket()
-    s.bind((HOST, 0))
-    port = s.getsockname()[1]
-    s.close()
-    _USED_PORTS.add(port)
-    return port
-
-
-def port_accepts(port, timeout=0.2):
-    try:
-        s = socket.create_connection((HOST, port), timeout=timeout)
-    except OSError:
-        return False
-    s.close()
-    return True
-
-
-def wait_for(pred, timeout, interval=0.02):
-    """Poll pred() until truthy or timeout; returns the last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v or time.monotonic() >= deadline:
-            return v
-        time.sleep(interval)
 
 
 def write_file(path, text, mode=0o644):
@@ -324,122 +202,14 @@ def burst(port, paths, threads=64, timeout=2.0):
 # --------------------------------------------------------------------------
 
 
-class RedisError(Exception):
-    pass
+class Redis(servers.RedisServer):
+    """A redis-server of one test, in its own dir below the test's temp dir
+    (registered: stopped by its pid by the test's cleanup at the latest)."""
 
-
-def _resp_encode(args):
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        if not isinstance(a, bytes):
-            a = str(a).encode("utf-8")
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
-
-
-def _resp_read(f):
-    line = f.readline()
-    if not line:
-        raise ConnectionError("redis closed the connection")
-    kind, rest = line[:1], line[1:-2]
-    if kind == b"+":
-        return rest.decode()
-    if kind == b"-":
-        return RedisError(rest.decode())
-    if kind == b":":
-        return int(rest)
-    if kind == b"$":
-        n = int(rest)
-        if n < 0:
-            return None
-        data = f.read(n + 2)
-        return data[:-2].decode("utf-8", "surrogateescape")
-    if kind == b"*":
-        n = int(rest)
-        if n < 0:
-            return None
-        return [_resp_read(f) for _ in range(n)]
-    raise ConnectionError("bad RESP line %r" % line)
-
-
-class Redis:
     def __init__(self, ctx, port=None, extra_args=(), password=None):
         self.ctx = ctx
-        self.port = port or free_port()
-        self.extra_args = list(extra_args)
-        self.password = password
-        if password is not None:
-            self.extra_args += ["--requirepass", password]
-        self.dir = tempfile.mkdtemp(prefix="redis-", dir=ctx.tmp)
-        self.log = os.path.join(self.dir, "redis.log")
-        self.popen = None
-
-    @property
-    def url(self):
-        return "redis://%s:%d" % (HOST, self.port)
-
-    def start(self, timeout=5.0):
-        if self.popen and self.popen.poll() is None:
-            return self
-        argv = [REDIS_SERVER, "--port", str(self.port), "--bind", HOST,
-                "--daemonize", "no", "--save", "", "--appendonly", "no",
-                "--protected-mode", "no", "--dir", self.dir,
-                "--logfile", self.log] + self.extra_args
-        self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL,
-                                      start_new_session=True)
-        _register(self)
-
-        def ready():
-            if self.popen.poll() is not None:
-                raise RuntimeError("redis-server exited (%s) at start; log:\n%s"
-                                   % (self.popen.returncode, self.log_tail()))
-            try:
-                self.cmd("PING", timeout=0.3, auth=False, raise_errors=False)
-                return True
-            except OSError:
-                return False
-
-        if not wait_for(ready, timeout, 0.02):
-            raise RuntimeError("redis-server on port %d not ready within %.0fs"
-                               % (self.port, timeout))
-        return self
-
-    def stop(self, quick=False):
-        if self.popen is None:
-            return
-        _stop_popen(self.popen, signal.SIGTERM, 1.0 if quick else 3.0)
-        _unregister(self)
-
-    def restart(self):
-        """Stop, then start again on the SAME port."""
-        self.stop()
-        return self.start()
-
-    @property
-    def running(self):
-        return self.popen is not None and self.popen.poll() is None
-
-    def cmd(self, *args, timeout=3.0, auth=True, raise_errors=True):
-        s = socket.create_connection((HOST, self.port), timeout=timeout)
-        try:
-            payload = b""
-            if auth and self.password is not None:
-                payload += _resp_encode(["AUTH", self.password])
-            payload += _resp_encode(args)
-            s.sendall(payload)
-            f = s.makefile("rb")
-            if auth and self.password is not None:
-                r = _resp_read(f)
-                if isinstance(r, RedisError):
-                    raise r
-            r = _resp_read(f)
-        finally:
-            s.close()
-        if isinstance(r, RedisError) and raise_errors:
-            raise r
-        return r
+        super().__init__(tempfile.mkdtemp(prefix="redis-", dir=ctx.tmp), port, extra_args,
+                         password, binary=REDIS_SERVER, registry=_REG)
 
     def keys(self, pattern="*"):
         return sorted(self.cmd("KEYS", pattern))
@@ -451,29 +221,7 @@ class Redis:
             out[k] = (self.cmd("GET", k), self.cmd("TTL", k))
         return out
 
-    def info_commandstats(self):
-        text = self.cmd("INFO", "commandstats")
-        stats = {}
-        for line in text.splitlines():
-            m = re.match(r"cmdstat_([^:]+):(.*)", line.strip())
-            if not m:
-                continue
-            d = {}
-            for kv in m.group(2).split(","):
-                k, _, v = kv.partition("=")
-                try:
-                    d[k] = float(v) if "." in v else int(v)
-                except ValueError:
-                    d[k] = v
-            stats[m.group(1)] = d
-        return stats
-
-    def log_tail(self, n=15):
-        try:
-            with open(self.log, errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return "(no redis log)"
+    info_commandstats = servers.RedisServer.commandstats    # the tests' name for it
 
 
 # --------------------------------------------------------------------------
@@ -481,19 +229,17 @@ class Redis:
 # --------------------------------------------------------------------------
 
 
-class Nginx:
+class Nginx(servers.NginxServer):
+    """An nginx of one test in its own prefix below the test's temp dir,
+    listening on one port, with the module loaded and the test's config
+    pieces; requests over fresh connections."""
+
     def __init__(self, ctx, http_config="", server_config="", workers=1,
                  files=None, main_config="", name="nginx", port=None,
                  log_level="info"):
         self.ctx = ctx
-        self.name = name
-        self.port = port or free_port()
-        self.workers = workers
-        self.prefix = tempfile.mkdtemp(prefix="%s-" % name, dir=ctx.tmp)
-        os.chmod(self.prefix, 0o755)
-        for d in ("conf", "logs", "html"):
-            os.makedirs(os.path.join(self.prefix, d), exist_ok=True)
-            os.chmod(os.path.join(self.prefix, d), 0o755)
+        super().__init__(NGINX_BIN, tempfile.mkdtemp(prefix="%s-" % name, dir=ctx.tmp),
+                         port or free_port(), workers, name, registry=_REG)
         files = {"t": "ok\n"} if files is None else files
         for rel, text in files.items():
             write_file(os.path.join(self.prefix, "html", rel), text)
@@ -514,121 +260,17 @@ class Nginx:
             "    }\n"
             "}\n" % (MODULE_SO, workers, log_level, main_config, http_config,
                      HOST, self.port, server_config))
-        write_file(os.path.join(self.prefix, "conf", "nginx.conf"), self.conf_text)
-        self.error_log = os.path.join(self.prefix, "logs", "error.log")
-        self.stderr_path = os.path.join(self.prefix, "logs", "stderr.log")
-        self.popen = None
-        self.seen = {}            # worker pid -> starttime (for hygiene)
-
-    # -- process control ------------------------------------------------
-    @property
-    def pid(self):
-        return self.popen.pid if self.popen else None
-
-    def worker_pids(self):
-        """{pid: starttime} of the master's live children."""
-        if not self.popen or self.popen.poll() is not None:
-            return {}
-        kids = children_of(self.popen.pid)
-        self.seen.update(kids)
-        return kids
-
-    def start(self, timeout=5.0):
-        self.stderr_f = open(self.stderr_path, "wb")
-        self.popen = subprocess.Popen(
-            [NGINX_BIN, "-p", self.prefix + "/", "-c", "conf/nginx.conf",
-             "-g", "daemon off;"],
-            stdin=subprocess.DEVNULL, stdout=self.stderr_f, stderr=subprocess.STDOUT,
-            start_new_session=True)
-        _register(self)
-
-        def up():
-            if self.popen.poll() is not None:
-                raise RuntimeError("nginx %s exited (%s) at start:\n%s\n%s" % (
-                    self.name, self.popen.returncode, self.stderr_text(),
-                    self.error_log_tail()))
-            return port_accepts(self.port) and len(self.worker_pids()) >= self.workers
-
-        if not wait_for(up, timeout, 0.02):
-            raise RuntimeError("nginx %s not accepting on %d with %d workers within %.0fs"
-                               % (self.name, self.port, self.workers, timeout))
-        return self
+        write_file(self.conf_path, self.conf_text)
 
     def reload(self, timeout=5.0, check=True):
         """SIGHUP the master; wait for the new workers and for the old ones to
-        exit.  Returns {"old": [...], "new": [...], "old_gone_after": s|None}."""
-        old = self.worker_pids()
-        t0 = time.monotonic()
-        self.popen.send_signal(signal.SIGHUP)
-        new = wait_for(lambda: [p for p in self.worker_pids() if p not in old]
-                       if len([p for p in self.worker_pids() if p not in old]) >= self.workers
-                       else None, timeout)
-        gone = wait_for(lambda: not any(same_process_alive(p, st) for p, st in old.items()),
-                        max(0.0, timeout - (time.monotonic() - t0)), 0.01)
-        res = {"old": sorted(old), "new": sorted(new or []),
-               "old_gone_after": (time.monotonic() - t0) if gone else None,
-               "still_alive": sorted(p for p, st in old.items() if same_process_alive(p, st))}
-        if check and (not new or not gone):
+        exit.  Returns {"old": [...], "new": [...], "old_gone_after": s|None}
+        and, with `check`, fails the test if that did not happen in time."""
+        res = super().reload(timeout)
+        if check and (not res["new"] or res["old_gone_after"] is None):
             raise TestFailure("reload of %s: new workers %s, old workers still alive %s after %.1fs"
                               % (self.name, res["new"], res["still_alive"], timeout))
         return res
-
-    def quit(self, grace=5.0):
-        """SIGQUIT the master; returns the seconds until it exited (if it did
-        not within `grace`, it is SIGTERMed/SIGKILLed and the returned figure
-        is the total time, > grace)."""
-        if not self.popen or self.popen.poll() is not None:
-            return 0.0
-        self.worker_pids()
-        t0 = time.monotonic()
-        el = _stop_popen(self.popen, signal.SIGQUIT, grace,
-                         then=(signal.SIGTERM, signal.SIGKILL), then_grace=2.0)
-        self._reap_workers()
-        _unregister(self)
-        self._close()
-        return el if el is not None else time.monotonic() - t0
-
-    def stop(self, quick=False):
-        self.quit(grace=1.0 if quick else 5.0)
-
-    def _reap_workers(self):
-        # workers orphaned by a killed master: kill exactly those we saw
-        for pid, st in list(self.seen.items()):
-            if same_process_alive(pid, st) and "nginx" in proc_cmdline(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        wait_for(lambda: not any(same_process_alive(p, s) for p, s in self.seen.items()), 2.0)
-
-    def _close(self):
-        try:
-            self.stderr_f.close()
-        except Exception:
-            pass
-
-    @property
-    def running(self):
-        return self.popen is not None and self.popen.poll() is None
-
-    # -- logs and requests ---------------------------------------------
-    def error_log_text(self):
-        try:
-            with open(self.error_log, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    def error_log_tail(self, n=25):
-        lines = self.error_log_text().splitlines()
-        return "\n".join(lines[-n:])
-
-    def stderr_text(self):
-        try:
-            with open(self.stderr_path, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
 
     def request(self, path, headers=None, timeout=2.0):
         return http_get(self.port, path, headers, timeout)
