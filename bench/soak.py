@@ -1032,6 +1032,7 @@ def summarize(run, args):
     # hot keys
     margin = args.margin
     stalled_r, smooth_r = [], []
+    over_l = []   # judged windows with more than L allowed
     worst_windows = []
     for k, key in enumerate(HOT_KEYS):
         plant_iv = [(t, int(t) + 2) for t, hk, name, kind in run.plants if hk == k]
@@ -1047,6 +1048,8 @@ def summarize(run, args):
             else:
                 judged.append((r, w, allowed, tot, n1, n2))
                 (stalled_r if max(gaps[w]) >= 0.1 else smooth_r).append(r)
+                if allowed > HOT_RATE:
+                    over_l.append((k, w))
         over = [j for j in judged if j[0] > 1.05]
         busy = [j for j in judged if j[3] > HOT_RATE]
         mx = max([j[0] for j in judged] or [0])
@@ -1073,6 +1076,14 @@ def summarize(run, args):
         row("  Redis counter = allowed (judged windows)", "%d equal, %d differ%s"
             % (same, diff, (": " + "; ".join(diffs[:3])) if diffs else ""))
 
+    spans = []
+    for k, w in over_l:
+        ts = sorted(t for t, m in zip(hx_t, hx_m) if m & 1 and m >> 2 == k and int(t) == w)
+        spans.append((ts[-1] - ts[HOT_RATE - 1]) * 1000)
+    spans.sort()
+    row("judged windows over L: answers past the L-th came within",
+        "%d windows; median %.0f ms, max %.0f ms after the L-th allowed answer (a long span: a node "
+        "decided on old counts)" % (len(spans), spans[len(spans) // 2] if spans else 0, spans[-1] if spans else 0))
     row("judged hot windows with a >= 100 ms gap in a node's answers",
         "%d of %d (max allowed/L %.2f, > 1.05: %d); without such a gap: max %.2f, > 1.05: %d"
         % (len(stalled_r), len(stalled_r) + len(smooth_r), max(stalled_r or [0]),
@@ -1100,11 +1111,12 @@ def summarize(run, args):
         fails.append("%d worker crash indicators" % crashes)
     first_w = {k: min([w for (kk, w) in hot if kk == k] or [0]) for k in range(len(HOT_KEYS))}
     for k, (r, w, allowed, tot, n1, n2) in worst_windows:
-        fails.append('hot key "%s": window %d (t=%.1fs) allowed %d = %.2f x L (nginx1 %d, nginx2 %d, %d requests)%s%s%s'
+        fails.append('hot key "%s": window %d (t=%.1fs) allowed %d = %.2f x L (nginx1 %d, nginx2 %d, %d requests)%s%s%s%s'
                      % (kname(HOT_KEYS[k]), w, w - run.t0, allowed, r, n1, n2, tot,
                         " [the key's first window]" if w == first_w[k] else "",
                         "; longest answer gap nginx1 %.0f ms, nginx2 %.0f ms" % (gaps[w][0] * 1000, gaps[w][1] * 1000)
                         + "",
+                        "; " + excess_timeline(hx_t, hx_m, k, w) if allowed > HOT_RATE else "",
                         "; nearest chaos: " + nearest(run, w) if nearest(run, w) else ""))
     if failed:
         fails.append("%d requests got no status" % failed)
@@ -1165,6 +1177,26 @@ def what_at(run, t):
         if s - 0.05 <= t <= e + 0.5:
             return kind
     return ""
+
+
+def excess_timeline(hx_t, hx_m, k, w):
+    """How the answers past L came in a hot key's window: when (server time,
+    into the window) the L-th allowed answer was, and the ones after it, by
+    node and over how long. A few within a couple of milliseconds is two
+    nodes deciding at once before either heard of the other's count; many
+    over a long span is a node deciding on counts that stayed old (its
+    Redis thread or replies held up)."""
+    ts = sorted((t, (m >> 1) & 1) for t, m in zip(hx_t, hx_m)
+                if m & 1 and m >> 2 == k and int(t) == w)
+    if len(ts) <= HOT_RATE:
+        return ""
+    t_l = ts[HOT_RATE - 1][0]
+    extra = ts[HOT_RATE:]
+    by = [sum(1 for _, n in extra if n == i) for i in range(2)]
+    offs = ", ".join("+%.0f" % ((t - t_l) * 1000) for t, _ in extra[:12])
+    return ("the %dth allowed answer %.0f ms into the window, then %d more within %.0f ms "
+            "(nginx1 %d, nginx2 %d; ms after it: %s)"
+            % (HOT_RATE, (t_l - w) * 1000, len(extra), (extra[-1][0] - t_l) * 1000, by[0], by[1], offs))
 
 
 def nearest(run, w):
