@@ -23,7 +23,7 @@ use ratelimit_core::rate::Rate;
 use ratelimit_core::window::Estimate;
 use smallvec::SmallVec;
 
-use crate::backend::Channel;
+use crate::backend::{Channel, Increment};
 use crate::nginx::conf::{MainConf, ZoneConf};
 use crate::nginx::zone::{Locked, Shared};
 
@@ -94,6 +94,8 @@ pub struct Ask<'a> {
     pub namespace: &'a [u8],
     pub key: &'a [u8],
     pub rate: Rate,
+    /// What the request weighs (1 usually; 0 checks without counting).
+    pub cost: u32,
 }
 
 /// Whether an allowed request only is counted, or every one (Lua's
@@ -180,7 +182,7 @@ pub fn decide(
     for (a, &id) in asks.iter().zip(&ids) {
         let guard = zones.iter().position(|&z| z == a.zone).unwrap_or(0);
         let mode = Mode::of(&mcf.zones[a.zone], a.zone, channel);
-        let (entry, s) = check(&mut guards[guard], id, a.rate, mode, now);
+        let (entry, s) = check(&mut guards[guard], id, a.rate, a.cost, mode, now);
         slots.push(Slot { guard, entry, id, mode });
         said.push(s);
     }
@@ -193,7 +195,7 @@ pub fn decide(
             let first = slots[..i].iter().position(|o| o.guard == s.guard && o.entry == s.entry);
             match first {
                 None => {
-                    if count(&mut guards[s.guard], s.entry, s.mode) {
+                    if count(&mut guards[s.guard], s.entry, s.mode, a.cost) {
                         sends.push((i, a.rate.limit));
                     }
                 }
@@ -260,9 +262,9 @@ fn decide_one(
     let (shared, id) = identify(mcf, a)?;
     let mode = Mode::of(&mcf.zones[a.zone], a.zone, channel);
     let mut locked = shared.lock();
-    let (entry, mut said) = check(&mut locked, id, a.rate, mode, now);
+    let (entry, mut said) = check(&mut locked, id, a.rate, a.cost, mode, now);
     let allowed = said.check.allowed;
-    let send = (allowed || take == Take::Always) && count(&mut locked, entry, mode);
+    let send = (allowed || take == Take::Always) && count(&mut locked, entry, mode, a.cost);
     said.after = counter::estimate(locked.table.entry(entry), a.rate, now);
     drop(locked);
     trace(log, mcf, a, id, mode, &said);
@@ -310,21 +312,28 @@ fn identify<'m>(mcf: &'m MainConf, a: &Ask<'_>) -> Result<(&'m Shared, [u64; 2])
 
 /// Checks one limit against its entry (made if new), under the lock.
 #[inline(always)]
-fn check(locked: &mut Locked<'_>, id: [u64; 2], rate: Rate, mode: Mode, now: u64) -> (u32, Said) {
+fn check(
+    locked: &mut Locked<'_>,
+    id: [u64; 2],
+    rate: Rate,
+    cost: u32,
+    mode: Mode,
+    now: u64,
+) -> (u32, Said) {
     let (entry, _) = locked.table.get_or_insert(id);
-    let mut check = counter::check(locked.table.entry_mut(entry), rate, now);
+    let mut check = counter::check_cost(locked.table.entry_mut(entry), rate, now, cost);
     mode.apply(&mut check, now);
     (entry, Said { check, after: check.estimate })
 }
 
 /// Counts the request in an entry, unless the backend's `on_error` says it
 /// is not counted. Returns whether it is to be sent to Redis.
-fn count(locked: &mut Locked<'_>, entry: u32, mode: Mode) -> bool {
+fn count(locked: &mut Locked<'_>, entry: u32, mode: Mode, cost: u32) -> bool {
     match mode {
         Mode::Allow | Mode::Deny => false,
         Mode::Local | Mode::Remote => {
-            counter::count(locked.table.entry_mut(entry), mode == Mode::Remote);
-            mode == Mode::Remote
+            counter::count_cost(locked.table.entry_mut(entry), mode == Mode::Remote, cost);
+            mode == Mode::Remote && cost > 0
         }
     }
 }
@@ -338,5 +347,7 @@ fn near(said: &Said, rate: Rate) -> bool {
 /// Queues one counted request for the zone's Redis thread.
 fn queue(ch: &Channel, a: &Ask<'_>, id: [u64; 2], window: u64, limit: u32, urgent: bool) {
     let item = ItemId { zone: a.zone as u32, entry: id, window };
-    ch.push(item, a.namespace, a.key, a.rate.period, limit, urgent);
+    let inc =
+        Increment { namespace: a.namespace, key: a.key, period: a.rate.period, limit, n: a.cost };
+    ch.push(item, inc, urgent);
 }

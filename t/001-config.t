@@ -26,7 +26,8 @@ __DATA__
     redis_ratelimit_log_level info;
     location = /t {
         redis_ratelimit local 10r/s;
-        redis_ratelimit local 100r/m;
+        redis_ratelimit local 100r/m cost=$arg_cost;
+        redis_ratelimit local 1000r/h cost=0;
         redis_ratelimit_status 429;
         redis_ratelimit_dry_run on;
         redis_ratelimit_log_level notice;
@@ -43,7 +44,7 @@ ok
 GET /t
 --- error_code: 200
 --- response_headers
-RateLimit-Policy: "local";q=10;w=1, "local";q=100;w=60
+RateLimit-Policy: "local";q=10;w=1, "local";q=100;w=60, "local";q=1000;w=3600
 --- no_error_log
 [emerg]
 secret
@@ -250,7 +251,7 @@ redis_ratelimit: "z" needs a rate
     location = /t { redis_ratelimit z 10 r/s; }
 --- must_die
 --- error_log
-invalid number of arguments in "redis_ratelimit" directive
+redis_ratelimit: invalid rate "10"
 
 
 
@@ -378,3 +379,39 @@ redis_ratelimit_log_level: is duplicate
 --- must_die
 --- error_log
 redis_ratelimit_zone: invalid timeout "1.5s": a time above zero expected (100ms, 1s)
+
+
+
+=== TEST 34: a cost that is not a number
+--- config
+    location = /t { redis_ratelimit z 10r/s cost=abc; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid cost "cost=abc": 0 to 1000000 or a variable expected
+
+
+
+=== TEST 35: a negative cost
+--- config
+    location = /t { redis_ratelimit z 10r/s cost=-1; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid cost "cost=-1"
+
+
+
+=== TEST 36: a cost above 1000000
+--- config
+    location = /t { redis_ratelimit z 10r/s cost=1000001; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid cost "cost=1000001"
+
+
+
+=== TEST 37: an unknown parameter after the rate
+--- config
+    location = /t { redis_ratelimit z 10r/s weight=2; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid parameter "weight=2"

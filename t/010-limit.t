@@ -324,3 +324,62 @@ ok
 [200, 200, 429]
 --- response_headers eval
 ["X-Status: PASSED", "X-Status: PASSED", ""]
+
+
+
+=== TEST 15: cost=3 consumes 3; a request that does not fit is refused and not counted; cost=0 only checks
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 55;
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /c3 { redis_ratelimit z 10r/m cost=3; }
+    location = /c1 { redis_ratelimit z 10r/m; }
+    location = /c0 { redis_ratelimit z 10r/m cost=0; }
+--- user_files
+>>> c3
+ok
+>>> c1
+ok
+>>> c0
+ok
+--- request eval
+# 3 + 3 + 3 = 9; a fourth 3 does not fit (9 + 3 - 1 >= 10); cost 0 passes
+# without counting; cost 1 fits (10); then nothing does
+["GET /c3?k=w", "GET /c3?k=w", "GET /c3?k=w", "GET /c3?k=w", "GET /c0?k=w", "GET /c1?k=w", "GET /c0?k=w", "GET /c1?k=w"]
+--- error_code eval
+[200, 200, 200, 429, 200, 200, 429, 429]
+
+
+
+=== TEST 16: cost from a variable, per request
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 55;
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /cv { redis_ratelimit z 10r/m cost=$arg_c; }
+--- user_files
+>>> cv
+ok
+--- request eval
+# 5 + 4 = 9; no value counts 1 (10); then even a check (0) is refused
+["GET /cv?k=v&c=5", "GET /cv?k=v&c=4", "GET /cv?k=v", "GET /cv?k=v&c=0"]
+--- error_code eval
+[200, 200, 200, 429]
+
+
+
+=== TEST 17: a cost variable whose value is not a cost counts as 1 and is logged
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /cv { redis_ratelimit z 10r/m cost=$arg_c; }
+--- user_files
+>>> cv
+ok
+--- request
+GET /cv?k=bad&c=abc
+--- error_code: 200
+--- error_log
+redis_ratelimit: zone "z": cost "abc" is not 0 to 1000000, counted as 1

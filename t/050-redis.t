@@ -116,3 +116,48 @@ ok
 [("GET /t?k=a") x 5]
 --- error_code eval
 [200, 200, 200, 429, 429]
+
+
+
+=== TEST 6: cost=4 through Redis: two requests fit 10r/h, the third does not
+--- init
+my $s = time % 3600; sleep(3601 - $s) if $s > 3590;
+--- http_config
+    redis_ratelimit_zone $arg_k zone=rc:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t050:;
+--- config
+    location = /t { redis_ratelimit rc 10r/h cost=4; }
+--- user_files
+>>> t
+ok
+--- request eval
+[("GET /t?k=cost") x 3]
+--- error_code eval
+[200, 200, 429]
+--- wait: 0.2
+
+
+
+=== TEST 7: Redis holds the weight, not the number of requests (INCRBY 4, twice)
+--- init
+use IO::Socket::INET;
+my $sock = IO::Socket::INET->new(PeerAddr => "127.0.0.1", PeerPort => $ENV{TEST_NGINX_REDIS_PORT}, Timeout => 3)
+    or die "cannot reach redis: $!";
+sub cmd2 { my @a = @_; my $r = "*" . @a . "\r\n"; $r .= "\$" . length($_) . "\r\n$_\r\n" for @a; print $sock $r; my $l = <$sock>; $l =~ s/\r\n$//; if ($l =~ /^\$(-?\d+)/) { return undef if $1 < 0; my $v = <$sock>; $v =~ s/\r\n$//; return $v } $l =~ s/^[:+]//; return $l }
+my $w = int(time / 3600) * 3600;
+my $v = cmd2("GET", "t050:{rc:cost}:3600:$w");
+$v = cmd2("GET", "t050:{rc:cost}:3600:" . ($w - 3600)) unless defined $v;
+die "expected 8 in t050:{rc:cost}, got " . (defined $v ? $v : "nothing") unless defined $v && $v == 8;
+--- http_config
+    redis_ratelimit_zone $arg_k zone=rc:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t050:;
+--- config
+    location = /t { redis_ratelimit rc 10r/h cost=4; }
+--- user_files
+>>> t
+ok
+--- request eval
+# this nginx is new: its first request passes, and the reply (12 in Redis)
+# tells it the key is over
+["GET /t?k=cost", "GET /t?k=cost"]
+--- error_code eval
+[200, 429]
+--- wait: 0.1

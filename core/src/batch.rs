@@ -125,13 +125,27 @@ impl Batch {
         period: u32,
         limit: u32,
     ) -> bool {
+        self.add_n(id, namespace, key, period, limit, 1)
+    }
+
+    /// `add` of `n` increments at once (a request that weighs `n`).
+    #[inline]
+    pub fn add_n(
+        &mut self,
+        id: ItemId,
+        namespace: &[u8],
+        key: &[u8],
+        period: u32,
+        limit: u32,
+        n: u32,
+    ) -> bool {
         if let Some(item) = self.items.get_mut(&id) {
-            item.n = item.n.saturating_add(1);
+            item.n = item.n.saturating_add(n);
             item.limit = item.limit.min(limit);
             return true;
         }
         let tag = redis_tag(namespace, key);
-        let item = Item { tag, period, limit, n: 1 };
+        let item = Item { tag, period, limit, n };
         if self.full(item.bytes()) {
             self.dropped += 1;
             return false;

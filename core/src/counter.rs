@@ -69,6 +69,14 @@ pub struct Check {
 /// the current window first. An open breaker for this limit rejects at once.
 #[inline]
 pub fn check(e: &mut Entry, rate: Rate, now_ms: u64) -> Check {
+    check_cost(e, rate, now_ms, 1)
+}
+
+/// `check` for a request that weighs `cost`: allowed iff estimate + cost − 1
+/// < L (cost 0 is checked like cost 1 and counts nothing). A cost above
+/// the limit is never allowed; its retry time is a period away.
+#[inline(always)]
+pub fn check_cost(e: &mut Entry, rate: Rate, now_ms: u64, cost: u32) -> Check {
     let p = rate.period_ms();
     let window = roll(e, now_ms, p);
     let window_start_ms = window * p;
@@ -88,14 +96,22 @@ pub fn check(e: &mut Entry, rate: Rate, now_ms: u64) -> Check {
             window_start_ms,
         };
     }
-    let allowed = estimate.below(rate.limit);
+    let allowed = estimate.below_cost(rate.limit, cost);
     Check {
         allowed,
         estimate,
         retry_at_ms: if allowed {
             now_ms
         } else {
-            free_at(rate, e.prev, total, window_start_ms, now_ms.max(window_start_ms)).min(latest)
+            // when the estimate leaves room for `cost`: under a limit
+            // `cost - 1` lower (none: a period away)
+            let room = Rate { limit: rate.limit.saturating_sub(cost.max(1) - 1), ..rate };
+            if room.limit == 0 {
+                latest
+            } else {
+                free_at(room, e.prev, total, window_start_ms, now_ms.max(window_start_ms))
+                    .min(latest)
+            }
         },
         window,
         window_start_ms,
@@ -106,10 +122,16 @@ pub fn check(e: &mut Entry, rate: Rate, now_ms: u64) -> Check {
 /// until Redis confirms it with one.
 #[inline]
 pub fn count(e: &mut Entry, backend: bool) {
+    count_cost(e, backend, 1);
+}
+
+/// `count` for a request that weighs `cost`.
+#[inline]
+pub fn count_cost(e: &mut Entry, backend: bool, cost: u32) {
     if backend {
-        e.inflight = e.inflight.saturating_add(1);
+        e.inflight = e.inflight.saturating_add(cost);
     } else {
-        e.cur = e.cur.saturating_add(1);
+        e.cur = e.cur.saturating_add(cost);
     }
 }
 
@@ -199,251 +221,5 @@ pub fn keep_local(e: &mut Entry, window: u64, sent: u32) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const R: Rate = Rate { limit: 10, period: 60 };
-    const T0: u64 = 1_700_000_040_000; // start of a minute
-
-    fn fresh() -> Entry {
-        Entry::default()
-    }
-
-    #[test]
-    fn local_counting_allows_exactly_the_limit() {
-        for backend in [false, true] {
-            let mut e = fresh();
-            let mut allowed = 0;
-            for i in 0..30 {
-                if check(&mut e, R, T0 + i).allowed {
-                    count(&mut e, backend);
-                    allowed += 1;
-                }
-            }
-            assert_eq!(allowed, 10, "backend={backend}");
-        }
-    }
-
-    #[test]
-    fn confirmations_replace_inflight_with_global_counts() {
-        let mut e = fresh();
-        for _ in 0..3 {
-            assert!(check(&mut e, R, T0).allowed);
-            count(&mut e, true);
-        }
-        assert_eq!((e.cur, e.inflight), (0, 3));
-        // Redis says the window holds 8: our 3 plus 5 from other nodes.
-        let idx = window_index(T0, R.period_ms());
-        confirm(&mut e, &Confirmation { window: idx, sent: 3, cur: 8, prev: Some(0) }, R, T0 + 5);
-        assert_eq!((e.cur, e.inflight), (8, 0));
-        assert!(check(&mut e, R, T0 + 6).allowed);
-        count(&mut e, true);
-        assert!(check(&mut e, R, T0 + 7).allowed);
-        count(&mut e, true);
-        let c = check(&mut e, R, T0 + 8);
-        assert!(!c.allowed);
-        assert!(c.retry_at_ms >= T0 + 60_000);
-    }
-
-    #[test]
-    fn out_of_order_confirmations_keep_the_largest() {
-        let mut e = fresh();
-        let idx = window_index(T0, R.period_ms());
-        for _ in 0..2 {
-            check(&mut e, R, T0);
-            count(&mut e, true);
-        }
-        confirm(&mut e, &Confirmation { window: idx, sent: 1, cur: 6, prev: Some(0) }, R, T0);
-        confirm(&mut e, &Confirmation { window: idx, sent: 1, cur: 4, prev: Some(0) }, R, T0);
-        assert_eq!((e.cur, e.inflight), (6, 0));
-    }
-
-    #[test]
-    fn breaker_opens_when_the_global_count_reaches_the_limit() {
-        let mut e = fresh();
-        let idx = window_index(T0, R.period_ms());
-        check(&mut e, R, T0);
-        count(&mut e, true);
-        confirm(&mut e, &Confirmation { window: idx, sent: 1, cur: 10, prev: Some(0) }, R, T0 + 1);
-        assert_eq!(e.blocked_limit, 10);
-        assert_eq!(e.blocked_until_ms, T0 + 60_000 + 1);
-        let c = check(&mut e, R, T0 + 2);
-        assert!(!c.allowed);
-        assert_eq!(c.retry_at_ms, T0 + 60_000 + 1);
-        // a looser limit on the same entry is not held by that breaker
-        let loose = Rate { limit: 20, period: 60 };
-        assert!(check(&mut e, loose, T0 + 3).allowed);
-    }
-
-    #[test]
-    fn window_roll_carries_unconfirmed_counts_into_prev() {
-        let mut e = fresh();
-        for _ in 0..4 {
-            check(&mut e, R, T0);
-            count(&mut e, true);
-        }
-        // next minute, halfway: prev = 4 (all unconfirmed), weight 1/2
-        let c = check(&mut e, R, T0 + 90_000);
-        assert!(c.allowed);
-        assert_eq!(e.prev, 4);
-        assert!((c.estimate.value() - 2.0).abs() < 1e-9);
-        // a late confirmation for the old window raises prev to the global count
-        let old = window_index(T0, R.period_ms());
-        confirm(
-            &mut e,
-            &Confirmation { window: old, sent: 4, cur: 12, prev: Some(0) },
-            R,
-            T0 + 90_001,
-        );
-        assert_eq!(e.prev, 12);
-        assert_eq!(e.inflight, 0);
-        // two windows later everything is forgotten
-        let c = check(&mut e, R, T0 + 200_000);
-        assert_eq!(e.prev, 0);
-        assert!(c.allowed);
-    }
-
-    #[test]
-    fn breaker_ignores_requests_counted_twice_in_flight() {
-        // Two workers each allowed 5 (inflight 10 in shared memory). Worker
-        // A's INCRBY reply already includes worker B's 5 (cur = 10) before
-        // B's own reply is applied: the total is briefly 15, but only the
-        // global 10 may arm the breaker, and a limit of 12 is not reached.
-        let r = Rate { limit: 12, period: 60 };
-        let mut e = fresh();
-        for _ in 0..10 {
-            assert!(check(&mut e, r, T0).allowed);
-            count(&mut e, true);
-        }
-        let idx = window_index(T0, r.period_ms());
-        confirm(&mut e, &Confirmation { window: idx, sent: 5, cur: 10, prev: Some(0) }, r, T0 + 1);
-        assert_eq!((e.cur, e.inflight), (10, 5));
-        assert_eq!(e.blocked_until_ms, 0, "no breaker from a double count");
-        // until B's reply arrives decisions are conservative...
-        assert!(!check(&mut e, r, T0 + 2).allowed);
-        confirm(&mut e, &Confirmation { window: idx, sent: 5, cur: 10, prev: Some(0) }, r, T0 + 3);
-        // ...then exact again: 2 more pass
-        assert!(check(&mut e, r, T0 + 4).allowed);
-    }
-
-    const HOUR: u64 = 3_600_000;
-
-    /// Requests every 10 ms for `ms` from `start`, each confirmed by an
-    /// exact single-node Redis (so inflight drains): how many pass.
-    fn run(
-        e: &mut Entry,
-        r: Rate,
-        start: u64,
-        ms: u64,
-        redis: &mut std::collections::HashMap<u64, u64>,
-    ) -> (u32, u64) {
-        let mut allowed = 0;
-        let mut worst_retry = 0;
-        let mut t = start;
-        while t < start + ms {
-            let c = check(e, r, t);
-            if c.allowed {
-                count(e, true);
-                allowed += 1;
-                let cur = redis.entry(c.window).or_default();
-                *cur += 1;
-                let prev = redis.get(&(c.window.wrapping_sub(1))).copied().unwrap_or(0);
-                let conf = Confirmation {
-                    window: c.window,
-                    sent: 1,
-                    cur: *redis.get(&c.window).unwrap_or(&0),
-                    prev: Some(prev),
-                };
-                confirm(e, &conf, r, t);
-            } else {
-                worst_retry = worst_retry.max(c.retry_at_ms - t);
-            }
-            t += 10;
-        }
-        (allowed, worst_retry)
-    }
-
-    #[test]
-    fn clock_step_back_of_an_hour_neither_blocks_nor_floods() {
-        let r = Rate { limit: 10, period: 1 };
-        let mut e = fresh();
-        let mut redis = std::collections::HashMap::new();
-        let (a, _) = run(&mut e, r, T0, 3000, &mut redis);
-        assert!((28..=31).contains(&a), "{a} in 3 s before the step");
-        // an item sent just before the step comes back after it: ignored
-        let late = Confirmation {
-            window: window_index(T0 + 3000, 1000),
-            sent: 1,
-            cur: 99,
-            prev: Some(99),
-        };
-        let back = T0 + 3000 - HOUR;
-        confirm(&mut e, &late, r, back);
-        let (a, worst) = run(&mut e, r, back, 10_000, &mut redis);
-        assert!((95..=105).contains(&a), "{a} in 10 s after a 1 h step back");
-        assert!(worst <= 1000, "Retry-After {worst} ms > the period");
-    }
-
-    #[test]
-    fn clock_step_forward_of_an_hour_forgets_and_goes_on() {
-        let r = Rate { limit: 10, period: 60 };
-        let mut e = fresh();
-        let mut redis = std::collections::HashMap::new();
-        let (a, _) = run(&mut e, r, T0, 1000, &mut redis);
-        assert_eq!(a, 10);
-        let (a, worst) = run(&mut e, r, T0 + HOUR, 1000, &mut redis);
-        assert_eq!(a, 10, "a fresh window after the step");
-        assert!(worst <= 60_000);
-        // and a step back to where it was: never more than a period blocked
-        let (a, worst) = run(&mut e, r, T0 + 2000, 61_000, &mut redis);
-        assert!(a <= 11, "{a}");
-        assert!(worst <= 60_000, "{worst}");
-    }
-
-    #[test]
-    fn a_worker_a_little_behind_keeps_the_entry() {
-        let r = Rate { limit: 10, period: 1 };
-        let mut e = fresh();
-        let w = T0 / 1000 + 1;
-        for _ in 0..10 {
-            assert!(check(&mut e, r, w * 1000 + 5).allowed);
-            count(&mut e, true);
-        }
-        // another worker's cached clock, 3 ms behind the window start
-        let c = check(&mut e, r, w * 1000 - 3);
-        assert!(!c.allowed);
-        assert_eq!(c.window, w);
-        assert_eq!(e.inflight, 10);
-        // a breaker set far in the future (clock stepped back) is dropped
-        e.blocked_until_ms = w * 1000 + HOUR;
-        e.blocked_limit = 10;
-        let c = check(&mut e, r, w * 1000 + 10);
-        assert!(c.retry_at_ms <= w * 1000 + 10 + 1000);
-    }
-
-    #[test]
-    fn failed_increments_stay_counted_here() {
-        let mut e = fresh();
-        let c = check(&mut e, R, T0);
-        count(&mut e, true);
-        count(&mut e, true);
-        keep_local(&mut e, c.window, 2);
-        assert_eq!((e.cur, e.inflight), (2, 0));
-        keep_local(&mut e, c.window + 5, 2);
-        assert_eq!((e.cur, e.inflight), (2, 0));
-    }
-
-    #[test]
-    fn stale_confirmations_are_ignored() {
-        let mut e = fresh();
-        check(&mut e, R, T0 + 180_000);
-        let old = window_index(T0, R.period_ms());
-        confirm(
-            &mut e,
-            &Confirmation { window: old, sent: 1, cur: 99, prev: Some(99) },
-            R,
-            T0 + 180_000,
-        );
-        assert_eq!((e.prev, e.cur), (0, 0));
-    }
-}
+#[path = "counter_tests.rs"]
+mod tests;

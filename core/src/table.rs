@@ -226,7 +226,7 @@ impl<'a> Table<'a> {
     /// The entry for `id`, marked most recently used; a new zeroed one if
     /// absent (reusing the least recently used entry when the table is full).
     /// Returns the index and whether it was created.
-    #[inline]
+    #[inline(always)]
     pub fn get_or_insert(&mut self, id: [u64; 2]) -> (u32, bool) {
         if let Some(i) = self.find(id) {
             self.lru_unlink(i);

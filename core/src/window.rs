@@ -58,6 +58,17 @@ impl Estimate {
         self.scaled < u64::from(limit).saturating_mul(self.period_ms)
     }
 
+    /// Is a request weighing `cost` allowed under `limit`: estimate + cost
+    /// − 1 < limit (cost 0 is checked as 1: a check that counts nothing).
+    #[inline]
+    pub fn below_cost(&self, limit: u32, cost: u32) -> bool {
+        if cost <= 1 {
+            return self.below(limit);
+        }
+        let extra = u64::from(cost - 1).saturating_mul(self.period_ms);
+        self.scaled.saturating_add(extra) < u64::from(limit).saturating_mul(self.period_ms)
+    }
+
     /// How many more requests `limit` allows right now (`ceil(L - estimate)`).
     #[inline]
     pub fn remaining(&self, limit: u32) -> u32 {

@@ -29,7 +29,8 @@ int ngx_http_redis_ratelimit_parse_rate(const unsigned char *s, size_t len,
 int ngx_http_redis_ratelimit_take(int zone, const unsigned char *ns, size_t ns_len,
                                   uint32_t limit, uint32_t period,
                                   const unsigned char *key, size_t key_len, int take,
-                                  double *estimate, uint32_t *remaining, uint64_t *retry_ms);
+                                  uint32_t cost, double *estimate, uint32_t *remaining,
+                                  uint64_t *retry_ms);
 int ngx_http_redis_ratelimit_reset(int zone, const unsigned char *ns, size_t ns_len,
                                    uint32_t period, const unsigned char *key, size_t key_len);
 ]])
@@ -131,10 +132,17 @@ local function zone_index(self)
     return idx
 end
 
-local function take(self, key, how)
+local MAX_COST = 1000000
+
+local function take(self, key, how, cost)
     local k, err = check_key(key)
     if not k then
         return nil, err
+    end
+    if cost == nil then
+        cost = 1
+    elseif type(cost) ~= "number" or cost < 0 or cost > MAX_COST or cost % 1 ~= 0 then
+        return nil, "cost must be an integer from 0 to " .. MAX_COST
     end
     local zi, zerr = zone_index(self)
     if not zi then
@@ -142,7 +150,8 @@ local function take(self, key, how)
     end
     local ns = self.namespace
     local rc = C.ngx_http_redis_ratelimit_take(zi, ns, #ns, self.limit,
-                                               self.period, k, #k, how, est, rem, retry)
+                                               self.period, k, #k, how, cost, est, rem,
+                                               retry)
     if rc < 0 then
         return nil, errmsg(rc, self.zone)
     end
@@ -152,9 +161,11 @@ end
 -- Returns true when the request is over the limit (and does not count it),
 -- false when it is allowed (and counts it); nil, err on error. A third value
 -- is the number of seconds until a request is allowed again (when limited)
--- or the number of requests left (when allowed).
-function _M.is_rate_limited(self, key)
-    local rc, err = take(self, key, TAKE_IF_ALLOWED)
+-- or the number of requests left (when allowed). `cost` (default 1, 0 to
+-- 1000000; 0 checks without counting): what the request weighs; it is
+-- allowed iff estimate + cost - 1 < limit, and then counts `cost`.
+function _M.is_rate_limited(self, key, cost)
+    local rc, err = take(self, key, TAKE_IF_ALLOWED, cost)
     if not rc then
         return nil, err
     end
@@ -164,10 +175,10 @@ function _M.is_rate_limited(self, key)
     return false, nil, tonumber(rem[0])
 end
 
--- Counts the request whatever the estimate and returns the estimate, this
--- request included.
-function _M.measure(self, key)
-    local rc, err = take(self, key, TAKE_ALWAYS)
+-- Counts the request (weighing `cost`, default 1) whatever the estimate and
+-- returns the estimate, this request included.
+function _M.measure(self, key, cost)
+    local rc, err = take(self, key, TAKE_ALWAYS, cost)
     if not rc then
         return nil, err
     end

@@ -45,6 +45,16 @@ pub const BATCH_BYTES: usize = 4 << 20;
 pub const STOP_FLUSH: Duration = Duration::from_secs(1);
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
+/// Counted requests of one key for the thread to send: `n` increments of
+/// the key (`namespace`, `key`) under a period, for the tightest limit.
+pub struct Increment<'a> {
+    pub namespace: &'a [u8],
+    pub key: &'a [u8],
+    pub period: u32,
+    pub limit: u32,
+    pub n: u32,
+}
+
 /// What a worker and its thread share.
 pub struct Channel {
     batch: Mutex<Batch>,
@@ -81,18 +91,10 @@ impl Channel {
     /// Queues one increment (request path: never blocks on I/O). `urgent`
     /// (the key is near its limit) skips the flush pacing: other nodes
     /// should learn of it as soon as possible.
-    pub fn push(
-        &self,
-        id: ItemId,
-        namespace: &[u8],
-        key: &[u8],
-        period: u32,
-        limit: u32,
-        urgent: bool,
-    ) -> bool {
+    pub fn push(&self, id: ItemId, inc: Increment<'_>, urgent: bool) -> bool {
         let mut b = self.batch.lock();
         let was_empty = b.is_empty();
-        let ok = b.add(id, namespace, key, period, limit);
+        let ok = b.add_n(id, inc.namespace, inc.key, inc.period, inc.limit, inc.n);
         if !ok {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }

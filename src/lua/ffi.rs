@@ -14,7 +14,7 @@ use ratelimit_core::rate::Rate;
 use ratelimit_core::window::window_index;
 
 use crate::engine::{self, Ask, Take};
-use crate::nginx::conf::{MainConf, ZoneConf};
+use crate::nginx::conf::{MainConf, ZoneConf, MAX_COST};
 use crate::nginx::module::Module;
 use crate::nginx::time::now_ms;
 use crate::nginx::zone::Shared;
@@ -164,7 +164,8 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_parse_rate(
 
 /// Decides one request for `key` under `limit` per `period` seconds in the
 /// zone, with `namespace` in place of the zone name (Redis key and table
-/// identity). Returns `OK` (allowed), `LIMITED`, or a negative error. Writes
+/// identity), the request weighing `cost` (0 to 1000000; 0 checks without
+/// counting). Returns `OK` (allowed), `LIMITED`, or a negative error. Writes
 /// the estimate (after counting), the requests left, and when limited the
 /// milliseconds until a request is allowed again.
 ///
@@ -180,6 +181,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     key: *const u8,
     key_len: usize,
     take: c_int,
+    cost: u32,
     estimate: *mut f64,
     remaining: *mut u32,
     retry_ms: *mut u64,
@@ -190,13 +192,13 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
         Ok(c) => c,
         Err(rc) => return rc,
     };
-    if limit == 0 {
+    if limit == 0 || cost > MAX_COST {
         return ERR_ARGS;
     }
     let Call { mcf, index, ns, key, .. } = call;
     let rate = Rate { limit, period };
     let how = if take == TAKE_ALWAYS { Take::Always } else { Take::IfAllowed };
-    let ask = Ask { zone: index, namespace: ns, key, rate };
+    let ask = Ask { zone: index, namespace: ns, key, rate, cost };
     let now = now_ms();
     // SAFETY: `ngx_cycle` is the running cycle (checked by `Call::new`).
     let log = unsafe { (*ngx_cycle).log };

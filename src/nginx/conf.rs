@@ -42,6 +42,26 @@ pub struct MainConf {
 pub struct Limit {
     pub zone: usize,
     pub rate: Rate,
+    /// `cost=`: what a request weighs under this limit.
+    pub cost: Cost,
+}
+
+/// The most a request may weigh (`cost=`).
+pub const MAX_COST: u32 = 1_000_000;
+
+/// `cost=N` or `cost=$variable` (evaluated per request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cost {
+    Fixed(u32),
+    Var(*mut ngx_http_complex_value_t),
+}
+
+/// A cost as written: digits, 0 to `MAX_COST`.
+pub fn parse_cost(v: &[u8]) -> Option<u32> {
+    if v.is_empty() || v.len() > 7 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse::<u32>().ok().filter(|&c| c <= MAX_COST)
 }
 
 /// http, server and location level settings. The simple directives are

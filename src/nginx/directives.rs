@@ -18,7 +18,7 @@ use ngx::ngx_conf_log_error;
 use ratelimit_core::params;
 use ratelimit_core::rate::Rate;
 
-use super::conf::{Limit, LocConf, MainConf, ZoneConf, UNSET_UINT};
+use super::conf::{parse_cost, Cost, Limit, LocConf, MainConf, ZoneConf, MAX_COST, UNSET_UINT};
 use super::module::Module;
 use super::zone;
 
@@ -59,6 +59,28 @@ fn main_conf(cf: *mut ngx_conf_t) -> Option<&'static mut MainConf> {
     // SAFETY: called from directive handlers inside the http block, where the
     // module's main configuration exists.
     Module::main_conf_mut(unsafe { &*cf })
+}
+
+/// Compiles text with variables (`$binary_remote_addr`, `$arg_cost`) into
+/// a complex value in the configuration pool; `None` after nginx logged why.
+fn compile(cf: *mut ngx_conf_t, mut src: ngx_str_t) -> Option<*mut ngx_http_complex_value_t> {
+    // SAFETY: `cf->pool` is the configuration pool, alive as long as the cycle.
+    let pool = unsafe { Pool::from_ngx_pool((*cf).pool) };
+    let cv = pool.calloc_type::<ngx_http_complex_value_t>();
+    if cv.is_null() {
+        return None;
+    }
+    // SAFETY: a zeroed compile context is how nginx modules start one; the
+    // pointers set below outlive the call.
+    let mut ccv: ngx_http_compile_complex_value_t = unsafe { std::mem::zeroed() };
+    ccv.cf = cf;
+    ccv.value = &mut src;
+    ccv.complex_value = cv;
+    // SAFETY: `ccv` is fully set up as nginx expects.
+    if unsafe { ngx_http_compile_complex_value(&mut ccv) } != NGX_OK as isize {
+        return None;
+    }
+    Some(cv)
 }
 
 /// Sizes and times as nginx reads them everywhere.
@@ -104,23 +126,9 @@ pub extern "C" fn cmd_zone(
         }
     }
 
-    // SAFETY: `cf->pool` is the configuration pool, alive as long as the cycle.
-    let pool = unsafe { Pool::from_ngx_pool((*cf).pool) };
-    let key = pool.calloc_type::<ngx_http_complex_value_t>();
-    if key.is_null() {
+    let Some(key) = compile(cf, args[1]) else {
         return NGX_CONF_ERROR;
-    }
-    let mut key_src = args[1];
-    // SAFETY: a zeroed compile context is how nginx modules start one; the
-    // pointers set below outlive the call.
-    let mut ccv: ngx_http_compile_complex_value_t = unsafe { std::mem::zeroed() };
-    ccv.cf = cf;
-    ccv.value = &mut key_src;
-    ccv.complex_value = key;
-    // SAFETY: `ccv` is fully set up as nginx expects.
-    if unsafe { ngx_http_compile_complex_value(&mut ccv) } != NGX_OK as isize {
-        return NGX_CONF_ERROR;
-    }
+    };
 
     // SAFETY: copies the name into the configuration pool, which outlives
     // the shared memory zone's use of it.
@@ -171,7 +179,7 @@ pub extern "C" fn cmd_zone(
     NGX_CONF_OK
 }
 
-/// `redis_ratelimit zone rate` or `redis_ratelimit off`
+/// `redis_ratelimit zone rate [cost=N|$var]` or `redis_ratelimit off`
 pub extern "C" fn cmd_limit(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -210,6 +218,35 @@ pub extern "C" fn cmd_limit(
         Ok(r) => r,
         Err(e) => return refuse(cf, D, format!("invalid rate \"{}\": {e}", show(&args[2]))),
     };
+    let cost = match args.get(3) {
+        None => Cost::Fixed(1),
+        Some(a) => {
+            let Some(v) = a.as_bytes().strip_prefix(b"cost=") else {
+                return refuse(cf, D, format!("invalid parameter \"{}\"", show(a)));
+            };
+            if v.first() == Some(&b'$') {
+                let src = ngx_str_t { len: v.len(), data: v.as_ptr().cast_mut() };
+                let Some(cv) = compile(cf, src) else {
+                    return NGX_CONF_ERROR;
+                };
+                Cost::Var(cv)
+            } else {
+                match parse_cost(v) {
+                    Some(c) => Cost::Fixed(c),
+                    None => {
+                        return refuse(
+                            cf,
+                            D,
+                            format!(
+                                "invalid cost \"{}\": 0 to {MAX_COST} or a variable expected",
+                                show(a)
+                            ),
+                        )
+                    }
+                }
+            }
+        }
+    };
     let Some(mcf) = main_conf(cf) else {
         return NGX_CONF_ERROR;
     };
@@ -229,9 +266,9 @@ pub extern "C" fn cmd_limit(
             mcf.zones.len() - 1
         }
     };
-    let limit = Limit { zone, rate };
+    let limit = Limit { zone, rate, cost };
     let limits = lcf.limits.get_or_insert_with(Vec::new);
-    if limits.contains(&limit) {
+    if limits.iter().any(|l| l.zone == zone && l.rate == rate) {
         return refuse(cf, D, format!("duplicate limit \"{} {}\"", show(&args[1]), rate));
     }
     limits.push(limit);

@@ -8,15 +8,16 @@ use std::fmt::Write;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_http_complex_value, ngx_http_request_t, ngx_int_t, ngx_log_t, ngx_pool_cleanup_add,
-    ngx_str_t, ngx_uint_t, NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+    ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_request_t, ngx_int_t, ngx_log_t,
+    ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t, NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR,
+    NGX_LOG_ERR, NGX_OK,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 use ratelimit_core::window::seconds_until;
 use smallvec::SmallVec;
 
-use super::conf::{Limit, LocConf, MainConf};
+use super::conf::{parse_cost, Cost, Limit, LocConf, MainConf, MAX_COST};
 use super::module::Module;
 use super::time::now_ms;
 use crate::engine::{self, Ask, Decision, Take};
@@ -126,10 +127,17 @@ fn limit(
         if key.is_empty() {
             return Ok(NGX_DECLINED as ngx_int_t);
         }
-        let ask =
-            Ask { zone: l.zone, namespace: mcf.zones[l.zone].name.as_bytes(), key, rate: l.rate };
+        let cost = cost(r, mcf, l)?;
+        let ask = Ask {
+            zone: l.zone,
+            namespace: mcf.zones[l.zone].name.as_bytes(),
+            key,
+            rate: l.rate,
+            cost,
+        };
         let now = now_ms();
-        let decision = engine::decide(mcf, &[ask], now, Take::IfAllowed, log(r)).map_err(|_| ())?;
+        let decision =
+            engine::decide(mcf, &[ask], now, Take::IfAllowed, debug_log(r)).map_err(|_| ())?;
         return finish(r, mcf, lcf, now, limits, &decision);
     }
     let mut keys: SmallVec<[(usize, &[u8]); INLINE]> = SmallVec::new();
@@ -152,6 +160,7 @@ fn limit(
             namespace: mcf.zones[l.zone].name.as_bytes(),
             key,
             rate: l.rate,
+            cost: cost(r, mcf, l)?,
         });
         applied.push(*l);
     }
@@ -159,18 +168,73 @@ fn limit(
         return Ok(NGX_DECLINED as ngx_int_t);
     }
     let now = now_ms();
-    let decision = engine::decide(mcf, &asks, now, Take::IfAllowed, log(r)).map_err(|_| ())?;
+    let decision =
+        engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r)).map_err(|_| ())?;
     finish(r, mcf, lcf, now, &applied, &decision)
 }
 
-/// The request's log (its connection's) for the engine's debug lines; none
-/// (and no cost) in a module for nginx without `--with-debug`.
-fn log(r: &ngx_http_request_t) -> *mut ngx_log_t {
+/// The request's log (its connection's).
+fn request_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
+    // SAFETY: a request being processed has its connection.
+    unsafe { (*r.connection).log }
+}
+
+/// The request's log for the engine's debug lines; none (and no cost) in a
+/// module for nginx without `--with-debug`.
+fn debug_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
     if !ngx::log::DEBUG {
         return std::ptr::null_mut();
     }
-    // SAFETY: a request being processed has its connection.
-    unsafe { (*r.connection).log }
+    request_log(r)
+}
+
+/// What the request weighs under `l`: its `cost=`, a variable evaluated
+/// now. Empty counts as 1; a value that is not a cost (0 to 1000000) counts
+/// as 1 and is logged (at most once a second per zone, all workers
+/// together).
+#[inline]
+fn cost(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Result<u32, ()> {
+    match l.cost {
+        Cost::Fixed(c) => Ok(c),
+        Cost::Var(cv) => cost_of(r, mcf, l, cv),
+    }
+}
+
+/// `cost` from a variable (out of line: a fixed cost stays cheap).
+#[inline(never)]
+fn cost_of(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    l: &Limit,
+    cv: *mut ngx_http_complex_value_t,
+) -> Result<u32, ()> {
+    let mut value = ngx_str_t::empty();
+    // SAFETY: the complex value was compiled at configuration time for this
+    // cycle; the result lives in the request pool.
+    if unsafe { ngx_http_complex_value(r, cv, &mut value) } != NGX_OK as ngx_int_t {
+        return Err(());
+    }
+    let bytes = value.as_bytes();
+    if bytes.is_empty() {
+        return Ok(1); // not given: the usual weight
+    }
+    if let Some(c) = parse_cost(bytes) {
+        return Ok(c);
+    }
+    let zone = &mcf.zones[l.zone];
+    let claimed =
+        zone.shared.as_ref().is_some_and(|s| s.lock().table.claim_log(true, now_ms() / 1000));
+    if claimed {
+        ngx_log_error!(
+            NGX_LOG_ERR,
+            request_log(r),
+            "redis_ratelimit: zone \"{}\": cost \"{}\" is not 0 to {}, counted as 1",
+            zone.name,
+            String::from_utf8_lossy(&bytes[..bytes.len().min(64)]),
+            MAX_COST
+        );
+    }
+    Ok(1)
 }
 
 /// The zone's key for this request (empty: not limited). The bytes live in
@@ -216,11 +280,9 @@ fn finish(
     if rejected {
         let zone = &mcf.zones[tightest.zone];
         let level = lcf.log_level;
-        // SAFETY: the request's connection and its log are valid.
-        let log = unsafe { (*r.connection).log };
         ngx_log_error!(
             level as ngx_uint_t,
-            log,
+            request_log(r),
             "limiting requests{}, estimate: {:.3} of {} by zone \"{}\"",
             if dry_run { ", dry run" } else { "" },
             said.check.estimate.value(),

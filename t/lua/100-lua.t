@@ -237,3 +237,37 @@ GET /t
 false false true :1 false 1
 --- no_error_log
 [error]
+
+
+
+=== TEST 8: cost: is_rate_limited(key, 3) consumes 3, a request that does not fit is refused uncounted, measure(key, cost), bad costs are errors
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 55;
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        content_by_lua_block {
+            local lim = require("resty.redis_ratelimit").new("cost", "10r/m", { zone = "local" })
+            local out = {}
+            for i = 1, 4 do
+                local limited = lim:is_rate_limited("k", 3)
+                out[#out + 1] = tostring(limited)
+            end
+            local limited = lim:is_rate_limited("k", 0)
+            out[#out + 1] = "zero:" .. tostring(limited)
+            out[#out + 1] = "one:" .. tostring((lim:is_rate_limited("k", 1)))
+            out[#out + 1] = "full:" .. tostring((lim:is_rate_limited("k", 1)))
+            out[#out + 1] = "measure:" .. tostring(lim:measure("m", 5))
+            local ok, err = lim:is_rate_limited("k", -1)
+            out[#out + 1] = tostring(ok) .. " " .. tostring(err)
+            ok, err = lim:is_rate_limited("k", 1.5)
+            out[#out + 1] = tostring(ok) .. " " .. tostring(err)
+            ngx.say(table.concat(out, ","))
+        }
+    }
+--- request
+GET /t
+--- response_body_like
+^false,false,false,true,zero:false,one:false,full:true,measure:5(\.0+)?,nil cost must be an integer from 0 to 1000000,nil cost must be an integer from 0 to 1000000$
+--- no_error_log
+[error]
