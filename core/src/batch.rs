@@ -114,23 +114,12 @@ impl Batch {
         true
     }
 
-    /// Adds one increment; false if it had to be dropped. The key's tag is
-    /// made (and a long key digested) only when the item is new.
+    /// Adds `n` increments of a key (a request that weighs `n`) for the
+    /// tightest limit `limit`, coalesced with what is pending for the item;
+    /// false if they had to be dropped. The key's tag is made (and a long key
+    /// digested) only when the item is new.
     #[inline]
     pub fn add(
-        &mut self,
-        id: ItemId,
-        namespace: &[u8],
-        key: &[u8],
-        period: u32,
-        limit: u32,
-    ) -> bool {
-        self.add_n(id, namespace, key, period, limit, 1)
-    }
-
-    /// `add` of `n` increments at once (a request that weighs `n`).
-    #[inline]
-    pub fn add_n(
         &mut self,
         id: ItemId,
         namespace: &[u8],
@@ -174,10 +163,10 @@ mod tests {
     fn coalesces_per_key_and_window() {
         let mut b = Batch::new(10, 1 << 20);
         for _ in 0..1000 {
-            assert!(b.add(id(0, 1, 5), b"z", b"hot", 1, 100));
+            assert!(b.add(id(0, 1, 5), b"z", b"hot", 1, 100, 1));
         }
-        assert!(b.add(id(0, 1, 6), b"z", b"hot", 1, 100));
-        assert!(b.add(id(1, 1, 5), b"z", b"hot", 1, 50));
+        assert!(b.add(id(0, 1, 6), b"z", b"hot", 1, 100, 1));
+        assert!(b.add(id(1, 1, 5), b"z", b"hot", 1, 50, 1));
         assert_eq!(b.len(), 3);
         let mut items = b.drain().0;
         items.sort_by_key(|(i, _)| (i.zone, i.window));
@@ -191,22 +180,22 @@ mod tests {
     #[test]
     fn keeps_the_tightest_limit() {
         let mut b = Batch::new(10, 1 << 20);
-        b.add(id(0, 1, 5), b"z", b"k", 60, 100);
-        b.add(id(0, 1, 5), b"z", b"k", 60, 10);
-        b.add(id(0, 1, 5), b"z", b"k", 60, 50);
+        b.add(id(0, 1, 5), b"z", b"k", 60, 100, 1);
+        b.add(id(0, 1, 5), b"z", b"k", 60, 10, 1);
+        b.add(id(0, 1, 5), b"z", b"k", 60, 50, 1);
         assert_eq!(b.drain().0[0].1.limit, 10);
     }
 
     #[test]
     fn drops_new_items_when_full_but_still_coalesces() {
         let mut b = Batch::new(2, 1 << 20);
-        assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1));
-        assert!(b.add(id(0, 2, 0), b"z", b"b", 1, 1));
-        assert!(!b.add(id(0, 3, 0), b"z", b"c", 1, 1));
-        assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1));
+        assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1, 1));
+        assert!(b.add(id(0, 2, 0), b"z", b"b", 1, 1, 1));
+        assert!(!b.add(id(0, 3, 0), b"z", b"c", 1, 1, 1));
+        assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1, 1));
         assert_eq!(b.dropped, 1);
         assert_eq!(b.drain().0.len(), 2);
-        assert!(b.add(id(0, 3, 0), b"z", b"c", 1, 1));
+        assert!(b.add(id(0, 3, 0), b"z", b"c", 1, 1, 1));
     }
 
     #[test]
@@ -218,7 +207,7 @@ mod tests {
         for n in 0..5000u64 {
             let mut key = vec![b'k'; 7000];
             key.extend_from_slice(&n.to_le_bytes());
-            if b.add(id(0, n, 0), b"z", &key, 60, 10) {
+            if b.add(id(0, n, 0), b"z", &key, 60, 10, 1) {
                 kept += 1;
             }
         }
@@ -233,8 +222,8 @@ mod tests {
     fn deletes_drop_pending_increments_of_their_key() {
         let mut b = Batch::new(4, 1 << 20);
         assert!(b.is_empty());
-        assert!(b.add(id(0, 9, 7), b"ns", b"k", 60, 5));
-        assert!(b.add(id(0, 8, 7), b"ns", b"other", 60, 5));
+        assert!(b.add(id(0, 9, 7), b"ns", b"k", 60, 5, 1));
+        assert!(b.add(id(0, 8, 7), b"ns", b"other", 60, 5, 1));
         let d =
             Delete { zone: 0, entry: [9, 0], tag: redis_tag(b"ns", b"k"), period: 60, window: 7 };
         assert!(b.delete(d.clone()));

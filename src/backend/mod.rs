@@ -94,7 +94,7 @@ impl Channel {
     pub fn push(&self, id: ItemId, inc: Increment<'_>, urgent: bool) -> bool {
         let mut b = self.batch.lock();
         let was_empty = b.is_empty();
-        let ok = b.add_n(id, inc.namespace, inc.key, inc.period, inc.limit, inc.n);
+        let ok = b.add(id, inc.namespace, inc.key, inc.period, inc.limit, inc.n);
         if !ok {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
