@@ -129,13 +129,11 @@ static mut COMMANDS: [ngx_command_t; 7] = [
         directives::cmd_log_level,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
-    slot(
+    command(
         c"redis_ratelimit_headers",
-        ANY_LEVEL | NGX_CONF_FLAG,
-        ngx_conf_set_flag_slot,
+        ANY_LEVEL | NGX_CONF_TAKE1,
+        directives::cmd_headers,
         NGX_HTTP_LOC_CONF_OFFSET,
-        offset_of!(LocConf, headers),
-        ptr::null_mut(),
     ),
     ngx_command_t::empty(),
 ];

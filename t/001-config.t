@@ -318,7 +318,7 @@ invalid value "maybe" in "redis_ratelimit_dry_run" directive, it must be "on" or
     redis_ratelimit_headers yes;
 --- must_die
 --- error_log
-invalid value "yes" in "redis_ratelimit_headers" directive, it must be "on" or "off"
+redis_ratelimit_headers: invalid value "yes": on, off or legacy expected
 
 
 
@@ -415,3 +415,13 @@ redis_ratelimit: invalid cost "cost=1000001"
 --- must_die
 --- error_log
 redis_ratelimit: invalid parameter "weight=2"
+
+
+
+=== TEST 38: headers repeated at one level
+--- config
+    redis_ratelimit_headers on;
+    redis_ratelimit_headers legacy;
+--- must_die
+--- error_log
+redis_ratelimit_headers: is duplicate

@@ -383,3 +383,28 @@ GET /cv?k=bad&c=abc
 --- error_code: 200
 --- error_log
 redis_ratelimit: zone "z": cost "abc" is not 0 to 1000000, counted as 1
+
+
+
+=== TEST 18: redis_ratelimit_headers legacy: X-RateLimit-Limit, -Remaining and -Reset of the tightest limit, not the draft's headers
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 55;
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t {
+        redis_ratelimit z 3r/m;
+        redis_ratelimit z 100r/h;
+        redis_ratelimit_headers legacy;
+    }
+--- user_files
+>>> t
+ok
+--- request eval
+[("GET /t?k=legacy") x 4]
+--- error_code eval
+[200, 200, 200, 429]
+--- response_headers eval
+[("X-RateLimit-Limit: 3\n!RateLimit\n!RateLimit-Policy") x 4]
+--- response_headers_like eval
+["X-RateLimit-Remaining: 2\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$", "X-RateLimit-Remaining: 1\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$", "X-RateLimit-Remaining: 0\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$", "X-RateLimit-Remaining: 0\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$"]

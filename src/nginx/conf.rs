@@ -78,8 +78,8 @@ pub struct LocConf {
     pub dry_run: ngx_flag_t,
     /// `redis_ratelimit_log_level`.
     pub log_level: ngx_uint_t,
-    /// `redis_ratelimit_headers` (1 on, 0 off).
-    pub headers: ngx_flag_t,
+    /// `redis_ratelimit_headers`: `HEADERS_OFF`, `_ON` or `_LEGACY`.
+    pub headers: ngx_uint_t,
 }
 
 const UNSET: isize = NGX_CONF_UNSET as isize;
@@ -94,10 +94,17 @@ impl Default for LocConf {
             status: UNSET,
             dry_run: UNSET,
             log_level: UNSET_UINT,
-            headers: UNSET,
+            headers: UNSET_UINT,
         }
     }
 }
+
+/// `redis_ratelimit_headers off`: no rate limit headers.
+pub const HEADERS_OFF: ngx_uint_t = 0;
+/// `on`: the IETF draft's `RateLimit-Policy` and `RateLimit`.
+pub const HEADERS_ON: ngx_uint_t = 1;
+/// `legacy`: `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+pub const HEADERS_LEGACY: ngx_uint_t = 2;
 
 /// nginx's `ngx_conf_merge_value`: unset here takes the outer level's
 /// value, or the default.
@@ -115,7 +122,7 @@ impl Merge for LocConf {
         merge(&mut self.status, prev.status, UNSET, 429);
         merge(&mut self.dry_run, prev.dry_run, UNSET, 0);
         merge(&mut self.log_level, prev.log_level, UNSET_UINT, NGX_LOG_ERR as ngx_uint_t);
-        merge(&mut self.headers, prev.headers, UNSET, 0);
+        merge(&mut self.headers, prev.headers, UNSET_UINT, HEADERS_OFF);
         Ok(())
     }
 }

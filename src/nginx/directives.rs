@@ -18,7 +18,10 @@ use ngx::ngx_conf_log_error;
 use ratelimit_core::params;
 use ratelimit_core::rate::Rate;
 
-use super::conf::{parse_cost, Cost, Limit, LocConf, MainConf, ZoneConf, MAX_COST, UNSET_UINT};
+use super::conf::{
+    parse_cost, Cost, Limit, LocConf, MainConf, ZoneConf, HEADERS_LEGACY, HEADERS_OFF, HEADERS_ON,
+    MAX_COST, UNSET_UINT,
+};
 use super::module::Module;
 use super::zone;
 
@@ -310,39 +313,61 @@ pub unsafe extern "C" fn check_status(
     refuse(cf, "redis_ratelimit_status", format!("invalid status \"{code}\": 400 to 599 expected"))
 }
 
-/// `redis_ratelimit_log_level info|notice|warn|error`. Not nginx's enum slot:
-/// its error ("invalid value") does not name the directive.
+/// A directive whose one argument is one word of `choices`, stored once
+/// per level. Not nginx's enum slot: its error ("invalid value") does not
+/// name the directive.
+fn one_of(
+    cf: *mut ngx_conf_t,
+    directive: &str,
+    what: &str,
+    slot: &mut ngx_uint_t,
+    choices: &[(&str, ngx_uint_t)],
+) -> *mut c_char {
+    // SAFETY: see `args`.
+    let args = unsafe { args(cf) };
+    if *slot != UNSET_UINT {
+        return refuse(cf, directive, "is duplicate");
+    }
+    if let Some(&(_, v)) = choices.iter().find(|(w, _)| w.as_bytes() == args[1].as_bytes()) {
+        *slot = v;
+        return NGX_CONF_OK;
+    }
+    let words: Vec<&str> = choices.iter().map(|(w, _)| *w).collect();
+    let expected = match words.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    refuse(cf, directive, format!("invalid {what} \"{}\": {expected} expected", show(&args[1])))
+}
+
+/// `redis_ratelimit_log_level info|notice|warn|error`
 pub extern "C" fn cmd_log_level(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    const D: &str = "redis_ratelimit_log_level";
     // SAFETY: `conf` is this module's configuration at the current level.
     let lcf = unsafe { &mut *conf.cast::<LocConf>() };
-    // SAFETY: see `args`.
-    let args = unsafe { args(cf) };
-    if lcf.log_level != UNSET_UINT {
-        return refuse(cf, D, "is duplicate");
-    }
-    let level = match args[1].as_bytes() {
-        b"info" => NGX_LOG_INFO,
-        b"notice" => NGX_LOG_NOTICE,
-        b"warn" => NGX_LOG_WARN,
-        b"error" => NGX_LOG_ERR,
-        _ => {
-            return refuse(
-                cf,
-                D,
-                format!(
-                    "invalid level \"{}\": info, notice, warn or error expected",
-                    show(&args[1])
-                ),
-            )
-        }
-    };
-    lcf.log_level = level as ngx_uint_t;
-    NGX_CONF_OK
+    let levels = [
+        ("info", NGX_LOG_INFO as ngx_uint_t),
+        ("notice", NGX_LOG_NOTICE as ngx_uint_t),
+        ("warn", NGX_LOG_WARN as ngx_uint_t),
+        ("error", NGX_LOG_ERR as ngx_uint_t),
+    ];
+    one_of(cf, "redis_ratelimit_log_level", "level", &mut lcf.log_level, &levels)
+}
+
+/// `redis_ratelimit_headers on|off|legacy`
+pub extern "C" fn cmd_headers(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: `conf` is this module's configuration at the current level.
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    let modes = [("on", HEADERS_ON), ("off", HEADERS_OFF), ("legacy", HEADERS_LEGACY)];
+    one_of(cf, "redis_ratelimit_headers", "value", &mut lcf.headers, &modes)
 }
 
 /// nginx's `init` callback for a zone's shared memory: maps the counter

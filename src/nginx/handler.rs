@@ -17,7 +17,9 @@ use ngx::ngx_log_error;
 use ratelimit_core::window::seconds_until;
 use smallvec::SmallVec;
 
-use super::conf::{parse_cost, Cost, Limit, LocConf, MainConf, MAX_COST};
+use super::conf::{
+    parse_cost, Cost, Limit, LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF, MAX_COST,
+};
 use super::module::Module;
 use super::time::now_ms;
 use crate::engine::{self, Ask, Decision, Take};
@@ -297,26 +299,35 @@ fn finish(
 
     // SAFETY: the request is valid; `Request` is a transparent wrapper.
     let req = unsafe { Request::from_ngx_http_request(r) };
-    if lcf.headers == 1 {
-        let mut policy = String::new();
-        for (i, l) in limits.iter().enumerate() {
-            if i > 0 {
-                policy.push_str(", ");
-            }
-            let _ = write!(
-                policy,
-                "\"{}\";q={};w={}",
-                mcf.zones[l.zone].name, l.rate.limit, l.rate.period
-            );
-        }
+    if lcf.headers != HEADERS_OFF {
+        // seconds until the tightest limit lets a request through again
+        // (rejected) or until its window resets
         let reset = if rejected {
             seconds_until(now, retry_at)
         } else {
             seconds_until(now, said.check.window_start_ms + tightest.rate.period_ms())
         };
-        let state = format!("\"{}\";r={};t={}", mcf.zones[tightest.zone].name, remaining, reset);
-        req.add_header_out("RateLimit-Policy", &policy).ok_or(())?;
-        req.add_header_out("RateLimit", &state).ok_or(())?;
+        if lcf.headers == HEADERS_LEGACY {
+            req.add_header_out("X-RateLimit-Limit", &tightest.rate.limit.to_string()).ok_or(())?;
+            req.add_header_out("X-RateLimit-Remaining", &remaining.to_string()).ok_or(())?;
+            req.add_header_out("X-RateLimit-Reset", &reset.to_string()).ok_or(())?;
+        } else {
+            let mut policy = String::new();
+            for (i, l) in limits.iter().enumerate() {
+                if i > 0 {
+                    policy.push_str(", ");
+                }
+                let _ = write!(
+                    policy,
+                    "\"{}\";q={};w={}",
+                    mcf.zones[l.zone].name, l.rate.limit, l.rate.period
+                );
+            }
+            let state =
+                format!("\"{}\";r={};t={}", mcf.zones[tightest.zone].name, remaining, reset);
+            req.add_header_out("RateLimit-Policy", &policy).ok_or(())?;
+            req.add_header_out("RateLimit", &state).ok_or(())?;
+        }
     }
 
     if rejected && !dry_run {
