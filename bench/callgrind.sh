@@ -3,7 +3,8 @@
 # unlike req/s on a shared VM): nginx in one process serves N keep-alive
 # requests to one location, and the same with 200 requests; the difference
 # divided by (N - 200) is the cost of one request. Locations: a static file
-# (baseline), the same behind limit_req, and behind an embedded zone.
+# (baseline), the same behind limit_req, behind an embedded zone, and
+# behind the same zone with its rate from a map (tiers).
 #
 #   bash bench/callgrind.sh [N]        (needs valgrind; about a minute)
 set -euo pipefail
@@ -42,6 +43,11 @@ http {
     }
 }
 CONF
+# the same, plus a rate from a map (tiers): its own file, because every
+# variable a configuration defines costs every request a little
+sed -e 's|^    server {|    map $arg_plan $tier_rate { default 1000000000r/s; }\n    server {|' \
+    -e 's|^    }$|        location = /embedded-map { root html; try_files /b =404; redis_ratelimit e $tier_rate; }\n    }|' \
+    "$work/conf/nginx.conf" > "$work/conf/map.conf"
 cat > "$work/load.py" <<'PY'
 import socket, sys
 port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -58,9 +64,9 @@ for _ in range(n):
     buf = buf[buf.index(b"\r\n\r\nok\n") + 7:]
 s.close()
 PY
-run() { # location requests -> instructions
+run() { # location requests [conf] -> instructions
     valgrind --tool=callgrind --callgrind-out-file="$work/out" build/sbin/nginx \
-        -p "$work/" -c conf/nginx.conf > "$work/vg.log" 2>&1 &
+        -p "$work/" -c "conf/${3:-nginx.conf}" > "$work/vg.log" 2>&1 &
     nginx_pid=$!
     for _ in $(seq 150); do
         (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
@@ -73,10 +79,19 @@ run() { # location requests -> instructions
 echo "| location | instructions per request | beyond the baseline |"
 echo "|---|---:|---:|"
 base=
+per_request() { # location [conf]
+    local small total
+    small=$(run "$1" 200 "${2:-}")
+    total=$(run "$1" "$n" "${2:-}")
+    echo $(( (total - small) / (n - 200) ))
+}
 for loc in base limit_req embedded; do
-    small=$(run "/$loc" 200)
-    total=$(run "/$loc" "$n")
-    per=$(( (total - small) / (n - 200) ))
+    per=$(per_request "/$loc")
     [ -n "$base" ] || base=$per
     echo "| /$loc | $per | $(( per - base )) |"
 done
+fixed=$(per_request /embedded map.conf)
+mapped=$(per_request /embedded-map map.conf)
+echo
+echo "rate from a map (map.conf: the same plus one map): /embedded $fixed, /embedded-map $mapped" \
+     "instructions per request ($(( mapped - fixed )) more, $(( (mapped - fixed) * 1000 / fixed )) per mille)"

@@ -28,6 +28,7 @@ __DATA__
         redis_ratelimit local 10r/s;
         redis_ratelimit local 100r/m cost=$arg_cost;
         redis_ratelimit local 1000r/h cost=0;
+        redis_ratelimit local $arg_rate;
         redis_ratelimit_status 429;
         redis_ratelimit_dry_run on;
         redis_ratelimit_log_level notice;

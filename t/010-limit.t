@@ -382,7 +382,7 @@ ok
 GET /cv?k=bad&c=abc
 --- error_code: 200
 --- error_log
-redis_ratelimit: zone "z": cost "abc" is not 0 to 1000000, counted as 1
+redis_ratelimit: zone "z": cost "abc" is not valid, counted as 1
 
 
 
@@ -408,3 +408,67 @@ ok
 [("X-RateLimit-Limit: 3\n!RateLimit\n!RateLimit-Policy") x 4]
 --- response_headers_like eval
 ["X-RateLimit-Remaining: 2\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$", "X-RateLimit-Remaining: 1\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$", "X-RateLimit-Remaining: 0\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$", "X-RateLimit-Remaining: 0\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$"]
+
+
+
+=== TEST 19: tiers: the rate from a map, per request; an empty rate does not apply; tiers of one period share the key's count
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 55;
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+    map $arg_plan $plan_rate {
+        gold      4r/m;
+        free      2r/m;
+        internal  "";
+        default   1r/m;
+    }
+--- config
+    location = /t { redis_ratelimit z $plan_rate; }
+--- user_files
+>>> t
+ok
+--- request eval
+[("GET /t?k=g&plan=gold") x 5,
+ ("GET /t?k=f&plan=free") x 3,
+ ("GET /t?k=i&plan=internal") x 5,
+ # one key, first free (2 of 2), then gold: the same count, 2 more of 4
+ ("GET /t?k=s&plan=free") x 3, ("GET /t?k=s&plan=gold") x 3]
+--- error_code eval
+[200, 200, 200, 200, 429,
+ 200, 200, 429,
+ 200, 200, 200, 200, 200,
+ 200, 200, 429, 200, 200, 429]
+
+
+
+=== TEST 20: a rate variable whose value is not a rate: the line does not apply, and it is logged
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+    map $arg_plan $plan_rate { default ten; }
+--- config
+    location = /t { redis_ratelimit z $plan_rate; redis_ratelimit z 1r/m; }
+--- user_files
+>>> t
+ok
+--- request
+GET /t?k=badrate
+--- error_code: 200
+--- error_log
+redis_ratelimit: zone "z": rate "ten" is not valid, does not apply
+
+
+
+=== TEST 21: a rate written around a variable (${arg_n}r/m), evaluated per request
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 55;
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z ${arg_n}r/m; }
+--- user_files
+>>> t
+ok
+--- request eval
+[("GET /t?k=text&n=2") x 3, "GET /t?k=other&n=3", "GET /t?k=other&n=3", "GET /t?k=other&n=3", "GET /t?k=other&n=3"]
+--- error_code eval
+[200, 200, 429, 200, 200, 200, 429]

@@ -41,9 +41,20 @@ pub struct MainConf {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limit {
     pub zone: usize,
-    pub rate: Rate,
+    pub rate: RateSpec,
     /// `cost=`: what a request weighs under this limit.
     pub cost: Cost,
+}
+
+/// A limit's rate: written out (`10r/s`), or text with variables evaluated
+/// per request (`$plan_rate`, from a `map`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RateSpec {
+    Fixed(Rate),
+    /// One variable (`$plan_rate`): read by its index, no copy.
+    Index(ngx_uint_t),
+    /// Text with variables (`${n}r/m`).
+    Var(*mut ngx_http_complex_value_t),
 }
 
 /// The most a request may weigh (`cost=`).

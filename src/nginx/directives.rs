@@ -8,9 +8,9 @@ use std::ptr;
 
 use nginx_sys::{
     ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
-    ngx_http_complex_value_t, ngx_int_t, ngx_pagesize, ngx_parse_size, ngx_parse_time,
-    ngx_shared_memory_add, ngx_shm_zone_t, ngx_str_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR,
-    NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
+    ngx_http_complex_value_t, ngx_http_get_variable_index, ngx_int_t, ngx_pagesize, ngx_parse_size,
+    ngx_parse_time, ngx_shared_memory_add, ngx_shm_zone_t, ngx_str_t, ngx_uint_t, NGX_LOG_EMERG,
+    NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
 };
 use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::http::HttpModuleMainConf;
@@ -19,8 +19,8 @@ use ratelimit_core::params;
 use ratelimit_core::rate::Rate;
 
 use super::conf::{
-    parse_cost, Cost, Limit, LocConf, MainConf, ZoneConf, HEADERS_LEGACY, HEADERS_OFF, HEADERS_ON,
-    MAX_COST, UNSET_UINT,
+    parse_cost, Cost, Limit, LocConf, MainConf, RateSpec, ZoneConf, HEADERS_LEGACY, HEADERS_OFF,
+    HEADERS_ON, MAX_COST, UNSET_UINT,
 };
 use super::module::Module;
 use super::zone;
@@ -62,6 +62,11 @@ fn main_conf(cf: *mut ngx_conf_t) -> Option<&'static mut MainConf> {
     // SAFETY: called from directive handlers inside the http block, where the
     // module's main configuration exists.
     Module::main_conf_mut(unsafe { &*cf })
+}
+
+/// A variable's name as nginx reads it after `$`: letters, digits, `_`.
+fn is_name(n: &[u8]) -> bool {
+    !n.is_empty() && n.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
 }
 
 /// Compiles text with variables (`$binary_remote_addr`, `$arg_cost`) into
@@ -182,7 +187,7 @@ pub extern "C" fn cmd_zone(
     NGX_CONF_OK
 }
 
-/// `redis_ratelimit zone rate [cost=N|$var]` or `redis_ratelimit off`
+/// `redis_ratelimit zone rate|$var [cost=N|$var]` or `redis_ratelimit off`
 pub extern "C" fn cmd_limit(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -217,9 +222,26 @@ pub extern "C" fn cmd_limit(
         return refuse(cf, D, "\"off\" cannot be combined with limits at the same level");
     }
 
-    let rate = match Rate::parse(args[2].as_bytes()) {
-        Ok(r) => r,
-        Err(e) => return refuse(cf, D, format!("invalid rate \"{}\": {e}", show(&args[2]))),
+    let text = args[2].as_bytes();
+    let rate = if let Some(name) = text.strip_prefix(b"$").filter(|n| is_name(n)) {
+        let mut name = ngx_str_t { len: name.len(), data: name.as_ptr().cast_mut() };
+        // SAFETY: `cf` is valid while the directive is read; nginx copies
+        // the name.
+        let index = unsafe { ngx_http_get_variable_index(cf, &mut name) };
+        match ngx_uint_t::try_from(index) {
+            Ok(i) => RateSpec::Index(i),
+            Err(_) => return NGX_CONF_ERROR,
+        }
+    } else if text.contains(&b'$') {
+        let Some(cv) = compile(cf, args[2]) else {
+            return NGX_CONF_ERROR;
+        };
+        RateSpec::Var(cv)
+    } else {
+        match Rate::parse(args[2].as_bytes()) {
+            Ok(r) => RateSpec::Fixed(r),
+            Err(e) => return refuse(cf, D, format!("invalid rate \"{}\": {e}", show(&args[2]))),
+        }
     };
     let cost = match args.get(3) {
         None => Cost::Fixed(1),
@@ -271,8 +293,9 @@ pub extern "C" fn cmd_limit(
     };
     let limit = Limit { zone, rate, cost };
     let limits = lcf.limits.get_or_insert_with(Vec::new);
-    if limits.iter().any(|l| l.zone == zone && l.rate == rate) {
-        return refuse(cf, D, format!("duplicate limit \"{} {}\"", show(&args[1]), rate));
+    if limits.iter().any(|l| l.zone == zone && l.rate == rate && matches!(rate, RateSpec::Fixed(_)))
+    {
+        return refuse(cf, D, format!("duplicate limit \"{} {}\"", show(&args[1]), show(&args[2])));
     }
     limits.push(limit);
     NGX_CONF_OK

@@ -8,17 +8,18 @@ use std::fmt::Write;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_request_t, ngx_int_t, ngx_log_t,
-    ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t, NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR,
-    NGX_LOG_ERR, NGX_OK,
+    ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_get_flushed_variable,
+    ngx_http_request_t, ngx_int_t, ngx_log_t, ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t,
+    NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_LOG_ERR, NGX_OK,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
+use ratelimit_core::rate::Rate;
 use ratelimit_core::window::seconds_until;
 use smallvec::SmallVec;
 
 use super::conf::{
-    parse_cost, Cost, Limit, LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF, MAX_COST,
+    parse_cost, Cost, Limit, LocConf, MainConf, RateSpec, HEADERS_LEGACY, HEADERS_OFF,
 };
 use super::module::Module;
 use super::time::now_ms;
@@ -125,27 +126,27 @@ fn limit(
 ) -> Result<ngx_int_t, ()> {
     if let [l] = limits {
         // one limit: no lists to build
+        let Some(rate) = rate(r, mcf, l)? else {
+            return Ok(NGX_DECLINED as ngx_int_t);
+        };
         let key = key(r, mcf, l.zone)?;
         if key.is_empty() {
             return Ok(NGX_DECLINED as ngx_int_t);
         }
         let cost = cost(r, mcf, l)?;
-        let ask = Ask {
-            zone: l.zone,
-            namespace: mcf.zones[l.zone].name.as_bytes(),
-            key,
-            rate: l.rate,
-            cost,
-        };
+        let ask =
+            Ask { zone: l.zone, namespace: mcf.zones[l.zone].name.as_bytes(), key, rate, cost };
         let now = now_ms();
         let decision =
             engine::decide(mcf, &[ask], now, Take::IfAllowed, debug_log(r)).map_err(|_| ())?;
-        return finish(r, mcf, lcf, now, limits, &decision);
+        return finish(r, mcf, lcf, now, &[ask], &decision);
     }
     let mut keys: SmallVec<[(usize, &[u8]); INLINE]> = SmallVec::new();
     let mut asks: SmallVec<[Ask<'_>; INLINE]> = SmallVec::new();
-    let mut applied: SmallVec<[Limit; INLINE]> = SmallVec::new();
     for l in limits {
+        let Some(rate) = rate(r, mcf, l)? else {
+            continue;
+        };
         let key = match keys.iter().find(|(z, _)| *z == l.zone) {
             Some((_, k)) => *k,
             None => {
@@ -161,10 +162,9 @@ fn limit(
             zone: l.zone,
             namespace: mcf.zones[l.zone].name.as_bytes(),
             key,
-            rate: l.rate,
+            rate,
             cost: cost(r, mcf, l)?,
         });
-        applied.push(*l);
     }
     if asks.is_empty() {
         return Ok(NGX_DECLINED as ngx_int_t);
@@ -172,7 +172,7 @@ fn limit(
     let now = now_ms();
     let decision =
         engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r)).map_err(|_| ())?;
-    finish(r, mcf, lcf, now, &applied, &decision)
+    finish(r, mcf, lcf, now, &asks, &decision)
 }
 
 /// The request's log (its connection's).
@@ -188,6 +188,104 @@ fn debug_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
         return std::ptr::null_mut();
     }
     request_log(r)
+}
+
+/// The rate of `l` for this request: written out, or its variables
+/// evaluated now. `None`: the line does not apply (an empty value or `off`,
+/// or a value that is not a rate, which is logged at most once a second per
+/// zone, all workers together).
+#[inline]
+fn rate(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Result<Option<Rate>, ()> {
+    match l.rate {
+        RateSpec::Fixed(rate) => Ok(Some(rate)),
+        RateSpec::Index(i) => rate_of(r, mcf, l, Source::Index(i)),
+        RateSpec::Var(cv) => rate_of(r, mcf, l, Source::Complex(cv)),
+    }
+}
+
+/// Where a per-request value comes from.
+enum Source {
+    Index(ngx_uint_t),
+    Complex(*mut ngx_http_complex_value_t),
+}
+
+/// `rate` from variables (out of line: a fixed rate stays cheap).
+#[inline(never)]
+fn rate_of(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    l: &Limit,
+    src: Source,
+) -> Result<Option<Rate>, ()> {
+    let bytes = match src {
+        Source::Index(i) => variable(r, i),
+        Source::Complex(cv) => eval(r, cv)?,
+    };
+    if bytes.is_empty() || bytes == b"off" {
+        return Ok(None);
+    }
+    if let Ok(rate) = Rate::parse(bytes) {
+        return Ok(Some(rate));
+    }
+    log_bad_value(r, mcf, l, "rate", bytes, "does not apply");
+    Ok(None)
+}
+
+/// An indexed variable's value for this request (empty when not found).
+fn variable<'r>(r: &mut ngx_http_request_t, index: ngx_uint_t) -> &'r [u8] {
+    // SAFETY: the index was obtained at configuration time for this cycle;
+    // the value lives as long as the request.
+    let v = unsafe { ngx_http_get_flushed_variable(r, index) };
+    // SAFETY: non-null values point at nginx's value for this request.
+    match unsafe { v.as_ref() } {
+        Some(v) if v.not_found() == 0 && v.len() > 0 && !v.data.is_null() => {
+            // SAFETY: `len` bytes at `data`, in the request's pool or static.
+            unsafe { std::slice::from_raw_parts(v.data, v.len() as usize) }
+        }
+        _ => &[],
+    }
+}
+
+/// A complex value evaluated for this request (in its pool).
+fn eval<'r>(r: &mut ngx_http_request_t, cv: *mut ngx_http_complex_value_t) -> Result<&'r [u8], ()> {
+    let mut value = ngx_str_t::empty();
+    // SAFETY: the complex value was compiled at configuration time for this
+    // cycle; the result lives in the request pool.
+    if unsafe { ngx_http_complex_value(r, cv, &mut value) } != NGX_OK as ngx_int_t {
+        return Err(());
+    }
+    if value.len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: non-empty, allocated in the request's pool, which outlives
+    // the phase handler that asks for it.
+    Ok(unsafe { std::slice::from_raw_parts(value.data, value.len) })
+}
+
+/// A value of a limit's variable that is not what it should be, logged at
+/// most once a second per zone (all workers together).
+fn log_bad_value(
+    r: &ngx_http_request_t,
+    mcf: &MainConf,
+    l: &Limit,
+    what: &str,
+    bytes: &[u8],
+    then: &str,
+) {
+    let zone = &mcf.zones[l.zone];
+    let claimed =
+        zone.shared.as_ref().is_some_and(|s| s.lock().table.claim_log(true, now_ms() / 1000));
+    if claimed {
+        ngx_log_error!(
+            NGX_LOG_ERR,
+            request_log(r),
+            "redis_ratelimit: zone \"{}\": {} \"{}\" is not valid, {}",
+            zone.name,
+            what,
+            String::from_utf8_lossy(&bytes[..bytes.len().min(64)]),
+            then
+        );
+    }
 }
 
 /// What the request weighs under `l`: its `cost=`, a variable evaluated
@@ -210,32 +308,14 @@ fn cost_of(
     l: &Limit,
     cv: *mut ngx_http_complex_value_t,
 ) -> Result<u32, ()> {
-    let mut value = ngx_str_t::empty();
-    // SAFETY: the complex value was compiled at configuration time for this
-    // cycle; the result lives in the request pool.
-    if unsafe { ngx_http_complex_value(r, cv, &mut value) } != NGX_OK as ngx_int_t {
-        return Err(());
-    }
-    let bytes = value.as_bytes();
+    let bytes = eval(r, cv)?;
     if bytes.is_empty() {
         return Ok(1); // not given: the usual weight
     }
     if let Some(c) = parse_cost(bytes) {
         return Ok(c);
     }
-    let zone = &mcf.zones[l.zone];
-    let claimed =
-        zone.shared.as_ref().is_some_and(|s| s.lock().table.claim_log(true, now_ms() / 1000));
-    if claimed {
-        ngx_log_error!(
-            NGX_LOG_ERR,
-            request_log(r),
-            "redis_ratelimit: zone \"{}\": cost \"{}\" is not 0 to {}, counted as 1",
-            zone.name,
-            String::from_utf8_lossy(&bytes[..bytes.len().min(64)]),
-            MAX_COST
-        );
-    }
+    log_bad_value(r, mcf, l, "cost", bytes, "counted as 1");
     Ok(1)
 }
 
@@ -243,18 +323,7 @@ fn cost_of(
 /// the request's pool.
 fn key<'r>(r: &mut ngx_http_request_t, mcf: &MainConf, zone: usize) -> Result<&'r [u8], ()> {
     let zone = mcf.zones.get(zone).ok_or(())?;
-    let mut value = ngx_str_t::empty();
-    // SAFETY: the complex value was compiled at configuration time for this
-    // cycle; the result lives in the request pool.
-    if unsafe { ngx_http_complex_value(r, zone.key, &mut value) } != NGX_OK as ngx_int_t {
-        return Err(());
-    }
-    if value.len == 0 {
-        return Ok(&[]);
-    }
-    // SAFETY: non-empty, allocated in the request's pool, which outlives
-    // the phase handler that asks for it.
-    Ok(unsafe { std::slice::from_raw_parts(value.data, value.len) })
+    eval(r, zone.key)
 }
 
 /// What every decided request ends with: the log line of a rejection, the
@@ -264,7 +333,7 @@ fn finish(
     mcf: &MainConf,
     lcf: &LocConf,
     now: u64,
-    limits: &[Limit],
+    limits: &[Ask<'_>],
     d: &Decision,
 ) -> Result<ngx_int_t, ()> {
     let rejected = !d.allowed;

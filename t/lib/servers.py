@@ -42,7 +42,22 @@ REDIS_CLI = shutil.which("redis-cli") or "redis-cli"
 # ports and waiting
 # --------------------------------------------------------------------------
 
-PORT_RANGE = (20000, 50000)     # below 50000: a cluster bus port (+10000) fits
+def _port_range():
+    """Ports below the kernel's ephemeral range (the source ports of every
+    outgoing connection: nginx to Redis, clients to nginx): a port chosen
+    there can be taken by such a connection between the check and the
+    server's bind. A cluster node's bus port (+10000) stays below it too."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    high = max(low - 10000, 11000)
+    return (min(10000, high - 1000), high)
+
+
+PORT_RANGE = _port_range()      # e.g. (10000, 22768): below the ephemeral ports, bus port included
 _HANDED_OUT = set()             # every port this process handed out
 _PORT_LOCK = threading.Lock()
 
@@ -97,7 +112,7 @@ def cluster_ports(n=6, exclude=()):
                 chosen.append(p)
                 if len(chosen) == n:
                     return chosen
-    raise RuntimeError("cannot find %d free port pairs (P < 50000, P + 10000)" % n)
+    raise RuntimeError("cannot find %d free port pairs (P in %s, P + 10000)" % (n, PORT_RANGE))
 
 
 def port_accepts(port, timeout=0.2):

@@ -3,7 +3,7 @@
 ``Cluster(h).start()`` starts 6 ``redis-server --cluster-enabled yes`` nodes
 (harness ``Redis`` objects: registered in the harness and in the test
 context, so every one is stopped BY ITS PID by the usual cleanup) on free
-loopback ports below 50000 whose bus ports (+10000) are free too, each in its
+loopback ports below the ephemeral range whose bus ports (+10000) are free too, each in its
 own directory (nodes.conf lives there and survives a restart), then runs
 ``redis-cli --cluster create ... --cluster-replicas 1 --cluster-yes`` and
 waits for cluster_state:ok on every node.  Starting, creating, waiting and
@@ -21,7 +21,7 @@ from servers import CLUSTER_NODE_ARGS as NODE_ARGS
 
 
 def cluster_port():
-    """A free port P < 50000 with P + 10000 free too (both reserved)."""
+    """A free port P with P + 10000 free too, both below the ephemeral range (both reserved)."""
     return servers.cluster_ports(1)[0]
 
 
