@@ -1,0 +1,68 @@
+"""Per-request policies through Redis on two nginx nodes (issue 12): a
+request's cost, rates from a map (tiers) and the legacy headers are global,
+not per node. Requests are 0.2 s apart, so that every reply is in before
+the next request: what each node decides is then fixed by the counts.
+"""
+
+import time
+
+from harness import http_get, wait_for
+
+HTTP = """
+    redis_ratelimit_zone $arg_k zone=p:1m redis=%s;
+    map $arg_plan $plan_rate { gold 6r/m; default 3r/m; }
+"""
+SERVER = """
+        location = /c { redis_ratelimit p 10r/m cost=4; redis_ratelimit_headers legacy; }
+        location = /t { redis_ratelimit p $plan_rate; }
+"""
+
+
+def ask(node, path):
+    st, hdrs, _, _ = http_get(node.port, path)
+    time.sleep(0.2)
+    return st, hdrs
+
+
+def redis_count(r, key):
+    return sum(int(r.cmd("GET", k) or 0) for k in r.keys("rl:{p:%s}:60:*" % key))
+
+
+def test_cost_and_tiers_are_global(h):
+    """cost=4 under 10r/m: node A 200, 200 (8), node B (fresh: its first
+    request is decided before it has heard of the key) 200 (12), then 429 on
+    both; Redis holds 12 = 3 x 4. X-RateLimit-* on A: limit 10, remaining 6
+    then 2. Tiers of one minute share the key's count: 3 free requests on A
+    (3r/m) use the count that B's gold plan (6r/m) then continues from: B
+    200 (blind, 4), 200 (5), 200 (6), 429; Redis holds 6."""
+    r = h.redis()
+    files = {"c": "ok\n", "t": "ok\n"}
+    a = h.nginx(HTTP % r.url, SERVER, files=files)
+    b = h.nginx(HTTP % r.url, SERVER, files=files)
+    h.wait_minute_room(12)
+
+    kc = h.key("cost")
+    got = [ask(a, "/c?k=" + kc), ask(a, "/c?k=" + kc), ask(b, "/c?k=" + kc),
+           ask(b, "/c?k=" + kc), ask(a, "/c?k=" + kc)]
+    statuses = [st for st, _ in got]
+    legacy = [(hd.get("x-ratelimit-limit"), hd.get("x-ratelimit-remaining")) for _, hd in got[:2]]
+    wait_for(lambda: redis_count(r, kc) == 12, 2.0)
+    in_redis = redis_count(r, kc)
+    h.note("cost: A A B B A -> %s; Redis %d; A's X-RateLimit (limit, remaining): %s"
+           % (statuses, in_redis, legacy))
+    h.check(statuses == [200, 200, 200, 429, 429],
+            "cost=4 of 10r/m across two nodes: expected 200 200 200 429 429, got %s" % statuses)
+    h.check(in_redis == 12, "Redis should hold the weight 3 x 4 = 12, holds %d" % in_redis)
+    h.check(legacy == [(["10"], ["6"]), (["10"], ["2"])],
+            "A's legacy headers should say limit 10, remaining 6 then 2: %s" % legacy)
+
+    kt = h.key("tier")
+    free = [ask(a, "/t?plan=free&k=" + kt)[0] for _ in range(4)]
+    gold = [ask(b, "/t?plan=gold&k=" + kt)[0] for _ in range(4)]
+    wait_for(lambda: redis_count(r, kt) == 6, 2.0)
+    in_redis = redis_count(r, kt)
+    h.note("tiers: A free x4 -> %s; B gold x4 -> %s; Redis %d" % (free, gold, in_redis))
+    h.check(free == [200, 200, 200, 429], "free (3r/m) on A: expected 200 x3 then 429, got %s" % free)
+    h.check(gold == [200, 200, 200, 429],
+            "gold (6r/m) on B continues the key's count of 3: expected 200 x3 then 429, got %s" % gold)
+    h.check(in_redis == 6, "Redis should hold 6 for the key, holds %d" % in_redis)
