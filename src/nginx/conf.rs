@@ -46,15 +46,21 @@ pub struct Limit {
     pub cost: Cost,
 }
 
-/// A limit's rate: written out (`10r/s`), or text with variables evaluated
-/// per request (`$plan_rate`, from a `map`).
+/// A value given with variables, read per request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// One variable (`$plan_rate`): read by its index, no copy.
+    Index(ngx_uint_t),
+    /// Text with variables (`${n}r/m`): a complex value.
+    Complex(*mut ngx_http_complex_value_t),
+}
+
+/// A limit's rate: written out (`10r/s`), or from variables (tiers from a
+/// `map`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RateSpec {
     Fixed(Rate),
-    /// One variable (`$plan_rate`): read by its index, no copy.
-    Index(ngx_uint_t),
-    /// Text with variables (`${n}r/m`).
-    Var(*mut ngx_http_complex_value_t),
+    Var(Source),
 }
 
 /// The most a request may weigh (`cost=`).
@@ -64,7 +70,7 @@ pub const MAX_COST: u32 = 1_000_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cost {
     Fixed(u32),
-    Var(*mut ngx_http_complex_value_t),
+    Var(Source),
 }
 
 /// A cost as written: digits, 0 to `MAX_COST`.

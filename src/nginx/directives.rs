@@ -19,8 +19,8 @@ use ratelimit_core::params;
 use ratelimit_core::rate::Rate;
 
 use super::conf::{
-    parse_cost, Cost, Limit, LocConf, MainConf, RateSpec, ZoneConf, HEADERS_LEGACY, HEADERS_OFF,
-    HEADERS_ON, MAX_COST, UNSET_UINT,
+    parse_cost, Cost, Limit, LocConf, MainConf, RateSpec, Source, ZoneConf, HEADERS_LEGACY,
+    HEADERS_OFF, HEADERS_ON, MAX_COST, UNSET_UINT,
 };
 use super::module::Module;
 use super::zone;
@@ -64,9 +64,22 @@ fn main_conf(cf: *mut ngx_conf_t) -> Option<&'static mut MainConf> {
     Module::main_conf_mut(unsafe { &*cf })
 }
 
-/// A variable's name as nginx reads it after `$`: letters, digits, `_`.
-fn is_name(n: &[u8]) -> bool {
-    !n.is_empty() && n.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+/// Where a value with variables will be read from per request: one
+/// variable (`$name`) by its index, other text as a complex value. `None`
+/// after nginx logged why.
+fn source(cf: *mut ngx_conf_t, text: ngx_str_t) -> Option<Source> {
+    let name = text
+        .as_bytes()
+        .strip_prefix(b"$")
+        .filter(|n| !n.is_empty() && n.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_'));
+    let Some(name) = name else {
+        return compile(cf, text).map(Source::Complex);
+    };
+    let mut name = ngx_str_t { len: name.len(), data: name.as_ptr().cast_mut() };
+    // SAFETY: `cf` is valid while the directive is read; nginx copies the
+    // name.
+    let index = unsafe { ngx_http_get_variable_index(cf, &mut name) };
+    ngx_uint_t::try_from(index).ok().map(Source::Index)
 }
 
 /// Compiles text with variables (`$binary_remote_addr`, `$arg_cost`) into
@@ -222,21 +235,11 @@ pub extern "C" fn cmd_limit(
         return refuse(cf, D, "\"off\" cannot be combined with limits at the same level");
     }
 
-    let text = args[2].as_bytes();
-    let rate = if let Some(name) = text.strip_prefix(b"$").filter(|n| is_name(n)) {
-        let mut name = ngx_str_t { len: name.len(), data: name.as_ptr().cast_mut() };
-        // SAFETY: `cf` is valid while the directive is read; nginx copies
-        // the name.
-        let index = unsafe { ngx_http_get_variable_index(cf, &mut name) };
-        match ngx_uint_t::try_from(index) {
-            Ok(i) => RateSpec::Index(i),
-            Err(_) => return NGX_CONF_ERROR,
-        }
-    } else if text.contains(&b'$') {
-        let Some(cv) = compile(cf, args[2]) else {
+    let rate = if args[2].as_bytes().contains(&b'$') {
+        let Some(src) = source(cf, args[2]) else {
             return NGX_CONF_ERROR;
         };
-        RateSpec::Var(cv)
+        RateSpec::Var(src)
     } else {
         match Rate::parse(args[2].as_bytes()) {
             Ok(r) => RateSpec::Fixed(r),
@@ -250,11 +253,11 @@ pub extern "C" fn cmd_limit(
                 return refuse(cf, D, format!("invalid parameter \"{}\"", show(a)));
             };
             if v.first() == Some(&b'$') {
-                let src = ngx_str_t { len: v.len(), data: v.as_ptr().cast_mut() };
-                let Some(cv) = compile(cf, src) else {
+                let text = ngx_str_t { len: v.len(), data: v.as_ptr().cast_mut() };
+                let Some(src) = source(cf, text) else {
                     return NGX_CONF_ERROR;
                 };
-                Cost::Var(cv)
+                Cost::Var(src)
             } else {
                 match parse_cost(v) {
                     Some(c) => Cost::Fixed(c),

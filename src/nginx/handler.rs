@@ -19,7 +19,7 @@ use ratelimit_core::window::seconds_until;
 use smallvec::SmallVec;
 
 use super::conf::{
-    parse_cost, Cost, Limit, LocConf, MainConf, RateSpec, HEADERS_LEGACY, HEADERS_OFF,
+    parse_cost, Cost, Limit, LocConf, MainConf, RateSpec, Source, HEADERS_LEGACY, HEADERS_OFF,
 };
 use super::module::Module;
 use super::time::now_ms;
@@ -198,15 +198,8 @@ fn debug_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
 fn rate(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Result<Option<Rate>, ()> {
     match l.rate {
         RateSpec::Fixed(rate) => Ok(Some(rate)),
-        RateSpec::Index(i) => rate_of(r, mcf, l, Source::Index(i)),
-        RateSpec::Var(cv) => rate_of(r, mcf, l, Source::Complex(cv)),
+        RateSpec::Var(src) => rate_of(r, mcf, l, src),
     }
-}
-
-/// Where a per-request value comes from.
-enum Source {
-    Index(ngx_uint_t),
-    Complex(*mut ngx_http_complex_value_t),
 }
 
 /// `rate` from variables (out of line: a fixed rate stays cheap).
@@ -217,10 +210,7 @@ fn rate_of(
     l: &Limit,
     src: Source,
 ) -> Result<Option<Rate>, ()> {
-    let bytes = match src {
-        Source::Index(i) => variable(r, i),
-        Source::Complex(cv) => eval(r, cv)?,
-    };
+    let bytes = read(r, src)?;
     if bytes.is_empty() || bytes == b"off" {
         return Ok(None);
     }
@@ -229,6 +219,14 @@ fn rate_of(
     }
     log_bad_value(r, mcf, l, "rate", bytes, "does not apply");
     Ok(None)
+}
+
+/// A value with variables, for this request.
+fn read<'r>(r: &mut ngx_http_request_t, src: Source) -> Result<&'r [u8], ()> {
+    match src {
+        Source::Index(i) => Ok(variable(r, i)),
+        Source::Complex(cv) => eval(r, cv),
+    }
 }
 
 /// An indexed variable's value for this request (empty when not found).
@@ -296,19 +294,14 @@ fn log_bad_value(
 fn cost(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Result<u32, ()> {
     match l.cost {
         Cost::Fixed(c) => Ok(c),
-        Cost::Var(cv) => cost_of(r, mcf, l, cv),
+        Cost::Var(src) => cost_of(r, mcf, l, src),
     }
 }
 
 /// `cost` from a variable (out of line: a fixed cost stays cheap).
 #[inline(never)]
-fn cost_of(
-    r: &mut ngx_http_request_t,
-    mcf: &MainConf,
-    l: &Limit,
-    cv: *mut ngx_http_complex_value_t,
-) -> Result<u32, ()> {
-    let bytes = eval(r, cv)?;
+fn cost_of(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit, src: Source) -> Result<u32, ()> {
+    let bytes = read(r, src)?;
     if bytes.is_empty() {
         return Ok(1); // not given: the usual weight
     }
