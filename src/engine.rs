@@ -189,18 +189,28 @@ pub fn decide(
     let allowed = said.iter().all(|s| s.check.allowed);
 
     // count, once per entry, and what to send: (ask, tightest limit)
-    let mut sends: SmallVec<[(usize, u32); 4]> = SmallVec::new();
+    let mut sends: SmallVec<[(usize, u32, u32); 4]> = SmallVec::new();
     if allowed || take == Take::Always {
         for (i, (a, s)) in asks.iter().zip(&slots).enumerate() {
             let first = slots[..i].iter().position(|o| o.guard == s.guard && o.entry == s.entry);
             match first {
                 None => {
-                    if count(&mut guards[s.guard], s.entry, s.mode, a.cost) {
-                        sends.push((i, a.rate.limit));
+                    // limits sharing the entry (tiers of one period) count
+                    // the request once, at its heaviest (a `count_if=`
+                    // limit's 0 in preaccess does not hide another's cost)
+                    let cost = asks
+                        .iter()
+                        .zip(&slots)
+                        .filter(|(_, o)| o.guard == s.guard && o.entry == s.entry)
+                        .map(|(o, _)| o.cost)
+                        .max()
+                        .unwrap_or(a.cost);
+                    if count(&mut guards[s.guard], s.entry, s.mode, cost) {
+                        sends.push((i, a.rate.limit, cost));
                     }
                 }
                 Some(f) => {
-                    if let Some(send) = sends.iter_mut().find(|(j, _)| *j == f) {
+                    if let Some(send) = sends.iter_mut().find(|(j, _, _)| *j == f) {
                         send.1 = send.1.min(a.rate.limit);
                     }
                 }
@@ -236,7 +246,7 @@ pub fn decide(
 
     // queue the increments; a key at half its limit or more goes at once
     if let Some(ch) = channel {
-        for &(i, limit) in &sends {
+        for &(i, limit, n) in &sends {
             let s = &slots[i];
             let urgent = asks
                 .iter()
@@ -244,7 +254,7 @@ pub fn decide(
                 .zip(&said)
                 .filter(|((_, o), _)| o.guard == s.guard && o.entry == s.entry)
                 .any(|((o, _), x)| near(x, o.rate));
-            queue(ch, &asks[i], s.id, said[i].check.window, limit, urgent);
+            queue(ch, &asks[i], s.id, said[i].check.window, limit, n, urgent);
         }
     }
     Ok(Decision { allowed, remaining, retry_at_ms, tightest, said: said[tightest] })
@@ -270,7 +280,7 @@ fn decide_one(
     trace(log, mcf, a, id, mode, &said);
     let left = said.after.remaining(a.rate.limit);
     if let Some(ch) = channel.filter(|_| send) {
-        queue(ch, a, id, said.check.window, a.rate.limit, left <= a.rate.limit / 2);
+        queue(ch, a, id, said.check.window, a.rate.limit, a.cost, left <= a.rate.limit / 2);
     }
     Ok(Decision {
         allowed,
@@ -345,9 +355,8 @@ fn near(said: &Said, rate: Rate) -> bool {
 }
 
 /// Queues one counted request for the zone's Redis thread.
-fn queue(ch: &Channel, a: &Ask<'_>, id: [u64; 2], window: u64, limit: u32, urgent: bool) {
+fn queue(ch: &Channel, a: &Ask<'_>, id: [u64; 2], window: u64, limit: u32, n: u32, urgent: bool) {
     let item = ItemId { zone: a.zone as u32, entry: id, window };
-    let inc =
-        Increment { namespace: a.namespace, key: a.key, period: a.rate.period, limit, n: a.cost };
+    let inc = Increment { namespace: a.namespace, key: a.key, period: a.rate.period, limit, n };
     ch.push(item, inc, urgent);
 }

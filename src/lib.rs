@@ -22,10 +22,11 @@ use std::ptr;
 
 use nginx_sys::{
     ngx_array_push, ngx_command_t, ngx_conf_post_t, ngx_conf_set_flag_slot, ngx_conf_set_num_slot,
-    ngx_conf_t, ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
-    ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t, NGX_CONF_2MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1,
-    NGX_CONF_TAKE2, NGX_CONF_TAKE3, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
-    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_OK,
+    ngx_conf_t, ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_LOG_PHASE,
+    ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t,
+    NGX_CONF_1MORE, NGX_CONF_2MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1, NGX_ERROR, NGX_HTTP_LOC_CONF,
+    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
+    NGX_HTTP_SRV_CONF, NGX_OK,
 };
 use ngx::http::{HttpModule, HttpModuleMainConf, NgxHttpCoreModule};
 
@@ -39,7 +40,7 @@ unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     unsafe { nginx::vars::add(cf) }
 }
 
-/// Installs the preaccess handler.
+/// Installs the preaccess handler (and the log phase's, for `count_if=`).
 unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     // SAFETY: nginx passes a valid configuration.
     let cf = unsafe { &mut *cf };
@@ -56,6 +57,19 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     }
     // SAFETY: `h` points at the new slot.
     unsafe { *h = Some(nginx::handler::preaccess) };
+
+    // `count_if=` limits are counted once the response is known
+    if Module::main_conf(cf).is_some_and(|m| m.count_if) {
+        let phase = ngx_http_phases_NGX_HTTP_LOG_PHASE as usize;
+        // SAFETY: as above.
+        let h = unsafe { ngx_array_push(&mut cmcf.phases[phase].handlers) }
+            .cast::<ngx_http_handler_pt>();
+        if h.is_null() {
+            return NGX_ERROR as ngx_int_t;
+        }
+        // SAFETY: `h` points at the new slot.
+        unsafe { *h = Some(nginx::count::log_phase) };
+    }
     NGX_OK as ngx_int_t
 }
 
@@ -103,7 +117,7 @@ static mut COMMANDS: [ngx_command_t; 7] = [
     ),
     command(
         c"redis_ratelimit",
-        ANY_LEVEL | NGX_CONF_TAKE1 | NGX_CONF_TAKE2 | NGX_CONF_TAKE3,
+        ANY_LEVEL | NGX_CONF_1MORE,
         directives::cmd_limit,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),

@@ -38,6 +38,10 @@ __DATA__
         redis_ratelimit off;
         redis_ratelimit_log_level error;
     }
+    location = /counted {
+        redis_ratelimit local 5r/m count_if=$status;
+        redis_ratelimit api 5r/m count_if=${status}x cost=$arg_cost;
+    }
 --- user_files
 >>> t
 ok
@@ -426,3 +430,50 @@ redis_ratelimit: invalid parameter "weight=2"
 --- must_die
 --- error_log
 redis_ratelimit_headers: is duplicate
+
+
+
+=== TEST 39: count_if without a variable
+--- config
+    location = /t { redis_ratelimit z 10r/s count_if=yes; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid parameter "count_if=yes": count_if needs a variable
+
+
+
+=== TEST 40: count_if with nothing after it
+--- config
+    location = /t { redis_ratelimit z 10r/s count_if=; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid parameter "count_if=": count_if needs a variable
+
+
+
+=== TEST 41: count_if given twice
+--- config
+    location = /t { redis_ratelimit z 10r/s count_if=$a count_if=$b; }
+--- must_die
+--- error_log
+redis_ratelimit: duplicate parameter "count_if="
+
+
+
+=== TEST 42: cost given twice
+--- config
+    location = /t { redis_ratelimit z 10r/s cost=2 cost=3; }
+--- must_die
+--- error_log
+redis_ratelimit: duplicate parameter "cost="
+
+
+
+=== TEST 43: count_if naming a variable nginx does not know
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 10r/s count_if=$no_such_variable_here; }
+--- must_die
+--- error_log
+unknown "no_such_variable_here" variable

@@ -472,3 +472,88 @@ ok
 [("GET /t?k=text&n=2") x 3, "GET /t?k=other&n=3", "GET /t?k=other&n=3", "GET /t?k=other&n=3", "GET /t?k=other&n=3"]
 --- error_code eval
 [200, 200, 429, 200, 200, 200, 429]
+
+
+
+=== TEST 22: count_if=$failed: every request is checked, only 401s are counted; 200s pass until the 401s reach the limit
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 55;
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+    map $status $failed { 401 1; default ""; }
+    server {
+        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+        location = /ok { return 200 "welcome\n"; }
+        location = /bad { return 401 "no\n"; }
+    }
+--- config
+    location = /login {
+        redis_ratelimit z 3r/m count_if=$failed;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1/$arg_r;
+    }
+--- request eval
+["GET /login?k=u&r=bad", "GET /login?k=u&r=ok", "GET /login?k=u&r=ok", "GET /login?k=u&r=bad",
+ "GET /login?k=u&r=ok", "GET /login?k=u&r=bad", "GET /login?k=u&r=ok", "GET /login?k=u&r=bad",
+ "GET /login?k=other&r=ok"]
+--- error_code eval
+[401, 200, 200, 401, 200, 401, 429, 429, 200]
+
+
+
+=== TEST 23: count_if with the cost from a response header (cost=$upstream_http_x_cost, evaluated after the response)
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 55;
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+    server {
+        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+        location = /llm { add_header X-Cost $arg_c; return 200 "tokens\n"; }
+    }
+--- config
+    location = /llm {
+        redis_ratelimit z 10r/m count_if=$status cost=$upstream_http_x_cost;
+        redis_ratelimit_headers legacy;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+    }
+--- request eval
+# checked before the response (is the key below 10?), weighed after it:
+# 4, 8 (passes: 4 < 10), 9 (passes: 8 < 10), 10 (9 < 10); then none
+["GET /llm?k=t&c=4", "GET /llm?k=t&c=4", "GET /llm?k=t&c=1", "GET /llm?k=t&c=1", "GET /llm?k=t&c=1"]
+--- error_code eval
+[200, 200, 200, 200, 429]
+--- response_headers eval
+# the headers speak of the check, made before the request's own weight is known
+["X-RateLimit-Remaining: 10", "X-RateLimit-Remaining: 6", "X-RateLimit-Remaining: 2", "X-RateLimit-Remaining: 1", "X-RateLimit-Remaining: 0"]
+
+
+
+=== TEST 24: count_if beside a counted limit on the same key: the other limit still counts every request; a rejected request is never counted later
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 55;
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+    map $status $failed { 401 1; default ""; }
+    server {
+        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+        location = /bad { return 401 "no\n"; }
+    }
+--- config
+    location = /login {
+        redis_ratelimit z 2r/m count_if=$failed;
+        redis_ratelimit z 3r/h;
+        add_header X-Left $redis_ratelimit_remaining always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1/bad;
+    }
+    location = /hour {
+        redis_ratelimit z 3r/h;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1/bad;
+    }
+--- request eval
+# 401 twice (the minute's count 2, the hour's 2); then the minute limit
+# refuses, and the refused requests are counted nowhere: the hour has one
+# request left
+["GET /login?k=v", "GET /login?k=v", "GET /login?k=v", "GET /login?k=v", "GET /hour?k=v", "GET /hour?k=v"]
+--- error_code eval
+[401, 401, 429, 429, 401, 429]
+--- response_headers eval
+["X-Left: 2", "X-Left: 1", "X-Left: 0", "X-Left: 0", "", ""]

@@ -36,6 +36,8 @@ pub struct MainConf {
     /// which must not move when the list grows.
     #[allow(clippy::vec_box)]
     pub zones: Vec<Box<ZoneConf>>,
+    /// Some limit has `count_if=`: the log phase handler is installed.
+    pub count_if: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +46,9 @@ pub struct Limit {
     pub rate: RateSpec,
     /// `cost=`: what a request weighs under this limit.
     pub cost: Cost,
+    /// `count_if=`: checked in preaccess, counted in the log phase when
+    /// this value is neither empty nor `0`.
+    pub count_if: Option<Source>,
 }
 
 /// A value given with variables, read per request.

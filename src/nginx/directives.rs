@@ -82,6 +82,12 @@ fn source(cf: *mut ngx_conf_t, text: ngx_str_t) -> Option<Source> {
     ngx_uint_t::try_from(index).ok().map(Source::Index)
 }
 
+/// Bytes of a directive's argument as nginx's string (they live in the
+/// configuration pool).
+fn bytes_str(v: &[u8]) -> ngx_str_t {
+    ngx_str_t { len: v.len(), data: v.as_ptr().cast_mut() }
+}
+
 /// Compiles text with variables (`$binary_remote_addr`, `$arg_cost`) into
 /// a complex value in the configuration pool; `None` after nginx logged why.
 fn compile(cf: *mut ngx_conf_t, mut src: ngx_str_t) -> Option<*mut ngx_http_complex_value_t> {
@@ -246,15 +252,16 @@ pub extern "C" fn cmd_limit(
             Err(e) => return refuse(cf, D, format!("invalid rate \"{}\": {e}", show(&args[2]))),
         }
     };
-    let cost = match args.get(3) {
-        None => Cost::Fixed(1),
-        Some(a) => {
-            let Some(v) = a.as_bytes().strip_prefix(b"cost=") else {
-                return refuse(cf, D, format!("invalid parameter \"{}\"", show(a)));
-            };
-            if v.first() == Some(&b'$') {
-                let text = ngx_str_t { len: v.len(), data: v.as_ptr().cast_mut() };
-                let Some(src) = source(cf, text) else {
+    let mut cost = None;
+    let mut count_if = None;
+    for a in &args[3..] {
+        let bytes = a.as_bytes();
+        if let Some(v) = bytes.strip_prefix(b"cost=") {
+            if cost.is_some() {
+                return refuse(cf, D, "duplicate parameter \"cost=\"");
+            }
+            cost = Some(if v.first() == Some(&b'$') {
+                let Some(src) = source(cf, bytes_str(v)) else {
                     return NGX_CONF_ERROR;
                 };
                 Cost::Var(src)
@@ -272,9 +279,31 @@ pub extern "C" fn cmd_limit(
                         )
                     }
                 }
+            });
+        } else if let Some(v) = bytes.strip_prefix(b"count_if=") {
+            if count_if.is_some() {
+                return refuse(cf, D, "duplicate parameter \"count_if=\"");
             }
+            if !v.contains(&b'$') {
+                return refuse(
+                    cf,
+                    D,
+                    format!(
+                        "invalid parameter \"{}\": count_if needs a variable \
+                         (count_if=$failed: counted when neither empty nor \"0\")",
+                        show(a)
+                    ),
+                );
+            }
+            let Some(src) = source(cf, bytes_str(v)) else {
+                return NGX_CONF_ERROR;
+            };
+            count_if = Some(src);
+        } else {
+            return refuse(cf, D, format!("invalid parameter \"{}\"", show(a)));
         }
-    };
+    }
+    let cost = cost.unwrap_or(Cost::Fixed(1));
     let Some(mcf) = main_conf(cf) else {
         return NGX_CONF_ERROR;
     };
@@ -294,7 +323,8 @@ pub extern "C" fn cmd_limit(
             mcf.zones.len() - 1
         }
     };
-    let limit = Limit { zone, rate, cost };
+    mcf.count_if |= count_if.is_some();
+    let limit = Limit { zone, rate, cost, count_if };
     let limits = lcf.limits.get_or_insert_with(Vec::new);
     if limits.iter().any(|l| l.zone == zone && l.rate == rate && matches!(rate, RateSpec::Fixed(_)))
     {

@@ -50,6 +50,10 @@ impl Outcome {
 pub struct RequestState {
     pub outcome: Outcome,
     pub remaining: u32,
+    /// The location whose `count_if=` limits the log phase counts (null:
+    /// none). Its configuration lives as long as the cycle, which outlives
+    /// the request.
+    pub deferred: *const LocConf,
 }
 
 /// Marks our cleanup entry. Exported so that it has exactly one address:
@@ -133,7 +137,7 @@ fn limit(
         if key.is_empty() {
             return Ok(NGX_DECLINED as ngx_int_t);
         }
-        let cost = cost(r, mcf, l)?;
+        let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
         let ask =
             Ask { zone: l.zone, namespace: mcf.zones[l.zone].name.as_bytes(), key, rate, cost };
         let now = now_ms();
@@ -163,7 +167,9 @@ fn limit(
             namespace: mcf.zones[l.zone].name.as_bytes(),
             key,
             rate,
-            cost: cost(r, mcf, l)?,
+            // a `count_if=` limit is only checked now: counted after the
+            // response (`count.rs`)
+            cost: if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? },
         });
     }
     if asks.is_empty() {
@@ -176,14 +182,14 @@ fn limit(
 }
 
 /// The request's log (its connection's).
-fn request_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
+pub(super) fn request_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
     // SAFETY: a request being processed has its connection.
     unsafe { (*r.connection).log }
 }
 
 /// The request's log for the engine's debug lines; none (and no cost) in a
 /// module for nginx without `--with-debug`.
-fn debug_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
+pub(super) fn debug_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
     if !ngx::log::DEBUG {
         return std::ptr::null_mut();
     }
@@ -195,7 +201,11 @@ fn debug_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
 /// or a value that is not a rate, which is logged at most once a second per
 /// zone, all workers together).
 #[inline]
-fn rate(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Result<Option<Rate>, ()> {
+pub(super) fn rate(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    l: &Limit,
+) -> Result<Option<Rate>, ()> {
     match l.rate {
         RateSpec::Fixed(rate) => Ok(Some(rate)),
         RateSpec::Var(src) => rate_of(r, mcf, l, src),
@@ -222,7 +232,7 @@ fn rate_of(
 }
 
 /// A value with variables, for this request.
-fn read<'r>(r: &mut ngx_http_request_t, src: Source) -> Result<&'r [u8], ()> {
+pub(super) fn read<'r>(r: &mut ngx_http_request_t, src: Source) -> Result<&'r [u8], ()> {
     match src {
         Source::Index(i) => Ok(variable(r, i)),
         Source::Complex(cv) => eval(r, cv),
@@ -291,7 +301,7 @@ fn log_bad_value(
 /// as 1 and is logged (at most once a second per zone, all workers
 /// together).
 #[inline]
-fn cost(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Result<u32, ()> {
+pub(super) fn cost(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Result<u32, ()> {
     match l.cost {
         Cost::Fixed(c) => Ok(c),
         Cost::Var(src) => cost_of(r, mcf, l, src),
@@ -314,7 +324,11 @@ fn cost_of(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit, src: Source) -
 
 /// The zone's key for this request (empty: not limited). The bytes live in
 /// the request's pool.
-fn key<'r>(r: &mut ngx_http_request_t, mcf: &MainConf, zone: usize) -> Result<&'r [u8], ()> {
+pub(super) fn key<'r>(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    zone: usize,
+) -> Result<&'r [u8], ()> {
     let zone = mcf.zones.get(zone).ok_or(())?;
     eval(r, zone.key)
 }
@@ -355,7 +369,13 @@ fn finish(
         );
     }
 
-    if !record(r, RequestState { outcome, remaining }) {
+    let deferred = match lcf.limits.as_deref() {
+        Some(l) if mcf.count_if && !rejected && l.iter().any(|l| l.count_if.is_some()) => {
+            lcf as *const LocConf
+        }
+        _ => ptr::null(),
+    };
+    if !record(r, RequestState { outcome, remaining, deferred }) {
         return Err(());
     }
 

@@ -7,11 +7,13 @@
 //! | `directives.rs` | one handler per directive; `[emerg]` refusals |
 //! | `zone.rs` | a zone's shared memory: mapping, locking |
 //! | `handler.rs` | the preaccess handler: evaluates keys, asks the engine, answers |
+//! | `count.rs` | the log phase handler: counts `count_if=` limits after the response |
 //! | `vars.rs` | `$redis_ratelimit_*` variables |
 //! | `worker.rs` | the worker's side of the Redis thread: start, stop, replies |
 //! | `time.rs` | nginx's cached clock |
 
 pub mod conf;
+pub mod count;
 pub mod directives;
 pub mod handler;
 pub mod module;

@@ -24,8 +24,8 @@ def ask(node, path):
     return st, hdrs
 
 
-def redis_count(r, key):
-    return sum(int(r.cmd("GET", k) or 0) for k in r.keys("rl:{p:%s}:60:*" % key))
+def redis_count(r, key, zone="p"):
+    return sum(int(r.cmd("GET", k) or 0) for k in r.keys("rl:{%s:%s}:60:*" % (zone, key)))
 
 
 def test_cost_and_tiers_are_global(h):
@@ -66,3 +66,47 @@ def test_cost_and_tiers_are_global(h):
     h.check(gold == [200, 200, 200, 429],
             "gold (6r/m) on B continues the key's count of 3: expected 200 x3 then 429, got %s" % gold)
     h.check(in_redis == 6, "Redis should hold 6 for the key, holds %d" % in_redis)
+
+
+LOGIN_HTTP = """
+    redis_ratelimit_zone $arg_k zone=login:1m redis=%s;
+    map $status $failed { 401 1; default ""; }
+"""
+LOGIN_SERVER = """
+        location = /login {
+            redis_ratelimit login 3r/m count_if=$failed;
+            proxy_pass http://127.0.0.1:$server_port/answer/$arg_r;
+        }
+        location = /answer/ok { return 200 "welcome\\n"; }
+        location = /answer/bad { return 401 "no\\n"; }
+"""
+
+
+def test_count_if_is_global(h):
+    """count_if=$failed under 3r/m through Redis on two nodes: A's three
+    401s fill the key (A's successes are never counted: 200 200 pass
+    between them), then A refuses even a good password. B has not heard of
+    the key: its success is checked blind and not counted (nothing is sent),
+    its first failure passes blind and is counted (4 in Redis: the one
+    request per fresh node that background mode lets through), and the reply
+    closes the key on B too."""
+    r = h.redis()
+    a = h.nginx(LOGIN_HTTP % r.url, LOGIN_SERVER, files={})
+    b = h.nginx(LOGIN_HTTP % r.url, LOGIN_SERVER, files={})
+    h.wait_minute_room(10)
+    k = h.key("login")
+    on_a = [ask(a, "/login?r=%s&k=%s" % (x, k))[0] for x in ("bad", "ok", "bad", "ok", "bad", "ok")]
+    wait_for(lambda: redis_count(r, k, "login") == 3, 2.0)
+    after_a = redis_count(r, k, "login")
+    on_b = [ask(b, "/login?r=%s&k=%s" % (x, k))[0] for x in ("ok", "bad", "ok")]
+    wait_for(lambda: redis_count(r, k, "login") == 4, 2.0)
+    in_redis = redis_count(r, k, "login")
+    h.note("count_if: A bad ok bad ok bad ok -> %s (Redis %d); B ok bad ok -> %s (Redis %d)"
+           % (on_a, after_a, on_b, in_redis))
+    h.check(on_a == [401, 200, 401, 200, 401, 429],
+            "A: only 401s count; expected 401 200 401 200 401 429, got %s" % on_a)
+    h.check(after_a == 3, "Redis should hold A's three failures, holds %d" % after_a)
+    h.check(on_b == [200, 401, 429],
+            "B: a blind success, a blind failure, then closed by the global count: "
+            "expected 200 401 429, got %s" % on_b)
+    h.check(in_redis == 4, "Redis should hold 4 failures, holds %d" % in_redis)

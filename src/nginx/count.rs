@@ -1,0 +1,74 @@
+//! The log phase handler: counts the `count_if=` limits of a request that
+//! passed, once its response is known. The preaccess handler only checked
+//! them (a request is still rejected once the key has reached its limit);
+//! here each `count_if` value is read (`$status`, `$upstream_http_*` are
+//! known now), and when it is neither empty nor `0` the request is counted
+//! with its cost evaluated now, through the same engine.
+
+use nginx_sys::{ngx_http_request_t, ngx_int_t, NGX_OK};
+use ngx::http::{HttpModuleMainConf, Request};
+use smallvec::SmallVec;
+
+use super::handler::{cost, debug_log, key, rate, read, state};
+use super::module::Module;
+use super::time::now_ms;
+use crate::engine::{self, Ask, Take};
+
+pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls log handlers with a valid request.
+    let r = unsafe { &mut *r };
+    // a subrequest logged with `log_subrequest on` is not the request that
+    // was decided
+    if !std::ptr::eq(r.main, r) {
+        return NGX_OK as ngx_int_t;
+    }
+    let Some(deferred) = state(r).map(|s| s.deferred).filter(|d| !d.is_null()) else {
+        return NGX_OK as ngx_int_t;
+    };
+    // SAFETY: the location's configuration belongs to the cycle the request
+    // runs in, which lives until the request is freed.
+    let lcf = unsafe { &*deferred };
+    // SAFETY: the request is valid; `Request` is a transparent wrapper.
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    let Some(mcf) = Module::main_conf(req) else {
+        return NGX_OK as ngx_int_t;
+    };
+    let Some(limits) = lcf.limits.as_deref() else {
+        return NGX_OK as ngx_int_t;
+    };
+    let mut asks: SmallVec<[Ask<'_>; 4]> = SmallVec::new();
+    for l in limits {
+        let Some(src) = l.count_if else {
+            continue;
+        };
+        match read(r, src) {
+            Ok(v) if !v.is_empty() && v != b"0" => {}
+            _ => continue,
+        }
+        let Ok(Some(rate)) = rate(r, mcf, l) else {
+            continue;
+        };
+        let Ok(key) = key(r, mcf, l.zone) else {
+            continue;
+        };
+        if key.is_empty() {
+            continue;
+        }
+        let Ok(cost) = cost(r, mcf, l) else {
+            continue;
+        };
+        asks.push(Ask {
+            zone: l.zone,
+            namespace: mcf.zones[l.zone].name.as_bytes(),
+            key,
+            rate,
+            cost,
+        });
+    }
+    if !asks.is_empty() {
+        // counted whatever the estimate says now: the request was let
+        // through, so it happened
+        let _ = engine::decide(mcf, &asks, now_ms(), Take::Always, debug_log(r));
+    }
+    NGX_OK as ngx_int_t
+}
