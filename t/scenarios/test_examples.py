@@ -56,3 +56,9 @@ def test_lua_conf(h):
     text = read("lua.conf").replace("#   load_module", "load_module")
     rc, out = nginx_t(h, DEBIAN_NGINX, text, (DEBIAN_MODULE,) + LUA_MODULES)
     h.check(rc == 0, "nginx -t failed on lua.conf:\n" + out)
+
+
+def test_recipes_conf(h):
+    """nginx-conf/recipes.conf (the README's recipes) passes nginx -t."""
+    rc, out = nginx_t(h, harness.NGINX_BIN, read("recipes.conf"), [harness.MODULE_SO])
+    h.check(rc == 0, "nginx -t failed on recipes.conf:\n" + out)
