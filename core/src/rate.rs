@@ -1,6 +1,7 @@
 //! Rates as written in the configuration: `N r/s`, `r/m`, `r/h` or `r/d`,
 //! without spaces (`10r/s`, `1000r/m`).
 
+use std::cell::Cell;
 use std::fmt;
 
 /// A limit of `limit` requests per `period` seconds.
@@ -63,6 +64,48 @@ impl fmt::Display for Rate {
     }
 }
 
+/// One rate value and its text, to skip parsing it again: a rate from a
+/// `map` comes back as the same few values (single-threaded: a `Cell`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RateCache {
+    text: Cell<[u8; RateCache::MAX]>,
+    /// 0: empty.
+    len: Cell<u8>,
+    rate: Cell<Option<Rate>>,
+}
+
+impl RateCache {
+    /// Longer texts are parsed every time; every valid rate is shorter
+    /// (`4294967295r/s` has 13 bytes).
+    const MAX: usize = 15;
+
+    /// The rate of `text`, parsed by `parse` unless it is the cached one.
+    #[inline]
+    pub fn get<E>(
+        &self,
+        text: &[u8],
+        parse: impl FnOnce(&[u8]) -> Result<Rate, E>,
+    ) -> Result<Rate, E> {
+        let len = text.len();
+        if len == usize::from(self.len.get()) {
+            if let Some(rate) = self.rate.get() {
+                if text == &self.text.get()[..len] {
+                    return Ok(rate);
+                }
+            }
+        }
+        let rate = parse(text)?;
+        if len <= Self::MAX && len > 0 {
+            let mut buf = [0; Self::MAX];
+            buf[..len].copy_from_slice(text);
+            self.text.set(buf);
+            self.len.set(len as u8);
+            self.rate.set(Some(rate));
+        }
+        Ok(rate)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +146,29 @@ mod tests {
         for s in ["10r/s", "1r/m", "100r/h", "7r/d"] {
             assert_eq!(Rate::parse(s.as_bytes()).unwrap().to_string(), s);
         }
+    }
+
+    #[test]
+    fn cache_parses_once_per_text_and_never_keeps_errors() {
+        let cache = RateCache::default();
+        let calls = Cell::new(0);
+        let parse = |t: &[u8]| {
+            calls.set(calls.get() + 1);
+            Rate::parse(t)
+        };
+        assert_eq!(cache.get(b"100r/m", parse), Ok(Rate { limit: 100, period: 60 }));
+        assert_eq!(cache.get(b"100r/m", parse), Ok(Rate { limit: 100, period: 60 }));
+        assert_eq!(calls.get(), 1);
+        // same length, other text
+        assert_eq!(cache.get(b"100r/h", parse), Ok(Rate { limit: 100, period: 3600 }));
+        assert_eq!(cache.get(b"100r/m", parse), Ok(Rate { limit: 100, period: 60 }));
+        assert_eq!(calls.get(), 3);
+        // an error is not cached, and leaves the last good value
+        assert_eq!(cache.get(b"ten", parse), Err(RateError));
+        assert_eq!(cache.get(b"ten", parse), Err(RateError));
+        assert_eq!(cache.get(b"100r/m", parse), Ok(Rate { limit: 100, period: 60 }));
+        assert_eq!(calls.get(), 5);
+        let empty = RateCache::default();
+        assert_eq!(empty.get(b"", Rate::parse), Err(RateError));
     }
 }

@@ -8,7 +8,7 @@ use nginx_sys::{
 };
 use ngx::http::{Merge, MergeConfigError};
 use ratelimit_core::params::ZoneParams;
-use ratelimit_core::rate::Rate;
+use ratelimit_core::rate::{Rate, RateCache};
 
 use super::zone::Shared;
 
@@ -40,7 +40,7 @@ pub struct MainConf {
     pub count_if: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limit {
     pub zone: usize,
     pub rate: RateSpec,
@@ -49,6 +49,10 @@ pub struct Limit {
     /// `count_if=`: checked in preaccess, counted in the log phase when
     /// this value is neither empty nor `0`.
     pub count_if: Option<Source>,
+    /// The last rate read from variables, by its text: a `map` gives the
+    /// same few values again and again (read and written by the worker's
+    /// own thread only).
+    pub cache: RateCache,
 }
 
 /// A value given with variables, read per request.

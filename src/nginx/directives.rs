@@ -324,7 +324,7 @@ pub extern "C" fn cmd_limit(
         }
     };
     mcf.count_if |= count_if.is_some();
-    let limit = Limit { zone, rate, cost, count_if };
+    let limit = Limit { zone, rate, cost, count_if, cache: Default::default() };
     let limits = lcf.limits.get_or_insert_with(Vec::new);
     if limits.iter().any(|l| l.zone == zone && l.rate == rate && matches!(rate, RateSpec::Fixed(_)))
     {

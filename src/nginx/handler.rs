@@ -224,7 +224,7 @@ fn rate_of(
     if bytes.is_empty() || bytes == b"off" {
         return Ok(None);
     }
-    if let Ok(rate) = Rate::parse(bytes) {
+    if let Ok(rate) = l.cache.get(bytes, Rate::parse) {
         return Ok(Some(rate));
     }
     log_bad_value(r, mcf, l, "rate", bytes, "does not apply");
