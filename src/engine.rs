@@ -9,7 +9,7 @@
 //! the request only if every limit passes (or always, for Lua's
 //! `measure`), once per entry however many limits share it; release the
 //! locks; queue the increments for the zone's Redis thread (at once for a
-//! key near its limit).
+//! key near its limit, later for one far from it: `ratelimit_core::sync`).
 
 use std::sync::Arc;
 
@@ -20,6 +20,7 @@ use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter;
 use ratelimit_core::params::OnError;
 use ratelimit_core::rate::Rate;
+use ratelimit_core::sync::{self, Send};
 use ratelimit_core::window::Estimate;
 use smallvec::SmallVec;
 
@@ -217,8 +218,11 @@ pub fn decide(
             }
         }
     }
+    let mut unsent: SmallVec<[(u32, u16); 4]> = SmallVec::new();
     for ((a, s), out) in asks.iter().zip(&slots).zip(said.iter_mut()) {
-        out.after = counter::estimate(guards[s.guard].table.entry(s.entry), a.rate, now);
+        let e = guards[s.guard].table.entry(s.entry);
+        out.after = counter::estimate(e, a.rate, now);
+        unsent.push((e.inflight, e.share));
     }
     drop(guards);
     for ((a, s), x) in asks.iter().zip(&slots).zip(&said) {
@@ -244,17 +248,23 @@ pub fn decide(
         }
     }
 
-    // queue the increments; a key at half its limit or more goes at once
+    // queue the increments, each as the limits of its entry say (`sync`):
+    // a key near any of them goes at once
     if let Some(ch) = channel {
         for &(i, limit, n) in &sends {
             let s = &slots[i];
-            let urgent = asks
+            let send = asks
                 .iter()
                 .zip(&slots)
                 .zip(&said)
                 .filter(|((_, o), _)| o.guard == s.guard && o.entry == s.entry)
-                .any(|((o, _), x)| near(x, o.rate));
-            queue(ch, &asks[i], s.id, said[i].check.window, limit, n, urgent);
+                .map(|((o, _), x)| {
+                    let (u, share) = unsent[i];
+                    let (ws, hold) = (x.check.window_start_ms, hold_ms(mcf, o.zone));
+                    sync::when(o.rate, x.after, u, share, now, ws, hold)
+                })
+                .fold(Send::By(u64::MAX), Send::min);
+            queue(ch, &asks[i], s.id, said[i].check.window, limit, n, send);
         }
     }
     Ok(Decision { allowed, remaining, retry_at_ms, tightest, said: said[tightest] })
@@ -275,12 +285,16 @@ fn decide_one(
     let (entry, mut said) = check(&mut locked, id, a.rate, a.cost, mode, now);
     let allowed = said.check.allowed;
     let send = (allowed || take == Take::Always) && count(&mut locked, entry, mode, a.cost);
-    said.after = counter::estimate(locked.table.entry(entry), a.rate, now);
+    let e = locked.table.entry(entry);
+    said.after = counter::estimate(e, a.rate, now);
+    let (unsent, share) = (e.inflight, e.share);
     drop(locked);
     trace(log, mcf, a, id, mode, &said);
     let left = said.after.remaining(a.rate.limit);
     if let Some(ch) = channel.filter(|_| send) {
-        queue(ch, a, id, said.check.window, a.rate.limit, a.cost, left <= a.rate.limit / 2);
+        let (ws, hold) = (said.check.window_start_ms, hold_ms(mcf, a.zone));
+        let when = sync::when(a.rate, said.after, unsent, share, now, ws, hold);
+        queue(ch, a, id, said.check.window, a.rate.limit, a.cost, when);
     }
     Ok(Decision {
         allowed,
@@ -348,15 +362,15 @@ fn count(locked: &mut Locked<'_>, entry: u32, mode: Mode, cost: u32) -> bool {
     }
 }
 
-/// Whether a limit's estimate, after this request, is at half of it or
-/// more: the key is near its limit, the other nodes should learn at once.
-fn near(said: &Said, rate: Rate) -> bool {
-    said.after.remaining(rate.limit) <= rate.limit / 2
+/// The zone's `hold=`.
+#[inline]
+fn hold_ms(mcf: &MainConf, zone: usize) -> u64 {
+    mcf.zones[zone].params.as_ref().map_or(0, |p| p.hold_ms)
 }
 
 /// Queues one counted request for the zone's Redis thread.
-fn queue(ch: &Channel, a: &Ask<'_>, id: [u64; 2], window: u64, limit: u32, n: u32, urgent: bool) {
+fn queue(ch: &Channel, a: &Ask<'_>, id: [u64; 2], window: u64, limit: u32, n: u32, send: Send) {
     let item = ItemId { zone: a.zone as u32, entry: id, window };
     let inc = Increment { namespace: a.namespace, key: a.key, period: a.rate.period, limit, n };
-    ch.push(item, inc, urgent);
+    ch.push(item, inc, send);
 }

@@ -15,7 +15,8 @@ __DATA__
     redis_ratelimit_zone $arg_u zone=auth:1m redis=redis://user:secret@127.0.0.1:1/2 on_error=deny timeout=2s;
     redis_ratelimit_zone $arg_x zone=tls:1m redis=rediss://127.0.0.1:1 on_error=allow;
     redis_ratelimit_zone $arg_y zone=sock:1m redis=redis+unix:///tmp/none.sock;
-    redis_ratelimit_zone $arg_v zone=units:1M redis=redis://127.0.0.1:1 timeout=1m30s;
+    redis_ratelimit_zone $arg_v zone=units:1M redis=redis://127.0.0.1:1 timeout=1m30s hold=250ms;
+    redis_ratelimit_zone $arg_w zone=eager:1m redis=redis://127.0.0.1:1 hold=0;
     redis_ratelimit local 1000r/d;
     redis_ratelimit_status 503;
     redis_ratelimit_dry_run off;
@@ -477,3 +478,36 @@ redis_ratelimit: duplicate parameter "cost="
 --- must_die
 --- error_log
 unknown "no_such_variable_here" variable
+
+
+
+=== TEST 44: hold below zero
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 hold=-1;
+--- config
+    location = /t { redis_ratelimit z 1r/s; }
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid hold "-1": a time from 0 to 60s expected
+
+
+
+=== TEST 45: hold above a minute
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 hold=2m;
+--- config
+    location = /t { redis_ratelimit z 1r/s; }
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid hold "2m": a time from 0 to 60s expected
+
+
+
+=== TEST 46: hold without a Redis backend
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m hold=1s;
+--- config
+    location = /t { redis_ratelimit z 1r/s; }
+--- must_die
+--- error_log
+redis_ratelimit_zone: "hold=" needs "redis=URL"

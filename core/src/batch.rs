@@ -6,11 +6,12 @@
 //! `max_bytes` bytes wait, new keys are dropped (and counted), never
 //! blocking the worker.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use crate::key::redis_tag;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ItemId {
     pub zone: u32,
     pub entry: [u64; 2],
@@ -26,6 +27,8 @@ pub struct Item {
     pub limit: u32,
     /// Increments coalesced into this item.
     pub n: u32,
+    /// When it is to be sent (ms; 0: at once). See `sync`.
+    pub due: u64,
 }
 
 /// What one pending item costs in memory, beyond its tag: the map slot,
@@ -57,8 +60,17 @@ pub struct Batch {
     max_items: usize,
     max_bytes: usize,
     bytes: usize,
+    /// Items to send at once.
+    now: Vec<ItemId>,
+    /// Items that may wait, by when (entries of items sent since, or due
+    /// earlier since, are skipped when they come up).
+    later: BinaryHeap<Reverse<(u64, ItemId)>>,
     /// Increments dropped because the batch was full.
     pub dropped: u64,
+    /// When the consumer plans to look again (ms; 0: it is not waiting).
+    /// A producer wakes it for an item due earlier. Read and written under
+    /// the same lock as the batch.
+    pub wake_at: u64,
 }
 
 impl Batch {
@@ -69,7 +81,10 @@ impl Batch {
             max_items,
             max_bytes,
             bytes: 0,
+            now: Vec::new(),
+            later: BinaryHeap::new(),
             dropped: 0,
+            wake_at: 0,
         }
     }
 
@@ -115,9 +130,12 @@ impl Batch {
     }
 
     /// Adds `n` increments of a key (a request that weighs `n`) for the
-    /// tightest limit `limit`, coalesced with what is pending for the item;
-    /// false if they had to be dropped. The key's tag is made (and a long key
-    /// digested) only when the item is new.
+    /// tightest limit `limit`, to be sent by `due` (ms; 0: at once),
+    /// coalesced with what is pending for the item (which then goes at the
+    /// earlier of the two times); false if they had to be dropped. The
+    /// key's tag is made (and a long key digested) only when the item is
+    /// new.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn add(
         &mut self,
@@ -127,26 +145,101 @@ impl Batch {
         period: u32,
         limit: u32,
         n: u32,
+        due: u64,
     ) -> bool {
         if let Some(item) = self.items.get_mut(&id) {
             item.n = item.n.saturating_add(n);
             item.limit = item.limit.min(limit);
+            if due < item.due {
+                item.due = due;
+                self.schedule(id, due);
+            }
             return true;
         }
         let tag = redis_tag(namespace, key);
-        let item = Item { tag, period, limit, n };
+        let item = Item { tag, period, limit, n, due };
         if self.full(item.bytes()) {
             self.dropped += 1;
             return false;
         }
         self.bytes += item.bytes();
         self.items.insert(id, item);
+        self.schedule(id, due);
         true
+    }
+
+    fn schedule(&mut self, id: ItemId, due: u64) {
+        if due == 0 {
+            self.now.push(id);
+        } else {
+            self.later.push(Reverse((due, id)));
+        }
+    }
+
+    /// When the next item is due (ms; 0: now), if any is pending.
+    pub fn next_due(&mut self) -> Option<u64> {
+        if !self.now.is_empty() || !self.deletes.is_empty() {
+            return Some(0);
+        }
+        while let Some(&Reverse((due, id))) = self.later.peek() {
+            match self.items.get(&id) {
+                Some(item) if item.due == due => return Some(due),
+                _ => {
+                    self.later.pop();
+                }
+            }
+        }
+        None
+    }
+
+    /// Takes what is due by `by` (ms) and every delete; everything when the
+    /// items hold more than `hold_bytes` (what waits is bounded by bytes).
+    pub fn drain_due(&mut self, by: u64, hold_bytes: usize) -> (Vec<(ItemId, Item)>, Vec<Delete>) {
+        if self.bytes > hold_bytes {
+            return self.drain();
+        }
+        let mut out = Vec::new();
+        for id in std::mem::take(&mut self.now) {
+            if let Some(item) = self.items.remove(&id) {
+                out.push((id, item));
+            }
+        }
+        while let Some(&Reverse((due, id))) = self.later.peek() {
+            if due > by {
+                break;
+            }
+            self.later.pop();
+            if self.items.get(&id).is_some_and(|i| i.due <= by) {
+                if let Some(item) = self.items.remove(&id) {
+                    out.push((id, item));
+                }
+            }
+        }
+        for (_, item) in &out {
+            self.bytes -= item.bytes();
+        }
+        // entries of items sent early or due earlier pile up; keep them
+        // within twice the items
+        if self.later.len() > 2 * self.items.len() + 64 {
+            self.later = self
+                .items
+                .iter()
+                .filter(|(_, i)| i.due > 0)
+                .map(|(id, i)| Reverse((i.due, *id)))
+                .collect();
+        }
+        let deletes = std::mem::take(&mut self.deletes);
+        if !deletes.is_empty() {
+            self.bytes = self.items.values().map(Item::bytes).sum();
+        }
+        (out, deletes)
     }
 
     /// Takes every pending item, leaving the batch empty.
     pub fn drain(&mut self) -> (Vec<(ItemId, Item)>, Vec<Delete>) {
         self.bytes = 0;
+        self.now.clear();
+        self.later.clear();
         (self.items.drain().collect(), std::mem::take(&mut self.deletes))
     }
 }
@@ -163,10 +256,10 @@ mod tests {
     fn coalesces_per_key_and_window() {
         let mut b = Batch::new(10, 1 << 20);
         for _ in 0..1000 {
-            assert!(b.add(id(0, 1, 5), b"z", b"hot", 1, 100, 1));
+            assert!(b.add(id(0, 1, 5), b"z", b"hot", 1, 100, 1, 0));
         }
-        assert!(b.add(id(0, 1, 6), b"z", b"hot", 1, 100, 1));
-        assert!(b.add(id(1, 1, 5), b"z", b"hot", 1, 50, 1));
+        assert!(b.add(id(0, 1, 6), b"z", b"hot", 1, 100, 1, 0));
+        assert!(b.add(id(1, 1, 5), b"z", b"hot", 1, 50, 1, 0));
         assert_eq!(b.len(), 3);
         let mut items = b.drain().0;
         items.sort_by_key(|(i, _)| (i.zone, i.window));
@@ -180,22 +273,22 @@ mod tests {
     #[test]
     fn keeps_the_tightest_limit() {
         let mut b = Batch::new(10, 1 << 20);
-        b.add(id(0, 1, 5), b"z", b"k", 60, 100, 1);
-        b.add(id(0, 1, 5), b"z", b"k", 60, 10, 1);
-        b.add(id(0, 1, 5), b"z", b"k", 60, 50, 1);
+        b.add(id(0, 1, 5), b"z", b"k", 60, 100, 1, 0);
+        b.add(id(0, 1, 5), b"z", b"k", 60, 10, 1, 0);
+        b.add(id(0, 1, 5), b"z", b"k", 60, 50, 1, 0);
         assert_eq!(b.drain().0[0].1.limit, 10);
     }
 
     #[test]
     fn drops_new_items_when_full_but_still_coalesces() {
         let mut b = Batch::new(2, 1 << 20);
-        assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1, 1));
-        assert!(b.add(id(0, 2, 0), b"z", b"b", 1, 1, 1));
-        assert!(!b.add(id(0, 3, 0), b"z", b"c", 1, 1, 1));
-        assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1, 1));
+        assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1, 1, 0));
+        assert!(b.add(id(0, 2, 0), b"z", b"b", 1, 1, 1, 0));
+        assert!(!b.add(id(0, 3, 0), b"z", b"c", 1, 1, 1, 0));
+        assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1, 1, 0));
         assert_eq!(b.dropped, 1);
         assert_eq!(b.drain().0.len(), 2);
-        assert!(b.add(id(0, 3, 0), b"z", b"c", 1, 1, 1));
+        assert!(b.add(id(0, 3, 0), b"z", b"c", 1, 1, 1, 0));
     }
 
     #[test]
@@ -207,7 +300,7 @@ mod tests {
         for n in 0..5000u64 {
             let mut key = vec![b'k'; 7000];
             key.extend_from_slice(&n.to_le_bytes());
-            if b.add(id(0, n, 0), b"z", &key, 60, 10, 1) {
+            if b.add(id(0, n, 0), b"z", &key, 60, 10, 1, 0) {
                 kept += 1;
             }
         }
@@ -222,8 +315,8 @@ mod tests {
     fn deletes_drop_pending_increments_of_their_key() {
         let mut b = Batch::new(4, 1 << 20);
         assert!(b.is_empty());
-        assert!(b.add(id(0, 9, 7), b"ns", b"k", 60, 5, 1));
-        assert!(b.add(id(0, 8, 7), b"ns", b"other", 60, 5, 1));
+        assert!(b.add(id(0, 9, 7), b"ns", b"k", 60, 5, 1, 0));
+        assert!(b.add(id(0, 8, 7), b"ns", b"other", 60, 5, 1, 0));
         let d =
             Delete { zone: 0, entry: [9, 0], tag: redis_tag(b"ns", b"k"), period: 60, window: 7 };
         assert!(b.delete(d.clone()));
@@ -233,5 +326,71 @@ mod tests {
         assert_eq!(&*items[0].1.tag, b"ns:other");
         assert_eq!(deletes, vec![d]);
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn items_wait_until_due_and_go_at_the_earlier_time_once_coalesced() {
+        let mut b = Batch::new(100, 1 << 20);
+        assert_eq!(b.next_due(), None);
+        assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 1, 5_000));
+        assert!(b.add(id(0, 2, 0), b"z", b"b", 60, 100, 1, 3_000));
+        assert_eq!(b.next_due(), Some(3_000));
+        let (items, _) = b.drain_due(2_999, 1 << 20);
+        assert!(items.is_empty());
+        let (items, _) = b.drain_due(3_000, 1 << 20);
+        assert_eq!(items.len(), 1);
+        assert_eq!(&*items[0].1.tag, b"z:b");
+        assert_eq!(b.next_due(), Some(5_000));
+        // a later request of `a` that must go at once takes the rest with it
+        assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 2, 0));
+        assert_eq!(b.next_due(), Some(0));
+        let (items, _) = b.drain_due(3_001, 1 << 20);
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].1.n, 3);
+        assert!(b.is_empty());
+        // its old entry is skipped, not sent again
+        assert_eq!(b.next_due(), None);
+        assert_eq!(b.bytes(), 0);
+    }
+
+    #[test]
+    fn waiting_is_bounded_by_bytes_and_entries() {
+        let mut b = Batch::new(1 << 16, 1 << 20);
+        for n in 0..100u64 {
+            assert!(b.add(id(0, n, 0), b"z", &n.to_le_bytes(), 60, 100, 1, 10_000 + n));
+        }
+        let held = b.bytes();
+        // under the hold budget nothing is due yet
+        assert!(b.drain_due(1, held).0.is_empty());
+        // past it, everything goes
+        let (items, _) = b.drain_due(1, held - 1);
+        assert_eq!(items.len(), 100);
+        assert_eq!(b.bytes(), 0);
+        // items sent at once leave stale entries behind: compacted
+        for round in 0..50u64 {
+            for n in 0..10u64 {
+                assert!(b.add(id(0, n, round), b"z", b"k", 60, 100, 1, 50_000));
+                assert!(b.add(id(0, n, round), b"z", b"k", 60, 100, 1, 0));
+            }
+            assert_eq!(b.drain_due(1, 1 << 20).0.len(), 10);
+        }
+        assert!(b.later.len() <= 64 + 2 * b.len(), "{} entries", b.later.len());
+    }
+
+    #[test]
+    fn deletes_are_due_at_once_and_keep_the_byte_count_true() {
+        let mut b = Batch::new(100, 1 << 20);
+        assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 1, 9_000));
+        assert!(b.add(id(0, 2, 0), b"z", b"b", 60, 100, 1, 9_000));
+        let one = b.bytes() / 2;
+        let d =
+            Delete { zone: 0, entry: [1, 0], tag: redis_tag(b"z", b"a"), period: 60, window: 0 };
+        assert!(b.delete(d));
+        assert_eq!(b.next_due(), Some(0));
+        let (items, deletes) = b.drain_due(1, 1 << 20);
+        assert!(items.is_empty());
+        assert_eq!(deletes.len(), 1);
+        assert_eq!(b.bytes(), one);
+        assert_eq!(b.next_due(), Some(9_000));
     }
 }

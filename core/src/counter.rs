@@ -183,6 +183,7 @@ pub fn confirm(e: &mut Entry, c: &Confirmation, rate: Rate, now_ms: u64) {
     }
     let w = u64::from(e.window);
     if c.window == w {
+        learn_share(e, c);
         e.inflight = e.inflight.saturating_sub(c.sent);
         e.cur = e.cur.max(clamp(c.cur));
         if let Some(prev) = c.prev {
@@ -207,6 +208,30 @@ pub fn confirm(e: &mut Entry, c: &Confirmation, rate: Rate, now_ms: u64) {
         e.blocked_until_ms = at.min(now_ms.saturating_add(p));
         e.blocked_limit = rate.limit;
     }
+}
+
+/// What a reply says of this node's share of the key's traffic: its
+/// increments against the growth of the global count since the last reply
+/// (the whole window's count after a roll). Believed at once when it is
+/// smaller, slowly when larger; the first one only half (nodes that meet a
+/// key together each see their own increments first). Other workers of
+/// this node count as other nodes here, which only makes the share smaller
+/// (and the node send sooner).
+fn learn_share(e: &mut Entry, c: &Confirmation) {
+    if c.sent == 0 {
+        return;
+    }
+    let grew = c.cur.saturating_sub(u64::from(e.cur)).max(u64::from(c.sent));
+    let sample = (u64::from(c.sent) * u64::from(u16::MAX) / grew) as u32;
+    let old = u32::from(e.share);
+    let next = if old == 0 {
+        sample / 2
+    } else if sample < old {
+        sample
+    } else {
+        (3 * old + sample) / 4
+    };
+    e.share = next.clamp(1, u32::from(u16::MAX)) as u16;
 }
 
 /// Increments Redis could not take (an error reply for that key, or a

@@ -268,3 +268,37 @@ fn stale_confirmations_are_ignored() {
     );
     assert_eq!((e.prev, e.cur), (0, 0));
 }
+
+#[test]
+fn replies_teach_the_node_its_share_of_the_key() {
+    let big = Rate { limit: 6000, period: 60 };
+    let mut e = fresh();
+    assert_eq!(e.share, 0, "unknown until a reply");
+    let w = T0 / 60_000;
+    let reply = |e: &mut Entry, sent: u32, cur: u64, at: u64| {
+        for _ in 0..sent {
+            count(e, true);
+        }
+        confirm(e, &Confirmation { window: w, sent, cur, prev: None }, big, at);
+    };
+    // first contact: alone so far (cur = what it sent), believed by half
+    check(&mut e, big, T0);
+    reply(&mut e, 4, 4, T0 + 1);
+    assert_eq!(e.share, u16::MAX / 2);
+    // the count grew by 40 while it sent 10: a quarter, believed at once
+    reply(&mut e, 10, 44, T0 + 2);
+    assert_eq!(e.share, u16::MAX / 4);
+    // alone again: it grows back slowly
+    reply(&mut e, 10, 54, T0 + 3);
+    assert!(e.share > u16::MAX / 4 && e.share < u16::MAX / 2, "{}", e.share);
+    // a reply without increments (a refresh) teaches nothing
+    let before = e.share;
+    confirm(&mut e, &Confirmation { window: w, sent: 0, cur: 900, prev: None }, big, T0 + 4);
+    assert_eq!(e.share, before);
+    // a late reply for the window before teaches nothing either
+    let mut f = fresh();
+    check(&mut f, big, T0 + 60_000);
+    count(&mut f, true);
+    confirm(&mut f, &Confirmation { window: w, sent: 1, cur: 1, prev: None }, big, T0 + 60_001);
+    assert_eq!(f.share, 0);
+}

@@ -30,8 +30,11 @@ pub struct Health {
 }
 
 impl Health {
+    /// A backend checked at once: increments far from their limit may wait
+    /// seconds before they are sent (`sync`), and `on_error` should not.
     pub fn new(now: Instant) -> Health {
-        Health { up: true, backoff: BACKOFF_MIN, retry_at: None, last_exchange: now }
+        let checked = now.checked_sub(IDLE_CHECK).unwrap_or(now);
+        Health { up: true, backoff: BACKOFF_MIN, retry_at: None, last_exchange: checked }
     }
 
     pub fn is_up(&self) -> bool {
@@ -179,9 +182,11 @@ mod tests {
     }
 
     #[test]
-    fn idle_backend_is_checked_every_second() {
-        let t0 = Instant::now();
+    fn idle_backend_is_checked_at_once_then_every_second() {
+        let t0 = Instant::now() + IDLE_CHECK;
         let mut h = Health::new(t0);
+        assert!(h.check_due(t0));
+        h.succeeded(t0);
         assert!(!h.check_due(t0 + Duration::from_millis(999)));
         assert!(h.check_due(t0 + IDLE_CHECK));
         h.succeeded(t0 + IDLE_CHECK);

@@ -10,6 +10,7 @@
 //! | `table` | the shared-memory table: layout, buckets, LRU, ids |
 //! | `key` | key hashing, Redis key format, hash tags |
 //! | `batch` | the coalescing batch a worker hands its Redis thread |
+//! | `sync` | when a counted request goes to Redis: at once near the limit, later far from it |
 //! | `params` | `redis_ratelimit_zone` parameters |
 //! | `health` | backoff, idle checks, refresh budget, log gate |
 //! | `slots` | Redis Cluster slot → master map |
@@ -21,5 +22,6 @@ pub mod key;
 pub mod params;
 pub mod rate;
 pub mod slots;
+pub mod sync;
 pub mod table;
 pub mod window;

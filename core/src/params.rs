@@ -29,10 +29,16 @@ pub struct ZoneParams {
     pub prefix: Vec<u8>,
     pub timeout_ms: u64,
     pub on_error: OnError,
+    /// `hold=`: the longest a key far from its limit keeps its increments
+    /// on this node before they go to Redis (0: the next flush). See `sync`.
+    pub hold_ms: u64,
 }
 
 pub const DEFAULT_PREFIX: &[u8] = b"rl:";
 pub const DEFAULT_TIMEOUT_MS: u64 = 500;
+pub const DEFAULT_HOLD_MS: u64 = 5_000;
+/// The longest `hold=`.
+pub const MAX_HOLD_MS: u64 = 60_000;
 
 fn show(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -112,6 +118,7 @@ pub fn parse_zone_params(
     let mut prefix: Option<Vec<u8>> = None;
     let mut timeout_ms: Option<u64> = None;
     let mut on_error: Option<OnError> = None;
+    let mut hold_ms: Option<u64> = None;
 
     for &arg in args {
         let (name, value) = match arg.iter().position(|&b| b == b'=') {
@@ -192,6 +199,20 @@ pub fn parse_zone_params(
                     }
                 }
             }
+            (b"hold", Some(v)) => {
+                if hold_ms.is_some() {
+                    return Err(dup());
+                }
+                match (units.time_ms)(v) {
+                    Some(ms) if ms <= MAX_HOLD_MS => hold_ms = Some(ms),
+                    _ => {
+                        return Err(format!(
+                            "invalid hold \"{}\": a time from 0 to 60s expected (0, 500ms, 5s)",
+                            show(v)
+                        ))
+                    }
+                }
+            }
             (b"on_error", Some(v)) => {
                 if on_error.is_some() {
                     return Err(dup());
@@ -228,6 +249,7 @@ pub fn parse_zone_params(
                 (timeout_ms.is_some(), "timeout="),
                 (on_error.is_some(), "on_error="),
                 (prefix.is_some(), "prefix="),
+                (hold_ms.is_some(), "hold="),
             ] {
                 if set {
                     return Err(format!("\"{what}\" needs \"redis=URL\""));
@@ -243,6 +265,7 @@ pub fn parse_zone_params(
         prefix: prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_vec()),
         timeout_ms: timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
         on_error: on_error.unwrap_or(OnError::Local),
+        hold_ms: hold_ms.unwrap_or(DEFAULT_HOLD_MS),
     })
 }
 
@@ -333,6 +356,9 @@ mod tests {
         assert_eq!(b.urls.len(), 2);
         assert_eq!(p.on_error, OnError::Deny);
         assert_eq!(p.timeout_ms, 100);
+        assert_eq!(p.hold_ms, DEFAULT_HOLD_MS);
+        assert_eq!(parse("zone=a:1m redis=redis://h:1 hold=0").map(|p| p.hold_ms), Ok(0));
+        assert_eq!(parse("zone=a:1m redis=redis://h:1 hold=250ms").map(|p| p.hold_ms), Ok(250));
         assert_eq!(p.prefix, b"app:");
         assert!(parse("zone=a:1m redis=rediss://u:p@h:6380/2").is_ok());
         assert!(parse("zone=a:1m redis=redis+unix:///tmp/redis.sock").is_ok());
@@ -358,6 +384,10 @@ mod tests {
             ("zone=a:1m redis=redis://h:1 timeout=0", "\"0\""),
             ("zone=a:1m redis=redis://h:1 prefix=a{b", "a{b"),
             ("zone=a:1m timeout=1s", "timeout="),
+            ("zone=a:1m redis=redis://h:1 hold=-1", "invalid hold \"-1\""),
+            ("zone=a:1m redis=redis://h:1 hold=61s", "invalid hold \"61s\""),
+            ("zone=a:1m redis=redis://h:1 hold=1s hold=2s", "hold"),
+            ("zone=a:1m hold=1s", "\"hold=\" needs"),
             ("zone=a{b}:1m", "a{b}"),
         ] {
             let err = parse(conf).expect_err(conf);

@@ -13,7 +13,7 @@ pub const MAGIC: u64 = 0x5252_4c54_4142_4c45;
 /// Bumped whenever `Header` or `Entry` change layout, or entry ids change
 /// meaning (`key::IdHasher`): a region written by another version is
 /// formatted anew instead of being misread.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 const NIL: u32 = u32::MAX;
 
@@ -59,6 +59,10 @@ pub struct Entry {
     /// Circuit breaker: until this time (ms since the epoch) the key is over
     /// `blocked_limit`.
     pub blocked_until_ms: u64,
+    /// This node's share of the key's recent global count, out of
+    /// `u16::MAX` (0: not known yet), from Redis's replies. See `sync`.
+    pub share: u16,
+    _spare: [u16; 3],
 }
 
 /// Sizes of the three parts of a region of a given length.
@@ -390,7 +394,7 @@ mod tests {
 
     #[test]
     fn layout_fits_and_is_aligned() {
-        assert_eq!(Layout::ENTRY, 56);
+        assert_eq!(Layout::ENTRY, 64);
         for bytes in [Layout::HEADER + 200, 4096, 32768, 10 << 20, (10 << 20) + 13] {
             let l = Layout::for_region(bytes).unwrap();
             assert!(l.total() <= bytes, "{bytes}: {l:?}");

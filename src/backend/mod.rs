@@ -29,6 +29,8 @@ use parking_lot::{Condvar, Mutex};
 
 use ratelimit_core::batch::{Batch, Delete, ItemId};
 use ratelimit_core::health;
+use ratelimit_core::params;
+use ratelimit_core::sync::Send;
 
 pub use event::{Event, Level, ZoneSpec};
 pub use state::Backend;
@@ -42,6 +44,12 @@ pub const BATCH_ITEMS: usize = 1 << 16;
 pub const BATCH_BYTES: usize = 4 << 20;
 /// How long the thread may spend sending what it holds when it is asked to
 /// stop (worker exit, reload).
+/// What increments waiting for their time (`sync`) may hold, per worker;
+/// past it they are all sent at once.
+pub const HOLD_BYTES: usize = BATCH_BYTES / 2;
+/// Items due this soon after the first one go with it (fewer, fuller
+/// pipelines; a little early is harmless).
+pub const DUE_SLACK_MS: u64 = 100;
 pub const STOP_FLUSH: Duration = Duration::from_secs(1);
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -88,17 +96,27 @@ impl Channel {
         }
     }
 
-    /// Queues one increment (request path: never blocks on I/O). `urgent`
-    /// (the key is near its limit) skips the flush pacing: other nodes
-    /// should learn of it as soon as possible.
-    pub fn push(&self, id: ItemId, inc: Increment<'_>, urgent: bool) -> bool {
+    /// Queues one increment (request path: never blocks on I/O), to reach
+    /// Redis as `send` says (`ratelimit_core::sync`). One that must go at
+    /// once skips the flush pacing: other nodes should learn of it as soon
+    /// as possible. The thread is woken only when the increment is due
+    /// before it planned to wake.
+    pub fn push(&self, id: ItemId, inc: Increment<'_>, send: Send) -> bool {
+        let due = match send {
+            Send::Now => 0,
+            Send::By(ms) => ms.max(1),
+        };
         let mut b = self.batch.lock();
-        let was_empty = b.is_empty();
-        let ok = b.add(id, inc.namespace, inc.key, inc.period, inc.limit, inc.n);
+        let ok = b.add(id, inc.namespace, inc.key, inc.period, inc.limit, inc.n, due);
         if !ok {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
-        let wake = ok && (was_empty || (urgent && !self.urgent.swap(true, Ordering::AcqRel)));
+        let first_urgent = ok && due == 0 && !self.urgent.swap(true, Ordering::AcqRel);
+        let wake = ok && due < b.wake_at && (due > 0 || first_urgent);
+        if wake {
+            // it plans anew when woken
+            b.wake_at = 0;
+        }
         drop(b);
         if wake {
             self.wake.notify_one();
@@ -106,13 +124,16 @@ impl Channel {
         ok
     }
 
-    /// Queues the deletion of a key's Redis counters.
     pub fn delete(&self, d: Delete) -> bool {
         let mut b = self.batch.lock();
-        let was_empty = b.is_empty();
         let ok = b.delete(d);
+        // a delete is due at once
+        let wake = ok && b.wake_at > 0;
+        if wake {
+            b.wake_at = 0;
+        }
         drop(b);
-        if was_empty && ok {
+        if wake {
             self.wake.notify_one();
         }
         ok
@@ -195,6 +216,15 @@ pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<Joi
     spawned
 }
 
+/// The wall clock in ms, as nginx's cached time that set the items' due
+/// times (a step of the clock makes them go early, or at the latest after
+/// `params::MAX_HOLD_MS`).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Blocks every signal in the calling thread; returns the previous mask.
 fn block_signals() -> libc::sigset_t {
     // SAFETY: plain libc calls on local signal sets.
@@ -229,26 +259,55 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                     let (items, deletes) = b.drain();
                     break (items, deletes, true);
                 }
-                if b.is_empty() {
-                    // Idle: sleep until woken, or until a backend needs
-                    // its idle check, its next try, or a refresh.
-                    let now = Instant::now();
-                    let next = backends
-                        .iter()
-                        .map(|be| be.next_wake(now))
-                        .min()
-                        .unwrap_or(now + health::IDLE_CHECK);
-                    if ch.wake.wait_until(&mut b, next.max(now)).timed_out() && b.is_empty() {
-                        break (Vec::new(), Vec::new(), false);
+                // what is due now (within the slack), or everything when
+                // what waits holds too many bytes
+                let now_ms = wall_ms();
+                let mut due = b.next_due();
+                // due later than any item can be: the clock stepped back
+                let stepped = due.is_some_and(|d| d > now_ms.saturating_add(params::MAX_HOLD_MS));
+                if stepped {
+                    due = Some(now_ms);
+                }
+                let over = stepped || b.bytes() > HOLD_BYTES;
+                if over || due.is_some_and(|d| d <= now_ms) {
+                    b.wake_at = 0;
+                    let ready = last_flush.map_or(Duration::MAX, |t| t.elapsed());
+                    if over || ready >= FLUSH_INTERVAL || ch.urgent.swap(false, Ordering::AcqRel) {
+                        ch.urgent.store(false, Ordering::Release);
+                        let (items, deletes) = if stepped {
+                            b.drain()
+                        } else {
+                            b.drain_due(now_ms + DUE_SLACK_MS, HOLD_BYTES)
+                        };
+                        break (items, deletes, false);
                     }
+                    // paced: an increment that must go at once still
+                    // wakes the thread (due 0 < 1)
+                    b.wake_at = 1;
+                    ch.wake.wait_for(&mut b, FLUSH_INTERVAL - ready);
+                    b.wake_at = 0;
                     continue;
                 }
-                let ready = last_flush.map_or(Duration::MAX, |t| t.elapsed());
-                if ready >= FLUSH_INTERVAL || ch.urgent.swap(false, Ordering::AcqRel) {
-                    let (items, deletes) = b.drain();
-                    break (items, deletes, false);
+                // Nothing due: sleep until woken, the next item is due, or
+                // a backend needs its idle check, its next try, or a
+                // refresh.
+                let now = Instant::now();
+                let mut next = backends
+                    .iter()
+                    .map(|be| be.next_wake(now))
+                    .min()
+                    .unwrap_or(now + health::IDLE_CHECK);
+                if let Some(d) = due {
+                    next = next.min(now + Duration::from_millis(d - now_ms));
                 }
-                ch.wake.wait_for(&mut b, FLUSH_INTERVAL - ready);
+                let next = next.max(now);
+                b.wake_at =
+                    now_ms.saturating_add(next.duration_since(now).as_millis() as u64).max(1);
+                let timed_out = ch.wake.wait_until(&mut b, next).timed_out();
+                b.wake_at = 0;
+                if timed_out && b.next_due().is_none_or(|d| d > wall_ms()) {
+                    break (Vec::new(), Vec::new(), false);
+                }
             }
         };
 

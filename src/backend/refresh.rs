@@ -42,7 +42,10 @@ impl Backend {
             if !self.budget.take(cost, now) {
                 continue;
             }
-            items.push((id, Item { tag: w.tag.clone(), period: w.period, limit: w.limit, n: 0 }));
+            items.push((
+                id,
+                Item { tag: w.tag.clone(), period: w.period, limit: w.limit, n: 0, due: 0 },
+            ));
         }
         for chunk in items.chunks(PIPELINE_ITEMS) {
             if !self.health.is_up() {

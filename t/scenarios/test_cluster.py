@@ -16,7 +16,10 @@ from cluster import REDIS_CLI, Cluster, keyslot
 from test_redis import recording_get, until_denied
 
 NASTY_RE = r"\[(alert|crit|emerg)\]|exited on signal|panick"
-FAIL_RE = r'\[error\].*redis_ratelimit: zone "%s": (?:connecting to|sending to) \S+ failed: '
+# a failure of the whole backend (its URLs), or of one master of a cluster
+# whose topology is known (`sending to Redis Cluster master host:port of
+# URLs failed`)
+FAIL_RE = r'\[error\].*redis_ratelimit: zone "%s": (?:connecting to|sending to) (?:Redis Cluster master \S+ of )?\S+ failed: '
 PREFIX = "sc:"
 # (ii): how many 500-slot reshards (alternately there and back), 2 s apart;
 # SCENARIO_RESHARDS=10 makes it a stress test
@@ -24,7 +27,9 @@ RESHARDS = int(os.environ.get("SCENARIO_RESHARDS", "2"))
 
 
 def czone(c, name, extra=""):
-    return "    redis_ratelimit_zone $arg_k zone=%s:1m redis=%s cluster prefix=%s %s;\n" % (
+    # hold=0: these tests look at what reaches the cluster right after a
+    # request (test_sync.py tests the hold)
+    return "    redis_ratelimit_zone $arg_k zone=%s:1m redis=%s cluster prefix=%s hold=0 %s;\n" % (
         name, c.urls(), PREFIX, extra)
 
 
@@ -352,7 +357,8 @@ def test_whole_cluster_down_and_back(h):
     429 within 2 s, then only 429; <= 1 error line per zone per second + 2.
     The 6 nodes restarted on the same ports (nodes.conf kept): the cluster
     reforms, and a new key's count appears in the cluster <= 8 s after
-    cluster_state:ok (each zone), and recovery is logged once per zone."""
+    cluster_state:ok (each zone), and recovery is logged (by the backend or
+    each master that failed, never more often than failures were)."""
     c = Cluster(h).start()
     zones = ("zl", "za", "zd")
     http = czone(c, "zl", "on_error=local") + czone(c, "za", "on_error=allow") + czone(c, "zd", "on_error=deny")
@@ -412,7 +418,8 @@ def test_whole_cluster_down_and_back(h):
                                                                  else "%s never (10 s)" % z for z in zones)))
     span = time.monotonic() - t_stop
     errs = {z: len(fail_lines(ng, z)) for z in zones}
-    notices = {z: len(re.findall(r'\[notice\].*redis_ratelimit: zone "%s": Redis \S+ is reachable again' % z, text))
+    notices = {z: len(re.findall(r'\[notice\].*redis_ratelimit: zone "%s": Redis (?:Cluster master )?\S+ is reachable again'
+                                 % z, text))
                for z in zones}
     h.note("error lines per zone %s in %.1fs (outage %.1fs); recovery notices %s; messages: %s" % (
         errs, span, outage, notices, err_msgs(sum((fail_lines(ng, z) for z in zones), []))))
@@ -424,7 +431,11 @@ def test_whole_cluster_down_and_back(h):
                  "cluster_state:ok (%s)" % (z, landed.get(z)))
         h.expect(1 <= errs[z] <= int(span) + 2, "zone %s: %d error lines in %.1fs (bound 1..%d)"
                  % (z, errs[z], span, int(span) + 2))
-        h.expect(notices[z] == 1, "zone %s: recovery logged %d times (expected once)" % (z, notices[z]))
+        # the backend, or each master that failed, says it is back; a master
+        # that answered while the cluster was still forming may fail and
+        # come back once more: never more notices than failure reports
+        h.expect(1 <= notices[z] <= max(1, errs[z]),
+                 "zone %s: recovery logged %d times (expected 1..%d)" % (z, notices[z], max(1, errs[z])))
         h.expect(after[z] == 200, "zone %s after recovery: fresh key got %s" % (z, after[z]))
     h.expect(not nasty(ng), "error.log: %s" % nasty(ng)[:5])
 
@@ -460,7 +471,7 @@ def test_throughput_cluster_vs_single(h):
     r = h.redis()
     body = "redis_ratelimit z 100000000r/h;"
     ngl = h.nginx("    redis_ratelimit_zone $arg_k zone=z:1m;\n", loc("/t", body))
-    ngs = h.nginx("    redis_ratelimit_zone $arg_k zone=z:1m redis=%s prefix=%s;\n" % (r.url, PREFIX),
+    ngs = h.nginx("    redis_ratelimit_zone $arg_k zone=z:1m redis=%s prefix=%s hold=0;\n" % (r.url, PREFIX),
                   loc("/t", body))
     ngc = h.nginx(czone(c, "z"), loc("/t", body))
 

@@ -31,7 +31,9 @@ NASTY_RE = r"\[(alert|crit|emerg)\]|exited on signal|panick"
 # ---------------------------------------------------------------------------
 
 def zone(name, url, extra="", key="$arg_k", size="1m"):
-    return "    redis_ratelimit_zone %s zone=%s:%s redis=%s %s;\n" % (key, name, size, url, extra)
+    # these tests look at what reaches Redis right after a request: hold=0
+    # sends every count with the next flush (test_sync.py tests the hold)
+    return "    redis_ratelimit_zone %s zone=%s:%s redis=%s hold=0 %s;\n" % (key, name, size, url, extra)
 
 
 def loc(path, body):

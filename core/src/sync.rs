@@ -1,0 +1,186 @@
+//! When a node sends what it counted: the headroom-adaptive sync rule.
+//!
+//! A key far from its limit may wait; a key near it goes at once. Each
+//! node keeps at most its share of a quarter of the key's remaining
+//! headroom below half its limit unsent:
+//!
+//! - **near** (the estimate after this request is at half the limit or
+//!   more): at once, as every request was sent before this rule. This is
+//!   what keeps floods exact: from `L/2` on, every node hears of the others
+//!   within a round trip.
+//! - **far**: the node may hold its unsent increments `u` of the key while
+//!   `u ≤ f · (L/2 − g) / 4`, where `g` is what it knows of the key from
+//!   Redis (its estimate less `u`) and `f` its share of the key's traffic,
+//!   learnt from Redis's replies (its increments against the growth of the
+//!   global count; 0 until the first reply, so a key new to the node goes
+//!   at once). Past that allowance, with the next flush. Otherwise they
+//!   wait until `min(P, H)` after the request (`H`: the zone's `hold=`, 5 s
+//!   by default), and never past the end of the request's window.
+//!
+//! The bound: when the nodes' shares add up to at most 4 (they add up to 1
+//! when measured right), the increments all of them hold together stay
+//! below `L/2 − g`, so the key reaches half its limit before anyone could
+//! pass it blind, and the near-limit rule takes over exactly as before.
+//! Shares measured before the traffic moved can add up to more; a node then
+//! hides at most `f_i · L/8` of the key's requests, and no more than it
+//! receives in `min(P, H)`: allowed per window ≤
+//! `L + N·(1 + r·RTT) + Σ_i min(f_i · L/8, r_i · H)` (the sum over the
+//! nodes whose shares are stale), where the first two terms are the
+//! near-limit rule's: each node's blind request and what it passes during
+//! one round trip at its rate `r`.
+
+use crate::rate::Rate;
+use crate::window::Estimate;
+
+/// When a counted request is to reach Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Send {
+    /// At once (the next flush, within milliseconds).
+    Now,
+    /// By this time (ms, the clock of `now_ms`).
+    By(u64),
+}
+
+impl Send {
+    /// The earlier of two.
+    pub fn min(self, other: Send) -> Send {
+        match (self, other) {
+            (Send::By(a), Send::By(b)) => Send::By(a.min(b)),
+            _ => Send::Now,
+        }
+    }
+}
+
+/// How many increments a node may hold unsent: its share (out of
+/// `u16::MAX`) of a quarter of the headroom below half the limit, given
+/// what it knows from Redis (`known`).
+#[inline]
+pub fn allowance(limit: u32, known: f64, share: u16) -> u32 {
+    let room = f64::from(limit / 2) - known;
+    if room <= 0.0 || share == 0 {
+        return 0;
+    }
+    (room * f64::from(share) / f64::from(u16::MAX) / 4.0) as u32
+}
+
+/// When a request just counted for `rate` goes to Redis: `after` is the
+/// key's estimate with it, `unsent` the node's increments of the key that
+/// Redis has not confirmed (this one included), `share` the node's share of
+/// the key (`Entry::share`), `window_start_ms` the start of its window,
+/// `hold_ms` the zone's `hold=`. Near the limit: at once. Past the
+/// allowance, or with `hold=0`: the next flush (`By(now)`).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn when(
+    rate: Rate,
+    after: Estimate,
+    unsent: u32,
+    share: u16,
+    now_ms: u64,
+    window_start_ms: u64,
+    hold_ms: u64,
+) -> Send {
+    if after.remaining(rate.limit) <= rate.limit / 2 {
+        return Send::Now;
+    }
+    let known = after.value() - f64::from(unsent);
+    if hold_ms == 0 || unsent > allowance(rate.limit, known, share) {
+        return Send::By(now_ms);
+    }
+    let p = rate.period_ms();
+    let by = now_ms.saturating_add(hold_ms.min(p)).min(window_start_ms.saturating_add(p));
+    Send::By(by.max(now_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn est(prev: u32, cur: u32, elapsed_ms: u64, p: u64) -> Estimate {
+        Estimate::new(prev, cur, elapsed_ms, p)
+    }
+
+    const PER_MIN: Rate = Rate { limit: 6000, period: 60 };
+    const PER_SEC: Rate = Rate { limit: 100, period: 1 };
+    const H: u64 = 5_000;
+    /// A node alone on its keys.
+    const ALL: u16 = u16::MAX;
+
+    #[test]
+    fn far_from_the_limit_waits_up_to_the_hold_or_the_window_end() {
+        // 10 s into a minute window, 100 counted, 1 of them unsent
+        let start = 600_000;
+        let now = start + 10_000;
+        let s = when(PER_MIN, est(0, 100, 10_000, 60_000), 1, ALL, now, start, H);
+        assert_eq!(s, Send::By(now + H));
+        // 58 s in: the window's end comes first
+        let now = start + 58_000;
+        assert_eq!(
+            when(PER_MIN, est(0, 100, 58_000, 60_000), 1, ALL, now, start, H),
+            Send::By(start + 60_000)
+        );
+        // a per-second window: its end
+        let now = 5_000_300;
+        assert_eq!(
+            when(PER_SEC, est(8, 3, 300, 1000), 1, ALL, now, 5_000_000, H),
+            Send::By(5_001_000)
+        );
+    }
+
+    #[test]
+    fn near_the_limit_goes_at_once() {
+        // 50 of 100 after this request: half the limit
+        assert_eq!(when(PER_SEC, est(0, 50, 500, 1000), 1, ALL, 500, 0, H), Send::Now);
+        // the previous window's weight counts too: 80 * 0.5 + 10
+        assert_eq!(when(PER_SEC, est(80, 10, 500, 1000), 1, ALL, 500, 0, H), Send::Now);
+    }
+
+    #[test]
+    fn past_its_share_of_the_headroom_goes_with_the_next_flush() {
+        // alone, known 10 of 100: (50 - 10) / 4 = 10 may wait
+        assert_eq!(allowance(100, 10.0, ALL), 10);
+        let now = 100;
+        assert_eq!(when(PER_SEC, est(0, 20, 100, 1000), 10, ALL, now, 0, H), Send::By(1000));
+        assert_eq!(when(PER_SEC, est(0, 21, 100, 1000), 11, ALL, now, 0, H), Send::By(now));
+        // half of the key's traffic: half of that
+        assert_eq!(allowance(100, 10.0, ALL / 2), 4);
+        assert_eq!(when(PER_SEC, est(0, 15, 100, 1000), 5, ALL / 2, now, 0, H), Send::By(now));
+        // a key new to the node (no share yet): every request until a reply
+        assert_eq!(allowance(6000, 0.0, 0), 0);
+        assert_eq!(when(PER_MIN, est(0, 1, 100, 60_000), 1, 0, 100, 0, H), Send::By(100));
+        // a low limit has no allowance: every request at once, as before
+        let low = Rate { limit: 3, period: 60 };
+        assert_eq!(allowance(3, 0.0, ALL), 0);
+        assert_eq!(allowance(8, 0.0, ALL), 1);
+        assert_eq!(when(low, est(0, 1, 100, 60_000), 1, ALL, 100, 0, H), Send::By(100));
+        // a request that weighs more than the allowance
+        assert_eq!(when(PER_MIN, est(0, 800, 100, 60_000), 800, ALL, 100, 0, H), Send::By(100));
+        // hold=0: every request in the next flush
+        assert_eq!(when(PER_MIN, est(0, 1, 100, 60_000), 1, ALL, 100, 0, 0), Send::By(100));
+    }
+
+    #[test]
+    fn the_held_requests_of_nodes_whose_shares_add_up_to_four_stay_below_half_the_limit() {
+        for limit in [8u32, 10, 100, 999, 6000, 1_000_000] {
+            for g in [0u32, 1, limit / 8, limit / 4, limit / 2 - 1] {
+                for n in [1u32, 2, 3, 10, 100] {
+                    // n nodes whose shares add up to 4 (at most 1 each)
+                    let share = (4 * u32::from(u16::MAX) / n).min(u32::from(u16::MAX)) as u16;
+                    let a = allowance(limit, f64::from(g), share);
+                    let held = u64::from(n) * u64::from(a);
+                    assert!(
+                        u64::from(g) + held <= u64::from(limit / 2),
+                        "limit {limit}, known {g}, {n} nodes: {held} held passes half"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn send_min() {
+        assert_eq!(Send::By(5).min(Send::By(3)), Send::By(3));
+        assert_eq!(Send::By(5).min(Send::Now), Send::Now);
+        assert_eq!(Send::Now.min(Send::By(1)), Send::Now);
+    }
+}
