@@ -255,6 +255,10 @@ class Http:
 BENCH_RE = re.compile(r"^BENCH (.*)$", re.M)
 
 
+# the zones' hold= (the default)
+HOLD_S = 5.0
+
+
 def run_wrk(url, conns, duration, script, cpu=None, args=(), timeout_extra=30):
     cmd = (["taskset", "-c", str(cpu)] if cpu is not None else []) + [
         "wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", "--timeout", "10s",
@@ -558,7 +562,10 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
             time.sleep(0.3)
             before, cpu0 = commands(redis), redis_cpu(redis)
             r = wrk(url, 32, duration, script, cpu, args)
-            time.sleep(0.5)  # the background thread flushes what it queued
+            # the background thread flushes what it queued; counts far from
+            # their limit wait up to hold= (5 s) first: they belong to this
+            # case's commands, not the next one's
+            time.sleep(HOLD_S + 0.5 if name.startswith("redis") else 0.5)
             r["cmds"] = commands(redis) - before
             r["redis_cpu"] = redis_cpu(redis) - cpu0
             runs[name].append(r)

@@ -12,8 +12,8 @@
 //!   `u ≤ f · (L/2 − g) / 4`, where `g` is what it knows of the key from
 //!   Redis (its estimate less `u`) and `f` its share of the key's traffic,
 //!   learnt from Redis's replies (its increments against the growth of the
-//!   global count; 0 until the first reply, so a key new to the node goes
-//!   at once). Past that allowance, with the next flush. Otherwise they
+//!   global count; one node in 32 until the first reply). Past that
+//!   allowance, with the next flush. Otherwise they
 //!   wait until `min(P, H)` after the request (`H`: the zone's `hold=`, 5 s
 //!   by default), and never past the end of the request's window.
 //!
@@ -31,6 +31,11 @@
 
 use crate::rate::Rate;
 use crate::window::Estimate;
+
+/// The share a node assumes of a key it has no reply for yet: one node in
+/// 32. Up to 128 nodes meeting a key at once then hold no more than the
+/// headroom below half its limit together.
+pub const FIRST_SHARE: u16 = u16::MAX / 32;
 
 /// When a counted request is to reach Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +89,7 @@ pub fn when(
         return Send::Now;
     }
     let known = after.value() - f64::from(unsent);
+    let share = if share == 0 { FIRST_SHARE } else { share };
     if hold_ms == 0 || unsent > allowance(rate.limit, known, share) {
         return Send::By(now_ms);
     }
@@ -145,9 +151,13 @@ mod tests {
         // half of the key's traffic: half of that
         assert_eq!(allowance(100, 10.0, ALL / 2), 4);
         assert_eq!(when(PER_SEC, est(0, 15, 100, 1000), 5, ALL / 2, now, 0, H), Send::By(now));
-        // a key new to the node (no share yet): every request until a reply
+        // a key new to the node (no share yet): one node in 32
         assert_eq!(allowance(6000, 0.0, 0), 0);
-        assert_eq!(when(PER_MIN, est(0, 1, 100, 60_000), 1, 0, 100, 0, H), Send::By(100));
+        assert_eq!(allowance(6000, 0.0, FIRST_SHARE), 23);
+        assert_eq!(when(PER_MIN, est(0, 23, 100, 60_000), 23, 0, 100, 0, H), Send::By(5100));
+        assert_eq!(when(PER_MIN, est(0, 24, 100, 60_000), 24, 0, 100, 0, H), Send::By(100));
+        // ... which under a low limit is nothing: at once, as before
+        assert_eq!(when(PER_SEC, est(0, 1, 100, 1000), 1, 0, 100, 0, H), Send::By(100));
         // a low limit has no allowance: every request at once, as before
         let low = Rate { limit: 3, period: 60 };
         assert_eq!(allowance(3, 0.0, ALL), 0);
