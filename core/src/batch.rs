@@ -192,9 +192,17 @@ impl Batch {
         None
     }
 
-    /// Takes what is due by `by` (ms) and every delete; everything when the
-    /// items hold more than `hold_bytes` (what waits is bounded by bytes).
-    pub fn drain_due(&mut self, by: u64, hold_bytes: usize) -> (Vec<(ItemId, Item)>, Vec<Delete>) {
+    /// Takes every item due at once, at most `max_due` of those due by `by`
+    /// (ms; the earliest first: a backlog goes in several flushes, so that
+    /// what must go at once never waits behind it), and every delete;
+    /// everything when the items hold more than `hold_bytes` (what waits is
+    /// bounded by bytes).
+    pub fn drain_due(
+        &mut self,
+        by: u64,
+        max_due: usize,
+        hold_bytes: usize,
+    ) -> (Vec<(ItemId, Item)>, Vec<Delete>) {
         if self.bytes > hold_bytes {
             return self.drain();
         }
@@ -204,10 +212,12 @@ impl Batch {
                 out.push((id, item));
             }
         }
+        let mut taken = 0;
         while let Some(&Reverse((due, id))) = self.later.peek() {
-            if due > by {
+            if due > by || taken >= max_due {
                 break;
             }
+            taken += 1;
             self.later.pop();
             if self.items.get(&id).is_some_and(|i| i.due <= by) {
                 if let Some(item) = self.items.remove(&id) {
@@ -335,16 +345,16 @@ mod tests {
         assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 1, 5_000));
         assert!(b.add(id(0, 2, 0), b"z", b"b", 60, 100, 1, 3_000));
         assert_eq!(b.next_due(), Some(3_000));
-        let (items, _) = b.drain_due(2_999, 1 << 20);
+        let (items, _) = b.drain_due(2_999, usize::MAX, 1 << 20);
         assert!(items.is_empty());
-        let (items, _) = b.drain_due(3_000, 1 << 20);
+        let (items, _) = b.drain_due(3_000, usize::MAX, 1 << 20);
         assert_eq!(items.len(), 1);
         assert_eq!(&*items[0].1.tag, b"z:b");
         assert_eq!(b.next_due(), Some(5_000));
         // a later request of `a` that must go at once takes the rest with it
         assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 2, 0));
         assert_eq!(b.next_due(), Some(0));
-        let (items, _) = b.drain_due(3_001, 1 << 20);
+        let (items, _) = b.drain_due(3_001, usize::MAX, 1 << 20);
         assert_eq!(items.len(), 1);
         assert_eq!(items[0].1.n, 3);
         assert!(b.is_empty());
@@ -361,9 +371,9 @@ mod tests {
         }
         let held = b.bytes();
         // under the hold budget nothing is due yet
-        assert!(b.drain_due(1, held).0.is_empty());
+        assert!(b.drain_due(1, usize::MAX, held).0.is_empty());
         // past it, everything goes
-        let (items, _) = b.drain_due(1, held - 1);
+        let (items, _) = b.drain_due(1, usize::MAX, held - 1);
         assert_eq!(items.len(), 100);
         assert_eq!(b.bytes(), 0);
         // items sent at once leave stale entries behind: compacted
@@ -372,7 +382,7 @@ mod tests {
                 assert!(b.add(id(0, n, round), b"z", b"k", 60, 100, 1, 50_000));
                 assert!(b.add(id(0, n, round), b"z", b"k", 60, 100, 1, 0));
             }
-            assert_eq!(b.drain_due(1, 1 << 20).0.len(), 10);
+            assert_eq!(b.drain_due(1, usize::MAX, 1 << 20).0.len(), 10);
         }
         assert!(b.later.len() <= 64 + 2 * b.len(), "{} entries", b.later.len());
     }
@@ -387,10 +397,25 @@ mod tests {
             Delete { zone: 0, entry: [1, 0], tag: redis_tag(b"z", b"a"), period: 60, window: 0 };
         assert!(b.delete(d));
         assert_eq!(b.next_due(), Some(0));
-        let (items, deletes) = b.drain_due(1, 1 << 20);
+        let (items, deletes) = b.drain_due(1, usize::MAX, 1 << 20);
         assert!(items.is_empty());
         assert_eq!(deletes.len(), 1);
         assert_eq!(b.bytes(), one);
         assert_eq!(b.next_due(), Some(9_000));
+    }
+
+    #[test]
+    fn a_backlog_goes_in_chunks_and_what_is_urgent_never_waits_behind_it() {
+        let mut b = Batch::new(1 << 16, 1 << 20);
+        for n in 0..1000u64 {
+            assert!(b.add(id(0, n, 0), b"z", &n.to_le_bytes(), 1, 100, 1, 500 + n));
+        }
+        assert!(b.add(id(0, 5000, 0), b"z", b"hot", 1, 100, 1, 0));
+        let (items, _) = b.drain_due(10_000, 300, 1 << 20);
+        assert_eq!(items.len(), 301, "the urgent item and the 300 earliest");
+        assert_eq!(&*items[0].1.tag, b"z:hot");
+        assert_eq!(items[1].1.due, 500);
+        assert_eq!(b.len(), 700);
+        assert_eq!(b.next_due(), Some(800));
     }
 }

@@ -49,7 +49,11 @@ pub const BATCH_BYTES: usize = 4 << 20;
 pub const HOLD_BYTES: usize = BATCH_BYTES / 2;
 /// Items due this soon after the first one go with it (fewer, fuller
 /// pipelines; a little early is harmless).
-pub const DUE_SLACK_MS: u64 = 100;
+pub const DUE_SLACK_MS: u64 = 10;
+/// At most this many items that waited go per flush: many keys due at
+/// once (the end of a window) go in several flushes, and what must go at
+/// once (a key near its limit) never waits behind a large pipeline.
+pub const DUE_CHUNK: usize = 512;
 pub const STOP_FLUSH: Duration = Duration::from_secs(1);
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -277,7 +281,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                         let (items, deletes) = if stepped {
                             b.drain()
                         } else {
-                            b.drain_due(now_ms + DUE_SLACK_MS, HOLD_BYTES)
+                            b.drain_due(now_ms + DUE_SLACK_MS, DUE_CHUNK, HOLD_BYTES)
                         };
                         break (items, deletes, false);
                     }
