@@ -9,7 +9,7 @@ use nginx_sys::{ngx_http_request_t, ngx_int_t, NGX_OK};
 use ngx::http::{HttpModuleMainConf, Request};
 use smallvec::SmallVec;
 
-use super::handler::{cost, debug_log, key, rate, read, state};
+use super::handler::{ask, cost, debug_log, key, rate, read, state};
 use super::module::Module;
 use super::time::now_ms;
 use crate::engine::{self, Ask, Take};
@@ -57,13 +57,7 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
         let Ok(cost) = cost(r, mcf, l) else {
             continue;
         };
-        asks.push(Ask {
-            zone: l.zone,
-            namespace: mcf.zones[l.zone].name.as_bytes(),
-            key,
-            rate,
-            cost,
-        });
+        asks.push(ask(mcf, l, key, rate, cost));
     }
     if !asks.is_empty() {
         // counted whatever the estimate says now: the request was let

@@ -138,8 +138,7 @@ fn limit(
             return Ok(NGX_DECLINED as ngx_int_t);
         }
         let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
-        let ask =
-            Ask { zone: l.zone, namespace: mcf.zones[l.zone].name.as_bytes(), key, rate, cost };
+        let ask = ask(mcf, l, key, rate, cost);
         let now = now_ms();
         let decision =
             engine::decide(mcf, &[ask], now, Take::IfAllowed, debug_log(r)).map_err(|_| ())?;
@@ -162,15 +161,10 @@ fn limit(
         if key.is_empty() {
             continue;
         }
-        asks.push(Ask {
-            zone: l.zone,
-            namespace: mcf.zones[l.zone].name.as_bytes(),
-            key,
-            rate,
-            // a `count_if=` limit is only checked now: counted after the
-            // response (`count.rs`)
-            cost: if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? },
-        });
+        // a `count_if=` limit is only checked now: counted after the
+        // response (`count.rs`)
+        let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
+        asks.push(ask(mcf, l, key, rate, cost));
     }
     if asks.is_empty() {
         return Ok(NGX_DECLINED as ngx_int_t);
@@ -179,6 +173,18 @@ fn limit(
     let decision =
         engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r)).map_err(|_| ())?;
     finish(r, mcf, lcf, now, &asks, &decision)
+}
+
+/// What the engine is asked for one limit of a request: its zone, the
+/// zone's name as the key's namespace, the key, the rate and the cost.
+pub(super) fn ask<'a>(
+    mcf: &'a MainConf,
+    l: &Limit,
+    key: &'a [u8],
+    rate: Rate,
+    cost: u32,
+) -> Ask<'a> {
+    Ask { zone: l.zone, namespace: mcf.zones[l.zone].name.as_bytes(), key, rate, cost }
 }
 
 /// The request's log (its connection's).
