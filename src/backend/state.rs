@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use ratelimit_core::batch::{Item, ItemId};
+use ratelimit_core::batch::{Item, ItemMap};
 use ratelimit_core::health::{Budget, Health, LogGate};
 use ratelimit_core::slots::Topology;
 use redis::IntoConnectionInfo;
@@ -67,15 +67,15 @@ pub struct Backend {
     pub(super) refusals: LogGate,
     pub(super) secrets: Vec<String>,
     /// Increments known not to have run, sent with the next flush.
-    pub(super) retry: HashMap<ItemId, Item>,
+    pub(super) retry: ItemMap<Item>,
     pub(super) retry_bytes: usize,
     /// Keys near their limit, to be read again (by entry, window 0).
-    pub(super) watch: HashMap<ItemId, Watch>,
+    pub(super) watch: ItemMap<Watch>,
     pub(super) budget: Budget,
     /// Counters whose `INCRBY` may have created them without an `EXPIRE`
     /// (reply lost): `EXPIRE` sent with the next exchange.
-    pub(super) ttl_fix: HashMap<ItemId, TtlFix>,
-    pub(super) prev: HashMap<ItemId, Prev>,
+    pub(super) ttl_fix: ItemMap<TtlFix>,
+    pub(super) prev: ItemMap<Prev>,
     /// When `prev` was last rid of windows that are over.
     pub(super) swept: Instant,
     /// Cluster: a copy of the slot map, and when it was read.
@@ -108,12 +108,12 @@ impl Backend {
             errors: LogGate::new(LOG_INTERVAL),
             refusals: LogGate::new(LOG_INTERVAL),
             secrets,
-            retry: HashMap::new(),
+            retry: ItemMap::default(),
             retry_bytes: 0,
-            watch: HashMap::new(),
+            watch: ItemMap::default(),
             budget: Budget::new(REFRESH_BUDGET, now),
-            ttl_fix: HashMap::new(),
-            prev: HashMap::new(),
+            ttl_fix: ItemMap::default(),
+            prev: ItemMap::default(),
             swept: now,
             topo: None,
             topo_at: None,

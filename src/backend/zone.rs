@@ -4,10 +4,9 @@
 //! each reply is read is in `flush.rs`; refreshes of keys near their limit
 //! in `refresh.rs`; the masters of a cluster in `cluster.rs`.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use ratelimit_core::batch::{Delete, Item, ItemId};
+use ratelimit_core::batch::{Delete, Item, ItemId, ItemMap};
 use ratelimit_core::health::Health;
 use ratelimit_core::key::{redis_key_for_tag, show_key};
 use ratelimit_core::params::redact;
@@ -173,7 +172,7 @@ impl Backend {
         }
         let now_ms = unix_ms();
         self.retry_bytes = 0;
-        let mut merged: HashMap<ItemId, Item> = self
+        let mut merged: ItemMap<Item> = self
             .retry
             .drain()
             .filter(|(id, item)| {
