@@ -11,6 +11,7 @@
 //! | `key` | key hashing, Redis key format, hash tags |
 //! | `batch` | the coalescing batch a worker hands its Redis thread |
 //! | `sync` | when a counted request goes to Redis: at once near the limit, later far from it |
+//! | `metrics` | the metrics page: Prometheus text and JSON |
 //! | `params` | `redis_ratelimit_zone` parameters |
 //! | `health` | backoff, idle checks, refresh budget, log gate |
 //! | `slots` | Redis Cluster slot → master map |
@@ -19,6 +20,7 @@ pub mod batch;
 pub mod counter;
 pub mod health;
 pub mod key;
+pub mod metrics;
 pub mod params;
 pub mod rate;
 pub mod slots;

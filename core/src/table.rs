@@ -13,7 +13,9 @@ pub const MAGIC: u64 = 0x5252_4c54_4142_4c45;
 /// Bumped whenever `Header` or `Entry` change layout, or entry ids change
 /// meaning (`key::IdHasher`): a region written by another version is
 /// formatted anew instead of being misread.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 const NIL: u32 = u32::MAX;
 
@@ -38,6 +40,49 @@ pub struct Header {
     /// logged for this zone by any worker: at most one per second.
     pub error_logged_sec: u64,
     pub notice_logged_sec: u64,
+    /// What the zone decided, all workers together (updated without the
+    /// lock: atomics).
+    pub stats: Stats,
+}
+
+/// Counters of a zone's decisions, kept in its shared memory.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub passed: AtomicU64,
+    pub rejected: AtomicU64,
+    pub rejected_dry_run: AtomicU64,
+}
+
+impl Stats {
+    /// Counts one request's outcome.
+    #[inline]
+    pub fn add(&self, outcome: Outcome) {
+        let c = match outcome {
+            Outcome::Passed => &self.passed,
+            Outcome::Rejected => &self.rejected,
+            Outcome::RejectedDryRun => &self.rejected_dry_run,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What a request came to under a zone (`$redis_ratelimit_status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Passed,
+    Rejected,
+    RejectedDryRun,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Passed => "PASSED",
+            Outcome::Rejected => "REJECTED",
+            Outcome::RejectedDryRun => "REJECTED_DRY_RUN",
+        }
+    }
 }
 
 /// One (key, period) counter. `prev`/`cur` are the counts of the previous and
@@ -140,6 +185,7 @@ impl<'a> Table<'a> {
             region_len,
             error_logged_sec: 0,
             notice_logged_sec: 0,
+            stats: Stats::default(),
         };
         buckets.fill(NIL);
         let n = entries.len();
@@ -172,6 +218,11 @@ impl<'a> Table<'a> {
         entries: &'a mut [Entry],
     ) -> Table<'a> {
         Table { hdr, buckets, entries }
+    }
+
+    /// How many entries the table holds.
+    pub fn capacity(&self) -> usize {
+        self.hdr.capacity as usize
     }
 
     pub fn len(&self) -> usize {
@@ -381,6 +432,7 @@ mod tests {
                 region_len: 0,
                 error_logged_sec: 0,
                 notice_logged_sec: 0,
+                stats: Stats::default(),
             },
             buckets: vec![0; nbuckets],
             entries: vec![Entry::default(); capacity],

@@ -15,6 +15,7 @@ use nginx_sys::{
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 use ratelimit_core::rate::Rate;
+use ratelimit_core::table::Outcome;
 use ratelimit_core::window::seconds_until;
 use smallvec::SmallVec;
 
@@ -24,24 +25,6 @@ use super::conf::{
 use super::module::Module;
 use super::time::now_ms;
 use crate::engine::{self, Ask, Decision, Take};
-
-/// `$redis_ratelimit_status`
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Passed,
-    Rejected,
-    RejectedDryRun,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Passed => "PASSED",
-            Outcome::Rejected => "REJECTED",
-            Outcome::RejectedDryRun => "REJECTED_DRY_RUN",
-        }
-    }
-}
 
 /// What the limiter decided for a request, kept for the variables. It hangs
 /// off the main request's pool (as a cleanup entry) rather than the module
@@ -339,6 +322,27 @@ pub(super) fn key<'r>(
     eval(r, zone.key)
 }
 
+/// Counts the request in its zones' figures (`redis_ratelimit_metrics`):
+/// a rejection in the zone whose limit said no, a pass in every zone that
+/// was asked (once each).
+#[inline]
+fn count_outcome(mcf: &MainConf, limits: &[Ask<'_>], rejecting: usize, outcome: Outcome) {
+    let stats = |z: usize| mcf.zones.get(z).and_then(|z| z.shared.as_ref()).map(|s| s.stats());
+    if outcome != Outcome::Passed {
+        if let Some(st) = stats(rejecting) {
+            st.add(outcome);
+        }
+        return;
+    }
+    for (i, a) in limits.iter().enumerate() {
+        if limits[..i].iter().all(|o| o.zone != a.zone) {
+            if let Some(st) = stats(a.zone) {
+                st.add(outcome);
+            }
+        }
+    }
+}
+
 /// What every decided request ends with: the log line of a rejection, the
 /// recorded state (for the variables), the headers, and the status.
 fn finish(
@@ -360,6 +364,8 @@ fn finish(
         (true, false) => Outcome::Rejected,
         (true, true) => Outcome::RejectedDryRun,
     };
+
+    count_outcome(mcf, limits, tightest.zone, outcome);
 
     if rejected {
         let zone = &mcf.zones[tightest.zone];

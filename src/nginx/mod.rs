@@ -8,6 +8,7 @@
 //! | `zone.rs` | a zone's shared memory: mapping, locking |
 //! | `handler.rs` | the preaccess handler: evaluates keys, asks the engine, answers |
 //! | `count.rs` | the log phase handler: counts `count_if=` limits after the response |
+//! | `metrics.rs` | `redis_ratelimit_metrics`: the figures page |
 //! | `vars.rs` | `$redis_ratelimit_*` variables |
 //! | `worker.rs` | the worker's side of the Redis thread: start, stop, replies |
 //! | `time.rs` | nginx's cached clock |
@@ -16,6 +17,7 @@ pub mod conf;
 pub mod count;
 pub mod directives;
 pub mod handler;
+pub mod metrics;
 pub mod module;
 pub mod time;
 pub mod vars;

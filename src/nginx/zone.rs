@@ -17,7 +17,7 @@ use nginx_sys::{
 use ngx::{ngx_log_debug, ngx_log_error};
 
 use ratelimit_core::key::IdHasher;
-use ratelimit_core::table::{Entry, Header, Layout, Table};
+use ratelimit_core::table::{Entry, Header, Layout, Stats, Table};
 
 const LEN_PREFIX: usize = 8;
 
@@ -48,6 +48,15 @@ impl Shared {
     /// taken in this order, which every process agrees on.
     pub fn order(&self) -> usize {
         self.pool as usize
+    }
+
+    /// The zone's decision counters: atomics in its shared memory, read and
+    /// counted without the lock.
+    pub fn stats(&self) -> &Stats {
+        // SAFETY: the table's header starts the region (after the length)
+        // for as long as the zone is mapped, which outlives `self`; `Stats`
+        // is made of atomics, safe to share between processes and threads.
+        unsafe { &(*self.table.cast::<Header>()).stats }
     }
 
     /// Takes the zone's lock (nginx's slab mutex, which the master releases

@@ -1,0 +1,114 @@
+//! `redis_ratelimit_metrics`: a content handler, like `stub_status`, that
+//! answers with every zone's figures (`ratelimit_core::metrics`): the
+//! Prometheus text format, or JSON with `?format=json`. The figures live in
+//! each zone's shared memory, so any worker answers the same.
+
+use std::ffi::{c_char, c_void};
+
+use nginx_sys::{
+    ngx_chain_t, ngx_command_t, ngx_conf_t, ngx_create_temp_buf, ngx_http_discard_request_body,
+    ngx_http_output_filter, ngx_http_request_t, ngx_http_send_header, ngx_int_t, ngx_str_t,
+    NGX_ERROR, NGX_HTTP_GET, NGX_HTTP_HEAD, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_HTTP_NOT_ALLOWED,
+    NGX_HTTP_OK, NGX_OK,
+};
+use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule, Request};
+use ratelimit_core::metrics::{self, Zone};
+
+use super::conf::MainConf;
+use super::module::Module;
+
+/// `redis_ratelimit_metrics;` in a location: its content handler.
+pub extern "C" fn cmd_metrics(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    _conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: nginx calls directive handlers with the configuration being
+    // read; the core module's location configuration exists at this level.
+    let Some(clcf) = NgxHttpCoreModule::location_conf_mut(unsafe { &*cf }) else {
+        return NGX_CONF_ERROR;
+    };
+    clcf.handler = Some(handler);
+    NGX_CONF_OK
+}
+
+/// Every zone's figures, read from its shared memory.
+fn collect(mcf: &MainConf) -> Vec<Zone> {
+    let mut out = Vec::with_capacity(mcf.zones.len());
+    for z in &mcf.zones {
+        let Some(shared) = z.shared.as_ref() else {
+            continue;
+        };
+        let (keys, capacity, evictions) = {
+            let locked = shared.lock();
+            (locked.table.len(), locked.table.capacity(), locked.table.evictions())
+        };
+        let st = shared.stats();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        out.push(Zone {
+            name: z.name.clone(),
+            redis: z.params.as_ref().is_some_and(|p| p.backend.is_some()),
+            passed: load(&st.passed),
+            rejected: load(&st.rejected),
+            rejected_dry_run: load(&st.rejected_dry_run),
+            keys: keys as u64,
+            capacity: capacity as u64,
+            evictions,
+        });
+    }
+    out
+}
+
+unsafe extern "C" fn handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls content handlers with a valid request.
+    let r = unsafe { &mut *r };
+    if r.method & (NGX_HTTP_GET | NGX_HTTP_HEAD) as usize == 0 {
+        return NGX_HTTP_NOT_ALLOWED as ngx_int_t;
+    }
+    // SAFETY: the request is valid.
+    let rc = unsafe { ngx_http_discard_request_body(r) };
+    if rc != NGX_OK as ngx_int_t {
+        return rc;
+    }
+    // SAFETY: the request is valid; `Request` is a transparent wrapper.
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    let Some(mcf) = Module::main_conf(req) else {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t;
+    };
+    let zones = collect(mcf);
+    let json = metrics::wants_json(r.args.as_bytes());
+    let (body, ctype): (String, &'static [u8]) = if json {
+        (metrics::json(&zones), b"application/json")
+    } else {
+        (metrics::prometheus(&zones), b"text/plain; version=0.0.4; charset=utf-8")
+    };
+
+    r.headers_out.status = NGX_HTTP_OK as usize;
+    r.headers_out.content_length_n = body.len() as i64;
+    r.headers_out.content_type_len = ctype.len();
+    r.headers_out.content_type = ngx_str_t { len: ctype.len(), data: ctype.as_ptr().cast_mut() };
+    r.headers_out.content_type_lowcase = std::ptr::null_mut();
+    // SAFETY: the request is valid and its headers are set.
+    let rc = unsafe { ngx_http_send_header(r) };
+    if rc == NGX_ERROR as ngx_int_t || rc > NGX_OK as ngx_int_t || r.header_only() != 0 {
+        return rc;
+    }
+    // SAFETY: a buffer from the request's pool, as large as the body.
+    let b = unsafe { ngx_create_temp_buf(r.pool, body.len().max(1)) };
+    // SAFETY: `ngx_create_temp_buf` returns null or a valid buffer.
+    let Some(buf) = (unsafe { b.as_mut() }) else {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t;
+    };
+    // SAFETY: the buffer holds at least `body.len()` bytes from `last`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(body.as_ptr(), buf.last, body.len());
+        buf.last = buf.last.add(body.len());
+    }
+    buf.set_last_buf(u32::from(std::ptr::eq(r, r.main)));
+    buf.set_last_in_chain(1);
+    let mut out = ngx_chain_t { buf: b, next: std::ptr::null_mut() };
+    // SAFETY: the chain and its buffer live in this frame and the request's
+    // pool; nginx copies what it keeps.
+    unsafe { ngx_http_output_filter(r, &mut out) }
+}
