@@ -20,6 +20,7 @@ use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter;
 use ratelimit_core::params::OnError;
 use ratelimit_core::rate::Rate;
+use ratelimit_core::stats::Stats;
 use ratelimit_core::sync::{self, Send};
 use ratelimit_core::window::Estimate;
 use smallvec::SmallVec;
@@ -264,7 +265,7 @@ pub fn decide(
                     sync::when(o.rate, x.after, u, share, now, ws, hold)
                 })
                 .fold(Send::By(u64::MAX), Send::min);
-            queue(ch, &asks[i], s.id, said[i].check.window, limit, n, send);
+            queue(mcf, ch, &asks[i], s.id, said[i].check.window, limit, n, send);
         }
     }
     Ok(Decision { allowed, remaining, retry_at_ms, tightest, said: said[tightest] })
@@ -294,7 +295,7 @@ fn decide_one(
     if let Some(ch) = channel.filter(|_| send) {
         let (ws, hold) = (said.check.window_start_ms, hold_ms(mcf, a.zone));
         let when = sync::when(a.rate, said.after, unsent, share, now, ws, hold);
-        queue(ch, a, id, said.check.window, a.rate.limit, a.cost, when);
+        queue(mcf, ch, a, id, said.check.window, a.rate.limit, a.cost, when);
     }
     Ok(Decision {
         allowed,
@@ -369,8 +370,22 @@ fn hold_ms(mcf: &MainConf, zone: usize) -> u64 {
 }
 
 /// Queues one counted request for the zone's Redis thread.
-fn queue(ch: &Channel, a: &Ask<'_>, id: [u64; 2], window: u64, limit: u32, n: u32, send: Send) {
+#[allow(clippy::too_many_arguments)]
+fn queue(
+    mcf: &MainConf,
+    ch: &Channel,
+    a: &Ask<'_>,
+    id: [u64; 2],
+    window: u64,
+    limit: u32,
+    n: u32,
+    send: Send,
+) {
     let item = ItemId { zone: a.zone as u32, entry: id, window };
     let inc = Increment { namespace: a.namespace, key: a.key, period: a.rate.period, limit, n };
-    ch.push(item, inc, send);
+    if !ch.push(item, inc, send) {
+        if let Some(s) = mcf.zones[a.zone].shared.as_ref() {
+            Stats::bump(&s.stats().dropped);
+        }
+    }
 }

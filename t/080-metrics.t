@@ -36,8 +36,8 @@ ok
 [("") x 8, "Content-Type: text/plain; version=0.0.4; charset=utf-8", "Content-Type: application/json"]
 --- response_body_like eval
 [("^ok\n\$") x 3, (".*") x 3, "^ok\n\$", "^ok\n\$",
- qr/# TYPE nginx_redis_ratelimit_requests_total counter\n(?s:.*)nginx_redis_ratelimit_requests_total\{zone="z",outcome="passed"\} 4\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="rejected"\} 3\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="rejected_dry_run"\} 1\nnginx_redis_ratelimit_requests_total\{zone="idle",outcome="passed"\} 0\n(?s:.*)nginx_redis_ratelimit_keys\{zone="z"\} 2\n(?s:.*)nginx_redis_ratelimit_keys_capacity\{zone="z"\} \d{4,}\n(?s:.*)nginx_redis_ratelimit_redis_backend\{zone="z"\} 0\n/,
- qr/^\{"zones":\{"z":\{"redis":false,"requests":\{"passed":4,"rejected":3,"rejected_dry_run":1\},"keys":2,"keys_capacity":\d{4,},"evictions":0\},"idle":\{"redis":false,"requests":\{"passed":0,"rejected":0,"rejected_dry_run":0\},"keys":0,/]
+ qr/# TYPE nginx_redis_ratelimit_requests_total counter\n(?s:.*)nginx_redis_ratelimit_requests_total\{zone="z",outcome="passed"\} 4\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="rejected"\} 3\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="rejected_dry_run"\} 1\nnginx_redis_ratelimit_requests_total\{zone="idle",outcome="passed"\} 0\n(?s:.*)nginx_redis_ratelimit_keys\{zone="z"\} 2\n(?s:.*)nginx_redis_ratelimit_keys_capacity\{zone="z"\} \d{4,}\n(?s:.*)# TYPE nginx_redis_ratelimit_backend_up gauge\n# HELP/,
+ qr/^\{"zones":\{"z":\{"requests":\{"passed":4,"rejected":3,"rejected_dry_run":1\},"keys":2,"keys_capacity":\d{4,},"evictions":0,"breaker_trips":0,"dropped_increments":0,"redis":null\},"idle":\{"requests":\{"passed":0,"rejected":0,"rejected_dry_run":0\},"keys":0,/]
 --- no_error_log
 [alert]
 [crit]
@@ -71,3 +71,44 @@ invalid number of arguments in "redis_ratelimit_metrics" directive
 --- must_die
 --- error_log
 "redis_ratelimit_metrics" directive is not allowed here
+
+
+
+=== TEST 5: a Redis zone: commands, pipelines, round trips, last sync, the backend up, its policy, breaker trips
+--- http_config
+    redis_ratelimit_zone $arg_k zone=r:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t080: hold=0 on_error=deny;
+--- config
+    location = /t { redis_ratelimit r 2r/d; }
+    location = /metrics { redis_ratelimit_metrics; }
+--- user_files
+>>> t
+ok
+--- request eval
+["GET /t?k=trip", "GET /t?k=trip", "GET /metrics", "GET /t?k=trip", "GET /metrics"]
+--- error_code eval
+[200, 200, 200, 429, 200]
+--- wait: 0.1
+--- response_body_like eval
+["ok", "ok", ".*", ".*",
+ qr/nginx_redis_ratelimit_breaker_trips_total\{zone="r"\} 1\n(?s:.*)nginx_redis_ratelimit_backend_up\{zone="r"\} 1\n(?s:.*)nginx_redis_ratelimit_on_error\{zone="r",policy="deny"\} 1\n(?s:.*)nginx_redis_ratelimit_redis_commands_total\{zone="r"\} [1-9]\d*\n(?s:.*)nginx_redis_ratelimit_redis_errors_total\{zone="r",kind="transport"\} 0\n(?s:.*)nginx_redis_ratelimit_redis_connects_total\{zone="r"\} [12]\n(?s:.*)nginx_redis_ratelimit_last_sync_age_seconds\{zone="r"\} \d(?s:.*)nginx_redis_ratelimit_redis_roundtrip_seconds_count\{zone="r"\} [1-9]/]
+
+
+
+=== TEST 6: Redis unreachable: the backend down, transport errors counted, no sync yet
+--- http_config
+    redis_ratelimit_zone $arg_k zone=down:1m redis=redis://127.0.0.1:1 timeout=100ms;
+--- config
+    location = /t { redis_ratelimit down 100r/d; }
+    location = /metrics { redis_ratelimit_metrics; }
+--- user_files
+>>> t
+ok
+--- init
+# the thread checks its backend at once; give it a moment
+--- request eval
+["GET /t?k=a", "GET /metrics"]
+--- wait: 0.3
+--- error_code eval
+[200, 200]
+--- response_body_like eval
+["ok", qr/nginx_redis_ratelimit_backend_up\{zone="down"\} 0\n(?s:.*)nginx_redis_ratelimit_redis_errors_total\{zone="down",kind="transport"\} [1-9](?!(?s:.*)last_sync_age_seconds\{)/]

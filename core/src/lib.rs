@@ -14,6 +14,7 @@
 //! | `metrics` | the metrics page: Prometheus text and JSON |
 //! | `params` | `redis_ratelimit_zone` parameters |
 //! | `health` | backoff, idle checks, refresh budget, log gate |
+//! | `stats` | a zone's figures in shared memory (atomics) |
 //! | `slots` | Redis Cluster slot → master map |
 
 pub mod batch;
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod params;
 pub mod rate;
 pub mod slots;
+pub mod stats;
 pub mod sync;
 pub mod table;
 pub mod window;

@@ -1,15 +1,15 @@
 //! The `redis_ratelimit_metrics` page: every zone's figures in Prometheus's
 //! text exposition format (0.0.4), or the same as JSON. Pure: the module
-//! reads the figures from shared memory and hands them over.
+//! reads the figures from shared memory (`stats`) and hands them over.
 
 use std::fmt::Write;
 
+use crate::stats::RTT_BUCKETS_US;
+
 /// One zone's figures, all workers together.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Zone {
     pub name: String,
-    /// Whether the zone has a Redis backend.
-    pub redis: bool,
     pub passed: u64,
     pub rejected: u64,
     pub rejected_dry_run: u64,
@@ -17,6 +17,29 @@ pub struct Zone {
     pub keys: u64,
     pub capacity: u64,
     pub evictions: u64,
+    pub breaker_trips: u64,
+    pub dropped: u64,
+    /// The Redis backend's figures; `None` for a zone without `redis=`.
+    pub redis: Option<Redis>,
+}
+
+/// What a zone's Redis threads did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Redis {
+    pub up: bool,
+    /// `on_error=`: `local`, `allow` or `deny`.
+    pub on_error: &'static str,
+    pub commands: u64,
+    pub pipelines: u64,
+    pub errors_transport: u64,
+    pub errors_reply: u64,
+    pub connects: u64,
+    /// Seconds since a flush last went through (`None`: never).
+    pub sync_age_s: Option<f64>,
+    /// Round trips per bucket of `RTT_BUCKETS_US`, then above them all (not
+    /// cumulative).
+    pub rtt_buckets: Vec<u64>,
+    pub rtt_sum_us: u64,
 }
 
 /// A label value as the exposition format wants it: `\`, `"` and newlines
@@ -34,22 +57,32 @@ fn label(v: &str) -> String {
     out
 }
 
-/// One metric family: its help, its type, one sample per zone.
-fn family(
+fn head(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// One metric family with one sample per zone (and per extra label set
+/// `rows` gives).
+fn family<T: std::fmt::Display>(
     out: &mut String,
     name: &str,
     kind: &str,
     help: &str,
     zones: &[Zone],
-    rows: &dyn Fn(&Zone) -> Vec<(String, u64)>,
+    rows: &dyn Fn(&Zone) -> Vec<(String, T)>,
 ) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+    head(out, name, kind, help);
     for z in zones {
         for (labels, v) in rows(z) {
             let _ = writeln!(out, "{name}{{zone=\"{}\"{labels}}} {v}", label(&z.name));
         }
     }
+}
+
+/// Seconds, as Prometheus prints them.
+fn secs(us: u64) -> String {
+    format!("{}", us as f64 / 1e6)
 }
 
 /// The Prometheus text exposition of `zones`.
@@ -69,13 +102,14 @@ pub fn prometheus(zones: &[Zone]) -> String {
             ]
         },
     );
+    let one = |f: fn(&Zone) -> u64| move |z: &Zone| vec![(String::new(), f(z))];
     family(
         &mut out,
         "nginx_redis_ratelimit_keys",
         "gauge",
         "Keys (key and period pairs) in the zone's shared memory.",
         zones,
-        &|z| vec![(String::new(), z.keys)],
+        &one(|z| z.keys),
     );
     family(
         &mut out,
@@ -83,7 +117,7 @@ pub fn prometheus(zones: &[Zone]) -> String {
         "gauge",
         "Keys the zone's shared memory holds.",
         zones,
-        &|z| vec![(String::new(), z.capacity)],
+        &one(|z| z.capacity),
     );
     family(
         &mut out,
@@ -91,16 +125,102 @@ pub fn prometheus(zones: &[Zone]) -> String {
         "counter",
         "Least recently used keys evicted to make room.",
         zones,
-        &|z| vec![(String::new(), z.evictions)],
+        &one(|z| z.evictions),
     );
     family(
         &mut out,
-        "nginx_redis_ratelimit_redis_backend",
-        "gauge",
-        "1 when the zone counts through Redis, 0 when it counts in this node's memory only.",
+        "nginx_redis_ratelimit_breaker_trips_total",
+        "counter",
+        "Redis replies that closed a key's circuit breaker (the key is over its limit).",
         zones,
-        &|z| vec![(String::new(), u64::from(z.redis))],
+        &one(|z| z.breaker_trips),
     );
+    family(
+        &mut out,
+        "nginx_redis_ratelimit_dropped_increments_total",
+        "counter",
+        "Counted requests the queue to the Redis thread had no room for (counted on this node only).",
+        zones,
+        &one(|z| z.dropped),
+    );
+
+    let redis: Vec<Zone> = zones.iter().filter(|z| z.redis.is_some()).cloned().collect();
+    let r = |z: &Zone| z.redis.clone().unwrap_or_default();
+    family(
+        &mut out,
+        "nginx_redis_ratelimit_backend_up",
+        "gauge",
+        "1 while the zone's Redis backend works, 0 while it is down (as its threads last saw it).",
+        &redis,
+        &|z| vec![(String::new(), u64::from(r(z).up))],
+    );
+    family(
+        &mut out,
+        "nginx_redis_ratelimit_on_error",
+        "gauge",
+        "The zone's on_error policy (1 for the one in force while Redis is down).",
+        &redis,
+        &|z| vec![(format!(",policy=\"{}\"", r(z).on_error), 1u64)],
+    );
+    family(
+        &mut out,
+        "nginx_redis_ratelimit_redis_commands_total",
+        "counter",
+        "Redis commands sent.",
+        &redis,
+        &|z| vec![(String::new(), r(z).commands)],
+    );
+    family(
+        &mut out,
+        "nginx_redis_ratelimit_redis_pipelines_total",
+        "counter",
+        "Pipelines (flushes, checks, TTL fixes) sent to Redis.",
+        &redis,
+        &|z| vec![(String::new(), r(z).pipelines)],
+    );
+    family(
+        &mut out,
+        "nginx_redis_ratelimit_redis_errors_total",
+        "counter",
+        "Redis errors: transport (refused, reset, timeout, TLS, cluster down) or reply (an error reply to one command).",
+        &redis,
+        &|z| {
+            vec![
+                (",kind=\"transport\"".into(), r(z).errors_transport),
+                (",kind=\"reply\"".into(), r(z).errors_reply),
+            ]
+        },
+    );
+    family(
+        &mut out,
+        "nginx_redis_ratelimit_redis_connects_total",
+        "counter",
+        "Connections made to Redis.",
+        &redis,
+        &|z| vec![(String::new(), r(z).connects)],
+    );
+    family(
+        &mut out,
+        "nginx_redis_ratelimit_last_sync_age_seconds",
+        "gauge",
+        "Seconds since a flush to Redis last went through (absent before the first).",
+        &redis,
+        &|z| r(z).sync_age_s.map(|a| (String::new(), a)).into_iter().collect(),
+    );
+    let name = "nginx_redis_ratelimit_redis_roundtrip_seconds";
+    head(&mut out, name, "histogram", "Round trips of the pipelines sent to Redis.");
+    for z in &redis {
+        let rz = r(z);
+        let zl = label(&z.name);
+        let mut cumulative = 0;
+        for (i, n) in rz.rtt_buckets.iter().enumerate() {
+            cumulative += n;
+            let le = RTT_BUCKETS_US.get(i).map_or("+Inf".to_string(), |&b| secs(b));
+            let _ = writeln!(out, "{name}_bucket{{zone=\"{zl}\",le=\"{le}\"}} {cumulative}");
+        }
+        let _ = writeln!(out, "{name}_sum{{zone=\"{zl}\"}} {}", secs(rz.rtt_sum_us));
+        let _ = writeln!(out, "{name}_count{{zone=\"{zl}\"}} {cumulative}");
+    }
     out
 }
 
@@ -137,84 +257,48 @@ pub fn json(zones: &[Zone]) -> String {
         }
         let _ = write!(
             out,
-            "{}:{{\"redis\":{},\"requests\":{{\"passed\":{},\"rejected\":{},\"rejected_dry_run\":{}}},\
-             \"keys\":{},\"keys_capacity\":{},\"evictions\":{}}}",
+            "{}:{{\"requests\":{{\"passed\":{},\"rejected\":{},\"rejected_dry_run\":{}}},\
+             \"keys\":{},\"keys_capacity\":{},\"evictions\":{},\"breaker_trips\":{},\
+             \"dropped_increments\":{},\"redis\":",
             json_str(&z.name),
-            z.redis,
             z.passed,
             z.rejected,
             z.rejected_dry_run,
             z.keys,
             z.capacity,
-            z.evictions
+            z.evictions,
+            z.breaker_trips,
+            z.dropped,
         );
+        match &z.redis {
+            None => out.push_str("null}"),
+            Some(r) => {
+                let age = r.sync_age_s.map_or("null".to_string(), |a| a.to_string());
+                let buckets: Vec<String> = r.rtt_buckets.iter().map(u64::to_string).collect();
+                let _ = write!(
+                    out,
+                    "{{\"up\":{},\"on_error\":\"{}\",\"commands\":{},\"pipelines\":{},\
+                     \"errors\":{{\"transport\":{},\"reply\":{}}},\"connects\":{},\
+                     \"last_sync_age_seconds\":{age},\"roundtrip_buckets_us\":{:?},\
+                     \"roundtrip_counts\":[{}],\"roundtrip_sum_seconds\":{}}}}}",
+                    r.up,
+                    r.on_error,
+                    r.commands,
+                    r.pipelines,
+                    r.errors_transport,
+                    r.errors_reply,
+                    r.connects,
+                    RTT_BUCKETS_US,
+                    buckets.join(","),
+                    secs(r.rtt_sum_us),
+                );
+            }
+        }
     }
     out.push_str("}}\n");
     out
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn zones() -> Vec<Zone> {
-        vec![
-            Zone {
-                name: "login".into(),
-                redis: true,
-                passed: 10,
-                rejected: 3,
-                rejected_dry_run: 0,
-                keys: 7,
-                capacity: 15_742,
-                evictions: 0,
-            },
-            Zone { name: "e\"dge\\".into(), passed: 1, ..Zone::default() },
-        ]
-    }
-
-    #[test]
-    fn prometheus_text_has_help_type_and_one_sample_per_zone() {
-        let t = prometheus(&zones());
-        assert!(t.contains("# HELP nginx_redis_ratelimit_requests_total "));
-        assert!(t.contains("# TYPE nginx_redis_ratelimit_requests_total counter\n"));
-        assert!(t.contains(
-            "nginx_redis_ratelimit_requests_total{zone=\"login\",outcome=\"passed\"} 10\n"
-        ));
-        assert!(t.contains(
-            "nginx_redis_ratelimit_requests_total{zone=\"login\",outcome=\"rejected\"} 3\n"
-        ));
-        assert!(t.contains("nginx_redis_ratelimit_keys{zone=\"login\"} 7\n"));
-        assert!(t.contains("nginx_redis_ratelimit_keys_capacity{zone=\"login\"} 15742\n"));
-        assert!(t.contains("nginx_redis_ratelimit_redis_backend{zone=\"login\"} 1\n"));
-        // label values escaped
-        assert!(t.contains("{zone=\"e\\\"dge\\\\\",outcome=\"passed\"} 1\n"));
-        // every counter ends in _total; every family has HELP and TYPE
-        for line in t.lines().filter(|l| l.starts_with("# TYPE")) {
-            let parts: Vec<&str> = line.split(' ').collect();
-            if parts[3] == "counter" {
-                assert!(parts[2].ends_with("_total"), "{line}");
-            }
-            assert!(t.contains(&format!("# HELP {} ", parts[2])), "{line}");
-        }
-        assert!(t.ends_with('\n'));
-    }
-
-    #[test]
-    fn format_argument() {
-        assert!(wants_json(b"format=json"));
-        assert!(wants_json(b"a=1&format=json"));
-        assert!(!wants_json(b"format=jsonx"));
-        assert!(!wants_json(b""));
-    }
-
-    #[test]
-    fn json_has_the_same_figures() {
-        let j = json(&zones());
-        assert!(j.starts_with("{\"zones\":{\"login\":{\"redis\":true,"));
-        assert!(j.contains("\"requests\":{\"passed\":10,\"rejected\":3,\"rejected_dry_run\":0}"));
-        assert!(j.contains("\"keys\":7,\"keys_capacity\":15742,\"evictions\":0"));
-        assert!(j.contains("\"e\\\"dge\\\\\":{\"redis\":false,"));
-        assert_eq!(json(&[]), "{\"zones\":{}}\n");
-    }
-}
+#[path = "metrics_tests.rs"]
+mod tests;

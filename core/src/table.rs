@@ -15,7 +15,7 @@ pub const MAGIC: u64 = 0x5252_4c54_4142_4c45;
 /// formatted anew instead of being misread.
 pub const VERSION: u32 = 4;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::stats::Stats;
 
 const NIL: u32 = u32::MAX;
 
@@ -43,46 +43,6 @@ pub struct Header {
     /// What the zone decided, all workers together (updated without the
     /// lock: atomics).
     pub stats: Stats,
-}
-
-/// Counters of a zone's decisions, kept in its shared memory.
-#[repr(C)]
-#[derive(Debug, Default)]
-pub struct Stats {
-    pub passed: AtomicU64,
-    pub rejected: AtomicU64,
-    pub rejected_dry_run: AtomicU64,
-}
-
-impl Stats {
-    /// Counts one request's outcome.
-    #[inline]
-    pub fn add(&self, outcome: Outcome) {
-        let c = match outcome {
-            Outcome::Passed => &self.passed,
-            Outcome::Rejected => &self.rejected,
-            Outcome::RejectedDryRun => &self.rejected_dry_run,
-        };
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// What a request came to under a zone (`$redis_ratelimit_status`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Passed,
-    Rejected,
-    RejectedDryRun,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Passed => "PASSED",
-            Outcome::Rejected => "REJECTED",
-            Outcome::RejectedDryRun => "REJECTED_DRY_RUN",
-        }
-    }
 }
 
 /// One (key, period) counter. `prev`/`cur` are the counts of the previous and

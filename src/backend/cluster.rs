@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use ratelimit_core::batch::{Item, ItemId};
 use ratelimit_core::health::Health;
 use ratelimit_core::slots::Topology;
+use ratelimit_core::stats::Stats;
 use redis::Value;
 
 use super::event::{Event, Level};
@@ -86,6 +87,9 @@ impl Backend {
             return;
         };
         self.topo_at = None;
+        if let Some(st) = self.stats() {
+            Stats::bump(&st.errors_transport);
+        }
         let now = Instant::now();
         let first = self.nodes.entry(n.to_string()).or_insert_with(|| Health::new(now)).failed(now);
         let text = format!(

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter::Confirmation;
+use ratelimit_core::stats::Stats;
 
 /// Items per pipeline.
 pub const PIPELINE_ITEMS: usize = 1024;
@@ -19,6 +20,29 @@ pub struct ZoneSpec {
     pub cluster: bool,
     pub prefix: Vec<u8>,
     pub timeout: Duration,
+    /// The zone's figures in shared memory (`None`: not mapped here).
+    pub stats: Option<StatsRef>,
+}
+
+/// A zone's figures in shared memory, for its Redis thread to count in.
+#[derive(Clone, Copy, Debug)]
+pub struct StatsRef(*const Stats);
+
+// SAFETY: the figures are atomics in the zone's shared memory, mapped at one
+// address for the worker's whole life; the thread that holds this is joined
+// (`exit_process`) before the worker unmaps anything.
+unsafe impl Send for StatsRef {}
+
+impl StatsRef {
+    pub fn new(stats: &Stats) -> StatsRef {
+        StatsRef(stats)
+    }
+
+    pub fn get(&self) -> &Stats {
+        // SAFETY: see the `Send` impl: the pointer stays valid while the
+        // thread runs.
+        unsafe { &*self.0 }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

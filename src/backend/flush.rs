@@ -163,8 +163,12 @@ impl Backend {
                 c
             })
         };
+        let sent_at = Instant::now();
         let (replies, broken) = conn.exec(&cmds, node, stop_at, &readback);
         let now = Instant::now();
+        if let Some(st) = self.stats() {
+            st.pipeline(cmds.len(), now.saturating_duration_since(sent_at).as_micros() as u64);
+        }
         let mut created: Vec<(ItemId, Box<[u8]>, u32)> = Vec::new();
         let mut cluster_down = None;
         for ((id, item), s) in items.iter().zip(&slots) {
@@ -219,6 +223,9 @@ impl Backend {
             return;
         }
         self.link_ok(node, events);
+        if let Some(st) = self.stats() {
+            st.synced(now_ms);
+        }
         for (id, tag, period) in created {
             self.ttl_fix.insert(id, (tag, period));
         }
@@ -254,6 +261,9 @@ impl Backend {
             let cmds: Vec<Cmd> = fixes.iter().map(|(_, _, c)| c.clone()).collect();
             let (replies, broken) =
                 conn.exec(&cmds, node.as_deref(), now + self.spec.timeout, &|_| None);
+            if let Some(st) = self.stats() {
+                st.pipeline(cmds.len(), now.elapsed().as_micros() as u64);
+            }
             for ((id, fix, _), r) in fixes.into_iter().zip(replies) {
                 if matches!(r, Reply::Lost | Reply::NotSent) {
                     self.ttl_fix.insert(id, fix);

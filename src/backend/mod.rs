@@ -32,7 +32,7 @@ use ratelimit_core::health;
 use ratelimit_core::params;
 use ratelimit_core::sync::Send;
 
-pub use event::{Event, Level, ZoneSpec};
+pub use event::{Event, Level, StatsRef, ZoneSpec};
 pub use state::Backend;
 
 /// Increments wait at least this long after a flush, so that a hot key
@@ -342,6 +342,9 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
             }
             if let Some(up) = ch.up.get(b.zone() as usize) {
                 up.store(b.is_up(), Ordering::Relaxed);
+            }
+            if let Some(st) = b.stats() {
+                st.backend_up.store(u64::from(b.is_up()), Ordering::Relaxed);
             }
         }
         // A full queue drops increments (they stay counted on this node):

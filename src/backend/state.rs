@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use ratelimit_core::batch::{Item, ItemMap};
 use ratelimit_core::health::{Budget, Health, LogGate};
 use ratelimit_core::slots::Topology;
+use ratelimit_core::stats::Stats;
 use redis::IntoConnectionInfo;
 
-use super::event::ZoneSpec;
+use super::event::{StatsRef, ZoneSpec};
 use super::io::Conn;
 
 /// Bytes the increments kept for sending again may hold, per zone and
@@ -123,6 +124,11 @@ impl Backend {
 
     pub fn zone(&self) -> u32 {
         self.spec.index
+    }
+
+    /// The zone's figures in shared memory, if mapped.
+    pub(super) fn stats(&self) -> Option<&Stats> {
+        self.spec.stats.as_ref().map(StatsRef::get)
     }
 
     /// Whether the backend works: its connection, and every master of a

@@ -10,6 +10,7 @@ use ratelimit_core::batch::{Delete, Item, ItemId, ItemMap};
 use ratelimit_core::health::Health;
 use ratelimit_core::key::{redis_key_for_tag, show_key};
 use ratelimit_core::params::redact;
+use ratelimit_core::stats::Stats;
 use redis::Cmd;
 
 use super::event::{Event, Level};
@@ -86,6 +87,7 @@ impl Backend {
         if !self.ensure_conn(events) {
             return false;
         }
+        let sent_at = Instant::now();
         let ok = if self.spec.cluster {
             self.check_cluster(events)
         } else {
@@ -94,6 +96,9 @@ impl Backend {
                 None => false,
             }
         };
+        if let Some(st) = self.stats() {
+            st.pipeline(1, sent_at.elapsed().as_micros() as u64);
+        }
         if ok && self.health.is_up() {
             self.succeeded(events);
         }
@@ -143,8 +148,12 @@ impl Backend {
         let Some(conn) = self.conn.as_mut() else {
             return;
         };
-        let deadline = Instant::now() + self.spec.timeout;
-        match conn.exec(&cmds, node.as_deref(), deadline, &|_| None).1 {
+        let sent_at = Instant::now();
+        let broken = conn.exec(&cmds, node.as_deref(), sent_at + self.spec.timeout, &|_| None).1;
+        if let Some(st) = self.stats() {
+            st.pipeline(cmds.len(), sent_at.elapsed().as_micros() as u64);
+        }
+        match broken {
             Some(e) => self.link_failed(node.as_deref(), &e, events),
             None => self.link_ok(node.as_deref(), events),
         }
@@ -202,6 +211,9 @@ impl Backend {
         match io::connect(&self.spec.urls, self.spec.cluster, self.spec.timeout) {
             Ok(c) => {
                 self.conn = Some(c);
+                if let Some(st) = self.stats() {
+                    Stats::bump(&st.connects);
+                }
                 true
             }
             Err(e) => {
@@ -234,6 +246,9 @@ impl Backend {
         events: &mut Vec<Event>,
     ) {
         self.conn = None;
+        if let Some(st) = self.stats() {
+            Stats::bump(&st.errors_transport);
+        }
         let first = self.health.failed(Instant::now());
         let text = format!(
             "redis_ratelimit: zone \"{}\": {} {} failed: {}",
@@ -265,6 +280,9 @@ impl Backend {
     /// An error reply for one key: logged (at most once a second, key
     /// named), the backend stays up.
     pub(super) fn refused(&mut self, key: &[u8], why: &str, events: &mut Vec<Event>) {
+        if let Some(st) = self.stats() {
+            Stats::bump(&st.errors_reply);
+        }
         let text = format!(
             "redis_ratelimit: zone \"{}\": Redis refused the counter \"{}\": {}; counted on this node only",
             self.spec.name,

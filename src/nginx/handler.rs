@@ -15,7 +15,7 @@ use nginx_sys::{
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 use ratelimit_core::rate::Rate;
-use ratelimit_core::table::Outcome;
+use ratelimit_core::stats::Outcome;
 use ratelimit_core::window::seconds_until;
 use smallvec::SmallVec;
 

@@ -14,9 +14,12 @@ use nginx_sys::{
 use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule, Request};
 use ratelimit_core::metrics::{self, Zone};
+use ratelimit_core::params::OnError;
+use ratelimit_core::stats::Stats;
 
 use super::conf::MainConf;
 use super::module::Module;
+use super::time::now_ms;
 
 /// `redis_ratelimit_metrics;` in a location: its content handler.
 pub extern "C" fn cmd_metrics(
@@ -33,8 +36,8 @@ pub extern "C" fn cmd_metrics(
     NGX_CONF_OK
 }
 
-/// Every zone's figures, read from its shared memory.
-fn collect(mcf: &MainConf) -> Vec<Zone> {
+/// Every zone's figures, read from its shared memory at `now_ms`.
+fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
     let mut out = Vec::with_capacity(mcf.zones.len());
     for z in &mcf.zones {
         let Some(shared) = z.shared.as_ref() else {
@@ -45,16 +48,37 @@ fn collect(mcf: &MainConf) -> Vec<Zone> {
             (locked.table.len(), locked.table.capacity(), locked.table.evictions())
         };
         let st = shared.stats();
-        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let get = Stats::get;
+        let redis = z.params.as_ref().filter(|p| p.backend.is_some()).map(|p| {
+            let last = get(&st.last_sync_ms);
+            metrics::Redis {
+                up: get(&st.backend_up) == 1,
+                on_error: match p.on_error {
+                    OnError::Local => "local",
+                    OnError::Allow => "allow",
+                    OnError::Deny => "deny",
+                },
+                commands: get(&st.commands),
+                pipelines: get(&st.pipelines),
+                errors_transport: get(&st.errors_transport),
+                errors_reply: get(&st.errors_reply),
+                connects: get(&st.connects),
+                sync_age_s: (last > 0).then(|| now_ms.saturating_sub(last) as f64 / 1000.0),
+                rtt_buckets: st.rtt_buckets.iter().map(get).collect(),
+                rtt_sum_us: get(&st.rtt_sum_us),
+            }
+        });
         out.push(Zone {
             name: z.name.clone(),
-            redis: z.params.as_ref().is_some_and(|p| p.backend.is_some()),
-            passed: load(&st.passed),
-            rejected: load(&st.rejected),
-            rejected_dry_run: load(&st.rejected_dry_run),
+            passed: get(&st.passed),
+            rejected: get(&st.rejected),
+            rejected_dry_run: get(&st.rejected_dry_run),
             keys: keys as u64,
             capacity: capacity as u64,
             evictions,
+            breaker_trips: get(&st.breaker_trips),
+            dropped: get(&st.dropped),
+            redis,
         });
     }
     out
@@ -76,7 +100,7 @@ unsafe extern "C" fn handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     let Some(mcf) = Module::main_conf(req) else {
         return NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t;
     };
-    let zones = collect(mcf);
+    let zones = collect(mcf, now_ms());
     let json = metrics::wants_json(r.args.as_bytes());
     let (body, ctype): (String, &'static [u8]) = if json {
         (metrics::json(&zones), b"application/json")

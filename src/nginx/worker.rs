@@ -21,12 +21,13 @@ use parking_lot::Mutex;
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter;
 use ratelimit_core::rate::Rate;
+use ratelimit_core::stats::Stats;
 use ratelimit_core::table::Entry;
 
 use super::conf::MainConf;
 use super::module::Module;
 use super::time::now_ms;
-use crate::backend::{self, Channel, Event, Level, ZoneSpec};
+use crate::backend::{self, Channel, Event, Level, StatsRef, ZoneSpec};
 
 static CHANNEL: OnceLock<Arc<Channel>> = OnceLock::new();
 static MAIN_CONF: AtomicPtr<MainConf> = AtomicPtr::new(ptr::null_mut());
@@ -102,6 +103,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
                 cluster: b.cluster,
                 prefix: p.prefix.clone(),
                 timeout: Duration::from_millis(p.timeout_ms),
+                stats: z.shared.as_ref().map(|s| StatsRef::new(s.stats())),
             })
         })
         .collect();
@@ -242,6 +244,12 @@ fn apply(log: *mut ngx_log_t) {
             Event::Confirmed { id, period, limit, confirmation } => with_entry(mcf, id, |e| {
                 let armed = e.blocked_until_ms;
                 counter::confirm(e, &confirmation, Rate { limit, period }, now);
+                if armed <= now && e.blocked_until_ms > now {
+                    if let Some(s) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref())
+                    {
+                        Stats::bump(&s.stats().breaker_trips);
+                    }
+                }
                 ngx_log_debug!(
                     mask: DebugMask::Http,
                     log,

@@ -17,7 +17,8 @@ use nginx_sys::{
 use ngx::{ngx_log_debug, ngx_log_error};
 
 use ratelimit_core::key::IdHasher;
-use ratelimit_core::table::{Entry, Header, Layout, Stats, Table};
+use ratelimit_core::stats::Stats;
+use ratelimit_core::table::{Entry, Header, Layout, Table};
 
 const LEN_PREFIX: usize = 8;
 

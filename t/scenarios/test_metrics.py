@@ -1,0 +1,100 @@
+"""redis_ratelimit_metrics on a real nginx (2 workers) and a real Redis:
+the page passes `promtool check metrics`, its counts match the traffic
+sent across both workers and after a reload, JSON agrees with the text,
+and a Redis outage moves the backend gauge and the error counters."""
+
+import json
+import os
+import re
+import subprocess
+import time
+
+from harness import ROOT, wait_for
+
+HTTP = """
+    redis_ratelimit_zone $arg_k zone=rz:1m redis=%s hold=0;
+    redis_ratelimit_zone $arg_k zone=local:1m;
+"""
+SERVER = """
+        location = /t { redis_ratelimit rz 5r/m; }
+        location = /l { redis_ratelimit local 3r/m; }
+        location = /metrics { redis_ratelimit_metrics; }
+"""
+FILES = {"t": "ok\n", "l": "ok\n"}
+
+
+def promtool():
+    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "ensure-promtool")],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    if p.returncode != 0:
+        raise AssertionError("no promtool: %s" % p.stderr.decode(errors="replace"))
+    return p.stdout.decode().strip().splitlines()[-1]
+
+
+def sample(text, name, **labels):
+    """The value of one sample of the text exposition (None if absent)."""
+    want = ",".join('%s="%s"' % kv for kv in labels.items())
+    m = re.search(r"^%s\{%s\} (\S+)$" % (re.escape(name), re.escape(want)), text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def page(ng, fmt=""):
+    st, hdrs, body, _ = ng.request("/metrics" + fmt)
+    if st != 200:
+        raise AssertionError("/metrics answered %s" % st)
+    return body.decode()
+
+
+def test_metrics_page(h):
+    """Traffic over 2 workers: 5 passed and 3 rejected on the Redis zone,
+    3 passed and 2 rejected on the local one; promtool accepts the page;
+    JSON agrees; a reload keeps the counts; Redis stopped: backend_up 0 and
+    transport errors; started again: backend_up 1."""
+    tool = promtool()
+    r = h.redis()
+    ng = h.nginx(HTTP % r.url, SERVER, files=FILES, workers=2)
+    h.wait_minute_room(15)
+    k = h.key("m")
+    got = [ng.get("/t?k=" + k)[0] for _ in range(8)] + [ng.get("/l?k=" + k)[0] for _ in range(5)]
+    h.check(got == [200] * 5 + [429] * 3 + [200] * 3 + [429] * 2, "traffic: %s" % got)
+    wait_for(lambda: (sample(page(ng), "nginx_redis_ratelimit_redis_commands_total", zone="rz") or 0) > 0, 2.0)
+    text = page(ng)
+
+    p = subprocess.run([tool, "check", "metrics"], input=text.encode(),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+    h.note("promtool check metrics: exit %d %s" % (p.returncode, p.stdout.decode().strip()[:300]))
+    h.check(p.returncode == 0, "promtool check metrics failed:\n%s\n--- page:\n%s" % (p.stdout.decode(), text))
+
+    want = {("rz", "passed"): 5, ("rz", "rejected"): 3, ("local", "passed"): 3, ("local", "rejected"): 2}
+    counts = {(z, o): sample(text, "nginx_redis_ratelimit_requests_total", zone=z, outcome=o) for z, o in want}
+    h.note("requests_total: %s" % counts)
+    h.check(counts == {kk: float(v) for kk, v in want.items()}, "counts %s, expected %s" % (counts, want))
+    h.check(sample(text, "nginx_redis_ratelimit_backend_up", zone="rz") == 1.0, "backend_up should be 1")
+    h.check(sample(text, "nginx_redis_ratelimit_backend_up", zone="local") is None,
+            "a zone without Redis has no backend_up")
+
+    j = json.loads(page(ng, "?format=json"))
+    jz = j["zones"]["rz"]
+    h.check(jz["requests"] == {"passed": 5, "rejected": 3, "rejected_dry_run": 0}, "JSON: %s" % jz["requests"])
+    h.check(jz["redis"]["up"] is True and jz["redis"]["on_error"] == "local", "JSON redis: %s" % jz["redis"])
+    h.check(j["zones"]["local"]["redis"] is None, "JSON: the local zone has no redis part")
+    h.check(jz["redis"]["commands"] >= sample(text, "nginx_redis_ratelimit_redis_commands_total", zone="rz"),
+            "JSON commands fewer than the text's, read before")
+
+    ng.reload()
+    after = page(ng)
+    h.check(sample(after, "nginx_redis_ratelimit_requests_total", zone="rz", outcome="passed") == 5.0,
+            "the counts should survive a reload:\n%s" % after[:400])
+
+    errs0 = sample(after, "nginx_redis_ratelimit_redis_errors_total", zone="rz", kind="transport")
+    r.stop()
+    t0 = time.monotonic()
+    down = wait_for(lambda: sample(page(ng), "nginx_redis_ratelimit_backend_up", zone="rz") == 0.0, 5.0, 0.1)
+    text = page(ng)
+    errs1 = sample(text, "nginx_redis_ratelimit_redis_errors_total", zone="rz", kind="transport")
+    h.note("Redis stopped: backend_up 0 after %.2f s; transport errors %s -> %s" % (time.monotonic() - t0, errs0, errs1))
+    h.check(down, "backend_up did not go to 0 within 5 s of stopping Redis")
+    h.check(errs1 > errs0, "transport errors should grow: %s -> %s" % (errs0, errs1))
+    r.start()
+    up = wait_for(lambda: sample(page(ng), "nginx_redis_ratelimit_backend_up", zone="rz") == 1.0, 10.0, 0.1)
+    h.check(up, "backend_up did not come back to 1 within 10 s of starting Redis")
