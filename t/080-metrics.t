@@ -28,16 +28,17 @@ ok
 >>> dry
 ok
 --- request eval
-# key a: 3 passed, 3 rejected; key b: 1 passed; a in dry run: 1 rejected_dry_run
-[("GET /t?k=a") x 6, "GET /t?k=b", "GET /dry?k=a", "GET /metrics", "GET /metrics?format=json"]
+# key a: 3 passed, 3 rejected; key b: 1 passed; a in dry run: 1
+# rejected_dry_run; no key: not limited
+[("GET /t?k=a") x 6, "GET /t?k=b", "GET /dry?k=a", "GET /t", "GET /metrics", "GET /metrics?format=json"]
 --- error_code eval
-[200, 200, 200, 429, 429, 429, 200, 200, 200, 200]
+[200, 200, 200, 429, 429, 429, 200, 200, 200, 200, 200]
 --- response_headers eval
-[("") x 8, "Content-Type: text/plain; version=0.0.4; charset=utf-8", "Content-Type: application/json"]
+[("") x 9, "Content-Type: text/plain; version=0.0.4; charset=utf-8", "Content-Type: application/json"]
 --- response_body_like eval
-[("^ok\n\$") x 3, (".*") x 3, "^ok\n\$", "^ok\n\$",
- qr/# TYPE nginx_redis_ratelimit_requests_total counter\n(?s:.*)nginx_redis_ratelimit_requests_total\{zone="z",outcome="passed"\} 4\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="rejected"\} 3\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="rejected_dry_run"\} 1\nnginx_redis_ratelimit_requests_total\{zone="idle",outcome="passed"\} 0\n(?s:.*)nginx_redis_ratelimit_keys\{zone="z"\} 2\n(?s:.*)nginx_redis_ratelimit_keys_capacity\{zone="z"\} \d{4,}\n(?s:.*)# TYPE nginx_redis_ratelimit_backend_up gauge\n# HELP/,
- qr/^\{"zones":\{"z":\{"requests":\{"passed":4,"rejected":3,"rejected_dry_run":1\},"keys":2,"keys_capacity":\d{4,},"evictions":0,"breaker_trips":0,"dropped_increments":0,"redis":null\},"idle":\{"requests":\{"passed":0,"rejected":0,"rejected_dry_run":0\},"keys":0,/]
+[("^ok\n\$") x 3, (".*") x 3, "^ok\n\$", "^ok\n\$", "^ok\n\$",
+ qr/# TYPE nginx_redis_ratelimit_requests_total counter\n(?s:.*)nginx_redis_ratelimit_requests_total\{zone="z",outcome="passed"\} 4\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="rejected"\} 3\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="rejected_dry_run"\} 1\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="not_limited"\} 1\nnginx_redis_ratelimit_requests_total\{zone="idle",outcome="passed"\} 0\n(?s:.*)nginx_redis_ratelimit_keys\{zone="z"\} 2\n(?s:.*)nginx_redis_ratelimit_keys_capacity\{zone="z"\} \d{4,}\n(?s:.*)# TYPE nginx_redis_ratelimit_backend_up gauge\n# HELP/,
+ qr/^\{"zones":\{"z":\{"requests":\{"passed":4,"rejected":3,"rejected_dry_run":1,"not_limited":1\},"keys":2,"keys_capacity":\d{4,},"evictions":0,"breaker_trips":0,"dropped_increments":0,"redis":null\},"idle":\{"requests":\{"passed":0,"rejected":0,"rejected_dry_run":0,"not_limited":0\},"keys":0,/]
 --- no_error_log
 [alert]
 [crit]
@@ -112,3 +113,4 @@ ok
 [200, 200]
 --- response_body_like eval
 ["ok", qr/nginx_redis_ratelimit_backend_up\{zone="down"\} 0\n(?s:.*)nginx_redis_ratelimit_redis_errors_total\{zone="down",kind="transport"\} [1-9](?!(?s:.*)last_sync_age_seconds\{)/]
+

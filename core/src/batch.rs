@@ -103,6 +103,8 @@ pub struct Batch {
     later: BinaryHeap<Reverse<(u64, ItemId)>>,
     /// Increments dropped because the batch was full.
     pub dropped: u64,
+    /// Increments waiting, by zone.
+    pending: Vec<u64>,
     /// When the consumer plans to look again (ms; 0: it is not waiting).
     /// A producer wakes it for an item due earlier. Read and written under
     /// the same lock as the batch.
@@ -120,6 +122,7 @@ impl Batch {
             now: Vec::new(),
             later: BinaryHeap::new(),
             dropped: 0,
+            pending: Vec::new(),
             wake_at: 0,
         }
     }
@@ -130,6 +133,25 @@ impl Batch {
 
     pub fn len(&self) -> usize {
         self.items.len()
+    }
+
+    /// Increments of `zone` waiting to be sent.
+    pub fn pending(&self, zone: u32) -> u64 {
+        self.pending.get(zone as usize).copied().unwrap_or(0)
+    }
+
+    fn pend(&mut self, zone: u32, n: u32) {
+        let z = zone as usize;
+        if self.pending.len() <= z {
+            self.pending.resize(z + 1, 0);
+        }
+        self.pending[z] += u64::from(n);
+    }
+
+    fn unpend(&mut self, zone: u32, n: u32) {
+        if let Some(p) = self.pending.get_mut(zone as usize) {
+            *p = p.saturating_sub(u64::from(n));
+        }
     }
 
     /// Bytes held by the pending items and deletes.
@@ -148,14 +170,17 @@ impl Batch {
     pub fn delete(&mut self, d: Delete) -> bool {
         let size = ITEM_OVERHEAD + d.tag.len();
         let mut freed = 0;
+        let mut gone = 0u32;
         self.items.retain(|id, item| {
             let keep = !(id.zone == d.zone && id.entry == d.entry);
             if !keep {
                 freed += item.bytes();
+                gone = gone.saturating_add(item.n);
             }
             keep
         });
         self.bytes -= freed;
+        self.unpend(d.zone, gone);
         if self.full(size) {
             self.dropped += 1;
             return false;
@@ -190,6 +215,7 @@ impl Batch {
                 item.due = due;
                 self.schedule(id, due);
             }
+            self.pend(id.zone, n);
             return true;
         }
         let tag = redis_tag(namespace, key);
@@ -201,6 +227,7 @@ impl Batch {
         self.bytes += item.bytes();
         self.items.insert(id, item);
         self.schedule(id, due);
+        self.pend(id.zone, n);
         true
     }
 
@@ -261,8 +288,9 @@ impl Batch {
                 }
             }
         }
-        for (_, item) in &out {
+        for (id, item) in &out {
             self.bytes -= item.bytes();
+            self.unpend(id.zone, item.n);
         }
         // entries of items sent early or due earlier pile up; keep them
         // within twice the items
@@ -286,6 +314,7 @@ impl Batch {
         self.bytes = 0;
         self.now.clear();
         self.later.clear();
+        self.pending.clear();
         (self.items.drain().collect(), std::mem::take(&mut self.deletes))
     }
 }
@@ -453,5 +482,23 @@ mod tests {
         assert_eq!(items[1].1.due, 500);
         assert_eq!(b.len(), 700);
         assert_eq!(b.next_due(), Some(800));
+    }
+
+    #[test]
+    fn pending_increments_by_zone() {
+        let mut b = Batch::new(100, 1 << 20);
+        assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 3, 9_000));
+        assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 2, 9_000));
+        assert!(b.add(id(2, 1, 0), b"y", b"a", 60, 100, 1, 0));
+        assert_eq!((b.pending(0), b.pending(1), b.pending(2)), (5, 0, 1));
+        b.drain_due(1, usize::MAX, 1 << 20);
+        assert_eq!((b.pending(0), b.pending(2)), (5, 0));
+        let d =
+            Delete { zone: 0, entry: [1, 0], tag: redis_tag(b"z", b"a"), period: 60, window: 0 };
+        assert!(b.delete(d));
+        assert_eq!(b.pending(0), 0);
+        assert!(b.add(id(0, 2, 0), b"z", b"b", 60, 100, 4, 9_000));
+        b.drain();
+        assert_eq!(b.pending(0), 0);
     }
 }

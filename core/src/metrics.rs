@@ -13,6 +13,8 @@ pub struct Zone {
     pub passed: u64,
     pub rejected: u64,
     pub rejected_dry_run: u64,
+    /// Requests whose key was empty (not limited).
+    pub not_limited: u64,
     /// Keys (key and period pairs) in the table, and how many it holds.
     pub keys: u64,
     pub capacity: u64,
@@ -34,6 +36,8 @@ pub struct Redis {
     pub errors_transport: u64,
     pub errors_reply: u64,
     pub connects: u64,
+    /// Increments waiting to be sent (all workers).
+    pub waiting: u64,
     /// Seconds since a flush last went through (`None`: never).
     pub sync_age_s: Option<f64>,
     /// Round trips per bucket of `RTT_BUCKETS_US`, then above them all (not
@@ -92,13 +96,14 @@ pub fn prometheus(zones: &[Zone]) -> String {
         &mut out,
         "nginx_redis_ratelimit_requests_total",
         "counter",
-        "Requests a zone decided, by outcome (passed, rejected, rejected_dry_run), all workers.",
+        "Requests a zone decided, by outcome (passed, rejected, rejected_dry_run; not_limited: the key was empty), all workers.",
         zones,
         &|z| {
             vec![
                 (",outcome=\"passed\"".into(), z.passed),
                 (",outcome=\"rejected\"".into(), z.rejected),
                 (",outcome=\"rejected_dry_run\"".into(), z.rejected_dry_run),
+                (",outcome=\"not_limited\"".into(), z.not_limited),
             ]
         },
     );
@@ -201,6 +206,14 @@ pub fn prometheus(zones: &[Zone]) -> String {
     );
     family(
         &mut out,
+        "nginx_redis_ratelimit_increments_waiting",
+        "gauge",
+        "Counted requests waiting on this node to be sent to Redis (held far from the limit, or kept through an outage).",
+        &redis,
+        &|z| vec![(String::new(), r(z).waiting)],
+    );
+    family(
+        &mut out,
         "nginx_redis_ratelimit_last_sync_age_seconds",
         "gauge",
         "Seconds since a flush to Redis last went through (absent before the first).",
@@ -257,13 +270,14 @@ pub fn json(zones: &[Zone]) -> String {
         }
         let _ = write!(
             out,
-            "{}:{{\"requests\":{{\"passed\":{},\"rejected\":{},\"rejected_dry_run\":{}}},\
+            "{}:{{\"requests\":{{\"passed\":{},\"rejected\":{},\"rejected_dry_run\":{},\"not_limited\":{}}},\
              \"keys\":{},\"keys_capacity\":{},\"evictions\":{},\"breaker_trips\":{},\
              \"dropped_increments\":{},\"redis\":",
             json_str(&z.name),
             z.passed,
             z.rejected,
             z.rejected_dry_run,
+            z.not_limited,
             z.keys,
             z.capacity,
             z.evictions,
@@ -278,7 +292,7 @@ pub fn json(zones: &[Zone]) -> String {
                 let _ = write!(
                     out,
                     "{{\"up\":{},\"on_error\":\"{}\",\"commands\":{},\"pipelines\":{},\
-                     \"errors\":{{\"transport\":{},\"reply\":{}}},\"connects\":{},\
+                     \"errors\":{{\"transport\":{},\"reply\":{}}},\"connects\":{},\"waiting\":{},\
                      \"last_sync_age_seconds\":{age},\"roundtrip_buckets_us\":{:?},\
                      \"roundtrip_counts\":[{}],\"roundtrip_sum_seconds\":{}}}}}",
                     r.up,
@@ -288,6 +302,7 @@ pub fn json(zones: &[Zone]) -> String {
                     r.errors_transport,
                     r.errors_reply,
                     r.connects,
+                    r.waiting,
                     RTT_BUCKETS_US,
                     buckets.join(","),
                     secs(r.rtt_sum_us),

@@ -82,6 +82,7 @@ fn format_argument() {
 fn json_has_the_same_figures() {
     let j = json(&zones());
     assert!(j.starts_with("{\"zones\":{\"login\":{\"requests\":{\"passed\":10,\"rejected\":3,"));
+    assert!(j.contains("\"rejected_dry_run\":0,\"not_limited\":0},"));
     assert!(j.contains("\"keys\":7,\"keys_capacity\":15742,\"evictions\":0,\"breaker_trips\":2,"));
     assert!(j.contains("\"redis\":{\"up\":true,\"on_error\":\"local\",\"commands\":20,"));
     assert!(j.contains("\"last_sync_age_seconds\":0.25,"));

@@ -19,6 +19,8 @@ pub struct Stats {
     pub passed: AtomicU64,
     pub rejected: AtomicU64,
     pub rejected_dry_run: AtomicU64,
+    /// Requests whose key for the zone was empty (not limited by it).
+    pub not_limited: AtomicU64,
     /// Replies that closed a key's breaker.
     pub breaker_trips: AtomicU64,
     /// Increments the queue had no room for (counted on the node only).
@@ -38,6 +40,9 @@ pub struct Stats {
     /// `RTT_BUCKETS_US` (and not below the one before), then above all.
     pub rtt_buckets: [AtomicU64; RTT_BUCKETS_US.len() + 1],
     pub rtt_sum_us: AtomicU64,
+    /// Increments waiting to be sent, all Redis threads together (each adds
+    /// and takes back its own share).
+    pub waiting: AtomicU64,
 }
 
 impl Stats {
@@ -59,6 +64,15 @@ impl Stats {
         let i = RTT_BUCKETS_US.iter().position(|&b| rtt_us <= b).unwrap_or(RTT_BUCKETS_US.len());
         self.rtt_buckets[i].fetch_add(1, Ordering::Relaxed);
         self.rtt_sum_us.fetch_add(rtt_us, Ordering::Relaxed);
+    }
+
+    /// Moves the waiting gauge from `old` to `new` (one thread's share).
+    pub fn waiting_moved(&self, old: u64, new: u64) {
+        if new > old {
+            self.waiting.fetch_add(new - old, Ordering::Relaxed);
+        } else if old > new {
+            self.waiting.fetch_sub(old - new, Ordering::Relaxed);
+        }
     }
 
     /// A flush went through at `now_ms`.

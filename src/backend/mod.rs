@@ -54,6 +54,8 @@ pub const DUE_SLACK_MS: u64 = 10;
 /// once (the end of a window) go in several flushes, and what must go at
 /// once (a key near its limit) never waits behind a large pipeline.
 pub const DUE_CHUNK: usize = 512;
+/// How often the thread publishes its waiting increments (metrics).
+const WAITING_EVERY: Duration = Duration::from_millis(100);
 pub const STOP_FLUSH: Duration = Duration::from_secs(1);
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -255,6 +257,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
     let mut drops_reported = 0u64;
     let mut drops_logged: Option<Instant> = None;
     let any_zone = backends.first().map_or(0, Backend::zone);
+    let mut waiting_at = Instant::now();
     loop {
         let (items, deletes, stopping) = {
             let mut b = ch.batch.lock();
@@ -367,7 +370,20 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
         }
         ch.publish(events);
         if stopping {
+            for b in backends.iter_mut() {
+                b.unpublish_waiting();
+            }
             return;
+        }
+        if waiting_at.elapsed() >= WAITING_EVERY {
+            waiting_at = Instant::now();
+            let queued: Vec<u64> = {
+                let batch = ch.batch.lock();
+                backends.iter().map(|b| batch.pending(b.zone())).collect()
+            };
+            for (b, q) in backends.iter_mut().zip(queued) {
+                b.publish_waiting(q);
+            }
         }
     }
 }

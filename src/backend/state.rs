@@ -85,6 +85,8 @@ pub struct Backend {
     /// Cluster: masters that failed, each with its own backoff (the keys of
     /// their slots wait, the others go on).
     pub(super) nodes: HashMap<String, Health>,
+    /// This thread's share of the zone's waiting gauge, as last published.
+    pub(super) waiting_published: u64,
 }
 
 impl Backend {
@@ -119,11 +121,30 @@ impl Backend {
             topo: None,
             topo_at: None,
             nodes: HashMap::new(),
+            waiting_published: 0,
         }
     }
 
     pub fn zone(&self) -> u32 {
         self.spec.index
+    }
+
+    /// Publishes how many increments of this zone wait in this thread
+    /// (`queued` in the worker's queue, plus those kept to send again).
+    pub(super) fn publish_waiting(&mut self, queued: u64) {
+        let now = queued + self.retry.values().map(|i| u64::from(i.n)).sum::<u64>();
+        if let Some(st) = self.spec.stats.as_ref().map(StatsRef::get) {
+            st.waiting_moved(self.waiting_published, now);
+        }
+        self.waiting_published = now;
+    }
+
+    /// Takes this thread's share back from the waiting gauge (it exits).
+    pub(super) fn unpublish_waiting(&mut self) {
+        if let Some(st) = self.spec.stats.as_ref().map(StatsRef::get) {
+            st.waiting_moved(self.waiting_published, 0);
+        }
+        self.waiting_published = 0;
     }
 
     /// The zone's figures in shared memory, if mapped.

@@ -15,7 +15,7 @@ use nginx_sys::{
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 use ratelimit_core::rate::Rate;
-use ratelimit_core::stats::Outcome;
+use ratelimit_core::stats::{Outcome, Stats};
 use ratelimit_core::window::seconds_until;
 use smallvec::SmallVec;
 
@@ -118,6 +118,7 @@ fn limit(
         };
         let key = key(r, mcf, l.zone)?;
         if key.is_empty() {
+            not_limited(mcf, l.zone);
             return Ok(NGX_DECLINED as ngx_int_t);
         }
         let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
@@ -138,6 +139,9 @@ fn limit(
             None => {
                 let k = key(r, mcf, l.zone)?;
                 keys.push((l.zone, k));
+                if k.is_empty() {
+                    not_limited(mcf, l.zone);
+                }
                 k
             }
         };
@@ -320,6 +324,14 @@ pub(super) fn key<'r>(
 ) -> Result<&'r [u8], ()> {
     let zone = mcf.zones.get(zone).ok_or(())?;
     eval(r, zone.key)
+}
+
+/// Counts a request whose key for `zone` was empty (`not_limited`).
+#[cold]
+fn not_limited(mcf: &MainConf, zone: usize) {
+    if let Some(s) = mcf.zones.get(zone).and_then(|z| z.shared.as_ref()) {
+        Stats::bump(&s.stats().not_limited);
+    }
 }
 
 /// Counts the request in its zones' figures (`redis_ratelimit_metrics`):

@@ -13,14 +13,16 @@ from harness import ROOT, wait_for
 
 HTTP = """
     redis_ratelimit_zone $arg_k zone=rz:1m redis=%s hold=0;
+    redis_ratelimit_zone $arg_k zone=held:1m redis=%s hold=5s;
     redis_ratelimit_zone $arg_k zone=local:1m;
 """
 SERVER = """
         location = /t { redis_ratelimit rz 5r/m; }
+        location = /h { redis_ratelimit held 6000r/m; }
         location = /l { redis_ratelimit local 3r/m; }
         location = /metrics { redis_ratelimit_metrics; }
 """
-FILES = {"t": "ok\n", "l": "ok\n"}
+FILES = {"t": "ok\n", "l": "ok\n", "h": "ok\n"}
 
 
 def promtool():
@@ -52,7 +54,7 @@ def test_metrics_page(h):
     transport errors; started again: backend_up 1."""
     tool = promtool()
     r = h.redis()
-    ng = h.nginx(HTTP % r.url, SERVER, files=FILES, workers=2)
+    ng = h.nginx(HTTP % (r.url, r.url), SERVER, files=FILES, workers=2)
     h.wait_minute_room(15)
     k = h.key("m")
     got = [ng.get("/t?k=" + k)[0] for _ in range(8)] + [ng.get("/l?k=" + k)[0] for _ in range(5)]
@@ -75,7 +77,8 @@ def test_metrics_page(h):
 
     j = json.loads(page(ng, "?format=json"))
     jz = j["zones"]["rz"]
-    h.check(jz["requests"] == {"passed": 5, "rejected": 3, "rejected_dry_run": 0}, "JSON: %s" % jz["requests"])
+    h.check(jz["requests"] == {"passed": 5, "rejected": 3, "rejected_dry_run": 0, "not_limited": 0},
+            "JSON: %s" % jz["requests"])
     h.check(jz["redis"]["up"] is True and jz["redis"]["on_error"] == "local", "JSON redis: %s" % jz["redis"])
     h.check(j["zones"]["local"]["redis"] is None, "JSON: the local zone has no redis part")
     h.check(jz["redis"]["commands"] >= sample(text, "nginx_redis_ratelimit_redis_commands_total", zone="rz"),
@@ -98,3 +101,23 @@ def test_metrics_page(h):
     r.start()
     up = wait_for(lambda: sample(page(ng), "nginx_redis_ratelimit_backend_up", zone="rz") == 1.0, 10.0, 0.1)
     h.check(up, "backend_up did not come back to 1 within 10 s of starting Redis")
+
+
+def test_waiting_increments(h):
+    """hold=5s, far from the limit: three requests wait on the node; the
+    gauge shows them within a second (each Redis thread refreshes its share
+    at least once a second) and drops to 0 once they are sent."""
+    r = h.redis()
+    ng = h.nginx(HTTP % (r.url, r.url), SERVER, files=FILES, workers=2)
+    h.wait_minute_room(10)
+    for i in range(3):
+        h.check(ng.get("/h?k=" + h.key("w%d" % i))[0] == 200, "far request")
+    t0 = time.monotonic()
+    seen = wait_for(lambda: sample(page(ng), "nginx_redis_ratelimit_increments_waiting", zone="held") == 3.0,
+                    1.5, 0.05)
+    at = time.monotonic() - t0
+    gone = wait_for(lambda: sample(page(ng), "nginx_redis_ratelimit_increments_waiting", zone="held") == 0.0,
+                    7.0, 0.1)
+    h.note("3 waiting seen after %.2f s; 0 after %.2f s" % (at, time.monotonic() - t0))
+    h.check(seen, "increments_waiting should show the 3 held requests within 1.5 s")
+    h.check(gone, "increments_waiting should drop to 0 once they are sent (hold=5s)")
