@@ -1,0 +1,178 @@
+//! Unit tests of `batch.rs`.
+use super::*;
+
+fn id(zone: u32, e: u64, window: u64) -> ItemId {
+    ItemId { zone, entry: [e, 0], window }
+}
+
+#[test]
+fn coalesces_per_key_and_window() {
+    let mut b = Batch::new(10, 1 << 20);
+    for _ in 0..1000 {
+        assert!(b.add(id(0, 1, 5), b"z", b"hot", 1, 100, 1, 0));
+    }
+    assert!(b.add(id(0, 1, 6), b"z", b"hot", 1, 100, 1, 0));
+    assert!(b.add(id(1, 1, 5), b"z", b"hot", 1, 50, 1, 0));
+    assert_eq!(b.len(), 3);
+    let mut items = b.drain().0;
+    items.sort_by_key(|(i, _)| (i.zone, i.window));
+    assert_eq!(items[0].1.n, 1000);
+    assert_eq!(&*items[0].1.tag, b"z:hot");
+    assert_eq!(items[1].1.n, 1);
+    assert_eq!(items[2].1.limit, 50);
+    assert!(b.is_empty());
+}
+
+#[test]
+fn keeps_the_tightest_limit() {
+    let mut b = Batch::new(10, 1 << 20);
+    b.add(id(0, 1, 5), b"z", b"k", 60, 100, 1, 0);
+    b.add(id(0, 1, 5), b"z", b"k", 60, 10, 1, 0);
+    b.add(id(0, 1, 5), b"z", b"k", 60, 50, 1, 0);
+    assert_eq!(b.drain().0[0].1.limit, 10);
+}
+
+#[test]
+fn drops_new_items_when_full_but_still_coalesces() {
+    let mut b = Batch::new(2, 1 << 20);
+    assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1, 1, 0));
+    assert!(b.add(id(0, 2, 0), b"z", b"b", 1, 1, 1, 0));
+    assert!(!b.add(id(0, 3, 0), b"z", b"c", 1, 1, 1, 0));
+    assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1, 1, 0));
+    assert_eq!(b.dropped, 1);
+    assert_eq!(b.drain().0.len(), 2);
+    assert!(b.add(id(0, 3, 0), b"z", b"c", 1, 1, 1, 0));
+}
+
+#[test]
+fn bounded_in_bytes_whatever_the_key_size() {
+    // 5 000 distinct 7 KB keys: each item holds a 73-byte tag, and the
+    // byte bound stops the batch long before the keys' own size would
+    let mut b = Batch::new(1 << 16, 64 * 1024);
+    let mut kept = 0;
+    for n in 0..5000u64 {
+        let mut key = vec![b'k'; 7000];
+        key.extend_from_slice(&n.to_le_bytes());
+        if b.add(id(0, n, 0), b"z", &key, 60, 10, 1, 0) {
+            kept += 1;
+        }
+    }
+    assert!(b.bytes() <= 64 * 1024, "{}", b.bytes());
+    assert_eq!(kept, 64 * 1024 / (ITEM_OVERHEAD + 2 + 71));
+    assert_eq!(b.dropped, 5000 - kept as u64);
+    b.drain();
+    assert_eq!(b.bytes(), 0);
+}
+
+#[test]
+fn deletes_drop_pending_increments_of_their_key() {
+    let mut b = Batch::new(4, 1 << 20);
+    assert!(b.is_empty());
+    assert!(b.add(id(0, 9, 7), b"ns", b"k", 60, 5, 1, 0));
+    assert!(b.add(id(0, 8, 7), b"ns", b"other", 60, 5, 1, 0));
+    let d = Delete { zone: 0, entry: [9, 0], tag: redis_tag(b"ns", b"k"), period: 60, window: 7 };
+    assert!(b.delete(d.clone()));
+    assert!(!b.is_empty());
+    let (items, deletes) = b.drain();
+    assert_eq!(items.len(), 1, "the deleted key's pending increment is gone");
+    assert_eq!(&*items[0].1.tag, b"ns:other");
+    assert_eq!(deletes, vec![d]);
+    assert!(b.is_empty());
+}
+
+#[test]
+fn items_wait_until_due_and_go_at_the_earlier_time_once_coalesced() {
+    let mut b = Batch::new(100, 1 << 20);
+    assert_eq!(b.next_due(), None);
+    assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 1, 5_000));
+    assert!(b.add(id(0, 2, 0), b"z", b"b", 60, 100, 1, 3_000));
+    assert_eq!(b.next_due(), Some(3_000));
+    let (items, _) = b.drain_due(2_999, usize::MAX, 1 << 20);
+    assert!(items.is_empty());
+    let (items, _) = b.drain_due(3_000, usize::MAX, 1 << 20);
+    assert_eq!(items.len(), 1);
+    assert_eq!(&*items[0].1.tag, b"z:b");
+    assert_eq!(b.next_due(), Some(5_000));
+    // a later request of `a` that must go at once takes the rest with it
+    assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 2, 0));
+    assert_eq!(b.next_due(), Some(0));
+    let (items, _) = b.drain_due(3_001, usize::MAX, 1 << 20);
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].1.n, 3);
+    assert!(b.is_empty());
+    // its old entry is skipped, not sent again
+    assert_eq!(b.next_due(), None);
+    assert_eq!(b.bytes(), 0);
+}
+
+#[test]
+fn waiting_is_bounded_by_bytes_and_entries() {
+    let mut b = Batch::new(1 << 16, 1 << 20);
+    for n in 0..100u64 {
+        assert!(b.add(id(0, n, 0), b"z", &n.to_le_bytes(), 60, 100, 1, 10_000 + n));
+    }
+    let held = b.bytes();
+    // under the hold budget nothing is due yet
+    assert!(b.drain_due(1, usize::MAX, held).0.is_empty());
+    // past it, everything goes
+    let (items, _) = b.drain_due(1, usize::MAX, held - 1);
+    assert_eq!(items.len(), 100);
+    assert_eq!(b.bytes(), 0);
+    // items sent at once leave stale entries behind: compacted
+    for round in 0..50u64 {
+        for n in 0..10u64 {
+            assert!(b.add(id(0, n, round), b"z", b"k", 60, 100, 1, 50_000));
+            assert!(b.add(id(0, n, round), b"z", b"k", 60, 100, 1, 0));
+        }
+        assert_eq!(b.drain_due(1, usize::MAX, 1 << 20).0.len(), 10);
+    }
+    assert!(b.later.len() <= 64 + 2 * b.len(), "{} entries", b.later.len());
+}
+
+#[test]
+fn deletes_are_due_at_once_and_keep_the_byte_count_true() {
+    let mut b = Batch::new(100, 1 << 20);
+    assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 1, 9_000));
+    assert!(b.add(id(0, 2, 0), b"z", b"b", 60, 100, 1, 9_000));
+    let one = b.bytes() / 2;
+    let d = Delete { zone: 0, entry: [1, 0], tag: redis_tag(b"z", b"a"), period: 60, window: 0 };
+    assert!(b.delete(d));
+    assert_eq!(b.next_due(), Some(0));
+    let (items, deletes) = b.drain_due(1, usize::MAX, 1 << 20);
+    assert!(items.is_empty());
+    assert_eq!(deletes.len(), 1);
+    assert_eq!(b.bytes(), one);
+    assert_eq!(b.next_due(), Some(9_000));
+}
+
+#[test]
+fn a_backlog_goes_in_chunks_and_what_is_urgent_never_waits_behind_it() {
+    let mut b = Batch::new(1 << 16, 1 << 20);
+    for n in 0..1000u64 {
+        assert!(b.add(id(0, n, 0), b"z", &n.to_le_bytes(), 1, 100, 1, 500 + n));
+    }
+    assert!(b.add(id(0, 5000, 0), b"z", b"hot", 1, 100, 1, 0));
+    let (items, _) = b.drain_due(10_000, 300, 1 << 20);
+    assert_eq!(items.len(), 301, "the urgent item and the 300 earliest");
+    assert_eq!(&*items[0].1.tag, b"z:hot");
+    assert_eq!(items[1].1.due, 500);
+    assert_eq!(b.len(), 700);
+    assert_eq!(b.next_due(), Some(800));
+}
+
+#[test]
+fn pending_increments_by_zone() {
+    let mut b = Batch::new(100, 1 << 20);
+    assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 3, 9_000));
+    assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 2, 9_000));
+    assert!(b.add(id(2, 1, 0), b"y", b"a", 60, 100, 1, 0));
+    assert_eq!((b.pending(0), b.pending(1), b.pending(2)), (5, 0, 1));
+    b.drain_due(1, usize::MAX, 1 << 20);
+    assert_eq!((b.pending(0), b.pending(2)), (5, 0));
+    let d = Delete { zone: 0, entry: [1, 0], tag: redis_tag(b"z", b"a"), period: 60, window: 0 };
+    assert!(b.delete(d));
+    assert_eq!(b.pending(0), 0);
+    assert!(b.add(id(0, 2, 0), b"z", b"b", 60, 100, 4, 9_000));
+    b.drain();
+    assert_eq!(b.pending(0), 0);
+}
