@@ -1,7 +1,9 @@
 """redis_ratelimit_metrics on a real nginx (2 workers) and a real Redis:
 the page passes `promtool check metrics`, its counts match the traffic
 sent across both workers and after a reload, JSON agrees with the text,
-and a Redis outage moves the backend gauge and the error counters."""
+every metric the Grafana dashboard (nginx-conf/grafana-dashboard.json)
+queries is there, and a Redis outage moves the backend gauge and the error
+counters."""
 
 import json
 import os
@@ -74,6 +76,17 @@ def test_metrics_page(h):
     h.check(sample(text, "nginx_redis_ratelimit_backend_up", zone="rz") == 1.0, "backend_up should be 1")
     h.check(sample(text, "nginx_redis_ratelimit_backend_up", zone="local") is None,
             "a zone without Redis has no backend_up")
+
+    # every metric the Grafana dashboard queries is on the page
+    with open(os.path.join(ROOT, "nginx-conf", "grafana-dashboard.json")) as f:
+        dash = json.load(f)
+    used = set()
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            used |= set(re.findall(r"nginx_redis_ratelimit_\w+", target["expr"]))
+    missing = sorted(m for m in used if not re.search(r"^%s[{ ]" % re.escape(m), text, re.M))
+    h.note("dashboard: %d panels, %d metrics, all on the page" % (len(dash["panels"]), len(used)))
+    h.check(not missing, "the dashboard queries metrics the page does not have: %s" % missing)
 
     j = json.loads(page(ng, "?format=json"))
     jz = j["zones"]["rz"]
