@@ -220,8 +220,7 @@ def main():
     x.legend(fontsize=8)
     shade(x)
     x = ax[2][2]
-    for z in ("api",):
-        x.plot(*rate("nginx_redis_ratelimit_breaker_trips_total", zone="login"), label="login breaker trips/s")
+    x.plot(*rate("nginx_redis_ratelimit_breaker_trips_total", zone="login"), label="login breaker trips/s")
     x.set_title("breaker trips/s")
     x.legend(fontsize=8)
     shade(x)
