@@ -163,67 +163,41 @@ def main():
     fig.suptitle("nginx_redis_ratelimit — one nginx (2 workers), one Redis stopped for 5 s "
                  "(grey); bench/metrics_plot.py", fontsize=13)
 
-    def shade(x):
+    def fill(z):
+        tk, k = series("nginx_redis_ratelimit_keys", zone=z)
+        _, c = series("nginx_redis_ratelimit_keys_capacity", zone=z)
+        return tk, [100.0 * a_ / b_ if b_ else 0 for a_, b_ in zip(k, c)]
+
+    redis = ("api", "login")
+    # (title, [(label, (times, values))], step)
+    panels = [
+        ("passed requests/s by zone",
+         [(z, rate("nginx_redis_ratelimit_requests_total", zone=z, outcome="passed")) for z in zones], False),
+        ("rejected requests/s by zone",
+         [(z, rate("nginx_redis_ratelimit_requests_total", zone=z, outcome="rejected")) for z in zones], False),
+        ("backend up (1) / down (0)",
+         [(z, series("nginx_redis_ratelimit_backend_up", zone=z)) for z in redis], True),
+        ("age of the last sync with Redis (s)",
+         [(z, series("nginx_redis_ratelimit_last_sync_age_seconds", zone=z)) for z in redis], False),
+        ("Redis commands/s", [(z, rate("nginx_redis_ratelimit_redis_commands_total", zone=z)) for z in redis], False),
+        ("Redis transport errors/s",
+         [(z, rate("nginx_redis_ratelimit_redis_errors_total", zone=z, kind="transport")) for z in redis], False),
+        ("zone fill (% of capacity)", [(z, fill(z)) for z in zones], False),
+        ("increments waiting on the node",
+         [(z, series("nginx_redis_ratelimit_increments_waiting", zone=z)) for z in redis], False),
+        ("breaker trips/s", [("login", rate("nginx_redis_ratelimit_breaker_trips_total", zone="login"))], False),
+    ]
+    for x, (title, lines, step) in zip([x for row in ax for x in row], panels):
+        for label, (ts, vs) in lines:
+            if step:
+                x.step(ts, vs, where="post", label=label)
+            else:
+                x.plot(ts, vs, label=label)
+        x.set_title(title)
+        x.legend(fontsize=8)
         x.axvspan(*outage, color="0.85", zorder=0)
         x.set_xlabel("s")
         x.grid(alpha=0.3)
-
-    x = ax[0][0]
-    for z in zones:
-        x.plot(*rate("nginx_redis_ratelimit_requests_total", zone=z, outcome="passed"), label="%s passed" % z)
-    x.set_title("passed requests/s by zone")
-    x.legend(fontsize=8)
-    shade(x)
-    x = ax[0][1]
-    for z in zones:
-        x.plot(*rate("nginx_redis_ratelimit_requests_total", zone=z, outcome="rejected"), label="%s rejected" % z)
-    x.set_title("rejected requests/s by zone")
-    x.legend(fontsize=8)
-    shade(x)
-    x = ax[0][2]
-    for z in ("api", "login"):
-        x.step(*series("nginx_redis_ratelimit_backend_up", zone=z), where="post", label=z)
-    x.set_title("backend up (1) / down (0)")
-    x.set_ylim(-0.1, 1.1)
-    x.legend(fontsize=8)
-    shade(x)
-    x = ax[1][0]
-    for z in ("api", "login"):
-        x.plot(*series("nginx_redis_ratelimit_last_sync_age_seconds", zone=z), label=z)
-    x.set_title("age of the last sync with Redis (s)")
-    x.legend(fontsize=8)
-    shade(x)
-    x = ax[1][1]
-    for z in ("api", "login"):
-        x.plot(*rate("nginx_redis_ratelimit_redis_commands_total", zone=z), label=z)
-    x.set_title("Redis commands/s")
-    x.legend(fontsize=8)
-    shade(x)
-    x = ax[1][2]
-    for z in ("api", "login"):
-        x.plot(*rate("nginx_redis_ratelimit_redis_errors_total", zone=z, kind="transport"), label="%s transport" % z)
-    x.set_title("Redis errors/s")
-    x.legend(fontsize=8)
-    shade(x)
-    x = ax[2][0]
-    for z in zones:
-        tk, k = series("nginx_redis_ratelimit_keys", zone=z)
-        _, c = series("nginx_redis_ratelimit_keys_capacity", zone=z)
-        x.plot(tk, [100.0 * a_ / b_ if b_ else 0 for a_, b_ in zip(k, c)], label=z)
-    x.set_title("zone fill (% of capacity)")
-    x.legend(fontsize=8)
-    shade(x)
-    x = ax[2][1]
-    for z in ("api", "login"):
-        x.plot(*series("nginx_redis_ratelimit_increments_waiting", zone=z), label=z)
-    x.set_title("increments waiting on the node")
-    x.legend(fontsize=8)
-    shade(x)
-    x = ax[2][2]
-    x.plot(*rate("nginx_redis_ratelimit_breaker_trips_total", zone="login"), label="login breaker trips/s")
-    x.set_title("breaker trips/s")
-    x.legend(fontsize=8)
-    shade(x)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(a.out, dpi=80)
     print("wrote %s (%d scrapes)" % (a.out, len(samples)))
