@@ -63,6 +63,13 @@ impl Backend {
         probe: bool,
         events: &mut Vec<Event>,
     ) {
+        if !(self.health.is_up() || probe) {
+            // down: what came waits with the rest, without walking all of
+            // it again (each flush of an outage used to take every kept
+            // increment out and put it back: a worker's CPU went there)
+            self.keep_for_retry(&items);
+            return;
+        }
         let items = self.with_retry(items);
         for (node, group) in self.by_node(items) {
             for chunk in group.chunks(PIPELINE_ITEMS) {
