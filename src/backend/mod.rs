@@ -269,18 +269,15 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                 // what is due now (within the slack), or everything when
                 // what waits holds too many bytes
                 let now_ms = wall_ms();
-                let mut due = b.next_due();
+                let due = b.next_due();
                 // due later than any item can be: the clock stepped back
                 let stepped = due.is_some_and(|d| d > now_ms.saturating_add(params::MAX_HOLD_MS));
-                if stepped {
-                    due = Some(now_ms);
-                }
                 let over = stepped || b.bytes() > HOLD_BYTES;
                 if over || due.is_some_and(|d| d <= now_ms) {
                     b.wake_at = 0;
                     let ready = last_flush.map_or(Duration::MAX, |t| t.elapsed());
-                    if over || ready >= FLUSH_INTERVAL || ch.urgent.swap(false, Ordering::AcqRel) {
-                        ch.urgent.store(false, Ordering::Release);
+                    let urgent = ch.urgent.swap(false, Ordering::AcqRel);
+                    if over || urgent || ready >= FLUSH_INTERVAL {
                         let (items, deletes) = if stepped {
                             b.drain()
                         } else {
