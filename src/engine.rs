@@ -75,6 +75,17 @@ impl Mode {
         }
     }
 
+    /// The mode of a strict limit that got no answer: the zone's
+    /// `on_error`, as if its backend were down.
+    fn failed(zone: &ZoneConf, channel: Option<&Arc<Channel>>) -> Mode {
+        match zone.params.as_ref().map(|p| p.on_error) {
+            Some(OnError::Allow) => Mode::Allow,
+            Some(OnError::Deny) => Mode::Deny,
+            _ if channel.is_some() => Mode::Remote,
+            _ => Mode::Local,
+        }
+    }
+
     /// What the zone's backend state makes of a decision from the counts.
     fn apply(self, result: &mut counter::Check, now: u64) {
         match self {
@@ -98,14 +109,51 @@ pub struct Ask<'a> {
     pub rate: Rate,
     /// What the request weighs (1 usually; 0 checks without counting).
     pub cost: u32,
+    /// Whether Redis decides this limit (`strict`), and what it said.
+    pub strict: Strict,
+}
+
+/// A limit's part in strict mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strict {
+    /// A background limit (or a strict one checked before its wait).
+    No,
+    /// A strict limit counted after the response (`count_if=`): its
+    /// increments go to Redis at once, for the next strict decision.
+    Later,
+    /// Redis allowed the request and counted it.
+    Allowed,
+    /// Redis rejected it (not counted).
+    Rejected,
+    /// No answer in time (timeout, error reply, backend down): decided as
+    /// the zone's `on_error` says, from this node's counts for `local`.
+    Failed,
+}
+
+impl Strict {
+    /// Redis decided, and counted what it allowed.
+    fn decided(self) -> bool {
+        matches!(self, Strict::Allowed | Strict::Rejected)
+    }
 }
 
 /// Whether an allowed request only is counted, or every one (Lua's
-/// `measure`).
+/// `measure`), or none (the check before a strict request's wait).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Take {
     IfAllowed,
     Always,
+    Never,
+}
+
+impl Take {
+    fn counts(self, allowed: bool) -> bool {
+        match self {
+            Take::IfAllowed => allowed,
+            Take::Always => true,
+            Take::Never => false,
+        }
+    }
 }
 
 /// What one limit said.
@@ -156,7 +204,7 @@ pub fn decide(
     log: *mut ngx_log_t,
 ) -> Result<Decision, NoZone> {
     let channel = crate::nginx::worker::channel();
-    if let [one] = asks {
+    if let [one @ Ask { strict: Strict::No, .. }] = asks {
         // the common case, without the bookkeeping for several zones and
         // shared entries (callgrind: ~650 instructions a request)
         return decide_one(mcf, one, now, take, channel, log);
@@ -183,8 +231,12 @@ pub fn decide(
     let mut said: SmallVec<[Said; 4]> = SmallVec::new();
     for (a, &id) in asks.iter().zip(&ids) {
         let guard = zones.iter().position(|&z| z == a.zone).unwrap_or(0);
-        let mode = Mode::of(&mcf.zones[a.zone], a.zone, channel);
-        let (entry, s) = check(&mut guards[guard], id, a.rate, a.cost, mode, now);
+        let mode = match a.strict {
+            Strict::Failed => Mode::failed(&mcf.zones[a.zone], channel),
+            _ => Mode::of(&mcf.zones[a.zone], a.zone, channel),
+        };
+        let (entry, mut s) = check(&mut guards[guard], id, a.rate, a.cost, mode, now);
+        verdict(a.strict, &mut s.check, now);
         slots.push(Slot { guard, entry, id, mode });
         said.push(s);
     }
@@ -192,10 +244,16 @@ pub fn decide(
 
     // count, once per entry, and what to send: (ask, tightest limit)
     let mut sends: SmallVec<[(usize, u32, u32); 4]> = SmallVec::new();
-    if allowed || take == Take::Always {
+    if take.counts(allowed) {
         for (i, (a, s)) in asks.iter().zip(&slots).enumerate() {
             let first = slots[..i].iter().position(|o| o.guard == s.guard && o.entry == s.entry);
+            // Redis counted it already (strict), for every limit of the entry
+            let counted = asks
+                .iter()
+                .zip(&slots)
+                .any(|(o, os)| os.guard == s.guard && os.entry == s.entry && o.strict.decided());
             match first {
+                None if counted => {}
                 None => {
                     // limits sharing the entry (tiers of one period) count
                     // the request once, at its heaviest (a `count_if=`
@@ -260,6 +318,9 @@ pub fn decide(
                 .zip(&said)
                 .filter(|((_, o), _)| o.guard == s.guard && o.entry == s.entry)
                 .map(|((o, _), x)| {
+                    if o.strict == Strict::Later {
+                        return Send::Now;
+                    }
                     let (u, share) = unsent[i];
                     let (ws, hold) = (x.check.window_start_ms, hold_ms(mcf, o.zone));
                     sync::when(o.rate, x.after, u, share, now, ws, hold)
@@ -285,7 +346,7 @@ fn decide_one(
     let mut locked = shared.lock();
     let (entry, mut said) = check(&mut locked, id, a.rate, a.cost, mode, now);
     let allowed = said.check.allowed;
-    let send = (allowed || take == Take::Always) && count(&mut locked, entry, mode, a.cost);
+    let send = take.counts(allowed) && count(&mut locked, entry, mode, a.cost);
     let e = locked.table.entry(entry);
     said.after = counter::estimate(e, a.rate, now);
     let (unsent, share) = (e.inflight, e.share);
@@ -349,6 +410,23 @@ fn check(
     let mut check = counter::check_cost(locked.table.entry_mut(entry), rate, now, cost);
     mode.apply(&mut check, now);
     (entry, Said { check, after: check.estimate })
+}
+
+/// What Redis decided for a strict limit replaces the decision from the
+/// counts (which have its answer applied: the estimate and the time to
+/// retry come from them).
+fn verdict(strict: Strict, check: &mut counter::Check, now: u64) {
+    match strict {
+        Strict::Allowed => check.allowed = true,
+        Strict::Rejected => {
+            if check.allowed {
+                // the counts here moved on since Redis answered
+                check.retry_at_ms = now + DENY_RETRY_MS;
+            }
+            check.allowed = false;
+        }
+        Strict::No | Strict::Later | Strict::Failed => {}
+    }
 }
 
 /// Counts the request in an entry, unless the backend's `on_error` says it

@@ -193,7 +193,7 @@ hunter2
 --- config
 --- must_die
 --- error_log
-redis_ratelimit_zone: several Redis URLs need the "cluster" parameter
+redis_ratelimit_zone: several Redis URLs need the "cluster" or "sentinel=" parameter
 
 
 
@@ -511,3 +511,61 @@ redis_ratelimit_zone: invalid hold "2m": a time from 0 to 60s expected
 --- must_die
 --- error_log
 redis_ratelimit_zone: "hold=" needs "redis=URL"
+
+=== TEST 47: strict on a zone without Redis
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 5r/m strict; }
+--- must_die
+--- error_log
+redis_ratelimit: "strict" needs a zone with Redis: zone "z"
+
+=== TEST 48: strict given twice
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT;
+--- config
+    location = /t { redis_ratelimit z 5r/m strict strict; }
+--- must_die
+--- error_log
+redis_ratelimit: duplicate parameter "strict"
+
+=== TEST 49: strict on a zone declared after the limit, without Redis
+--- http_config
+    redis_ratelimit late 5r/m strict;
+    redis_ratelimit_zone $arg_k zone=late:1m;
+--- config
+    location = /t { return 200; }
+--- must_die
+--- error_log
+"strict" needs a zone with Redis: zone "late"
+
+=== TEST 50: sentinel without the sentinels' URLs
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m sentinel=mymaster;
+--- config
+    location = /t { redis_ratelimit z 1r/s; }
+--- must_die
+--- error_log
+redis_ratelimit_zone: "sentinel=" needs "redis=URL,..." (the sentinels)
+
+=== TEST 51: sentinel and cluster together
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1,redis://127.0.0.1:2 cluster sentinel=m;
+--- config
+    location = /t { redis_ratelimit z 1r/s; }
+--- must_die
+--- error_log
+redis_ratelimit_zone: "cluster" and "sentinel=" exclude each other
+
+=== TEST 52: a strict limit and sentinel=, accepted
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1,redis://127.0.0.1:2 sentinel=mymaster timeout=100ms;
+--- config
+    location = /t { redis_ratelimit z 5r/m strict count_if=$arg_f; }
+--- user_files
+>>> t
+ok
+--- request
+GET /t?k=a
+--- error_code: 200

@@ -16,6 +16,7 @@
 //! | `health` | backoff, idle checks, refresh budget, log gate |
 //! | `stats` | a zone's figures in shared memory (atomics) |
 //! | `slots` | Redis Cluster slot → master map |
+//! | `strict` | strict mode: the script that decides in Redis, its arguments and answer |
 
 pub mod batch;
 pub mod counter;
@@ -26,6 +27,7 @@ pub mod params;
 pub mod rate;
 pub mod slots;
 pub mod stats;
+pub mod strict;
 pub mod sync;
 pub mod table;
 pub mod window;

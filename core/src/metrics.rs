@@ -44,6 +44,10 @@ pub struct Redis {
     /// cumulative).
     pub rtt_buckets: Vec<u64>,
     pub rtt_sum_us: u64,
+    /// Requests that waited for Redis's decision (`strict`), and those that
+    /// got none within `timeout=`.
+    pub strict_waits: u64,
+    pub strict_timeouts: u64,
 }
 
 /// A label value as the exposition format wants it: `\`, `"` and newlines
@@ -220,6 +224,22 @@ pub fn prometheus(zones: &[Zone]) -> String {
         &redis,
         &|z| r(z).sync_age_s.map(|a| (String::new(), a)).into_iter().collect(),
     );
+    family(
+        &mut out,
+        "nginx_redis_ratelimit_strict_waits_total",
+        "counter",
+        "Requests that waited for Redis's decision (strict limits).",
+        &redis,
+        &|z| vec![(String::new(), r(z).strict_waits)],
+    );
+    family(
+        &mut out,
+        "nginx_redis_ratelimit_strict_timeouts_total",
+        "counter",
+        "Strict requests that got no decision within timeout= (decided by on_error).",
+        &redis,
+        &|z| vec![(String::new(), r(z).strict_timeouts)],
+    );
     let name = "nginx_redis_ratelimit_redis_roundtrip_seconds";
     head(&mut out, name, "histogram", "Round trips of the pipelines sent to Redis.");
     for z in &redis {
@@ -294,7 +314,8 @@ pub fn json(zones: &[Zone]) -> String {
                     "{{\"up\":{},\"on_error\":\"{}\",\"commands\":{},\"pipelines\":{},\
                      \"errors\":{{\"transport\":{},\"reply\":{}}},\"connects\":{},\"waiting\":{},\
                      \"last_sync_age_seconds\":{age},\"roundtrip_buckets_us\":{:?},\
-                     \"roundtrip_counts\":[{}],\"roundtrip_sum_seconds\":{}}}}}",
+                     \"roundtrip_counts\":[{}],\"roundtrip_sum_seconds\":{},\
+                     \"strict\":{{\"waits\":{},\"timeouts\":{}}}}}}}",
                     r.up,
                     r.on_error,
                     r.commands,
@@ -306,6 +327,8 @@ pub fn json(zones: &[Zone]) -> String {
                     RTT_BUCKETS_US,
                     buckets.join(","),
                     secs(r.rtt_sum_us),
+                    r.strict_waits,
+                    r.strict_timeouts,
                 );
             }
         }

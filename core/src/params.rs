@@ -19,6 +19,9 @@ pub struct Backend {
     /// As written (they may hold a password: never log them, see `redact`).
     pub urls: Vec<String>,
     pub cluster: bool,
+    /// `sentinel=name`: the URLs are Redis Sentinels, and the master they
+    /// name `name` is the backend (followed through failovers).
+    pub sentinel: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,6 +118,7 @@ pub fn parse_zone_params(
     let mut zone: Option<(String, usize)> = None;
     let mut urls: Option<Vec<String>> = None;
     let mut cluster = false;
+    let mut sentinel: Option<String> = None;
     let mut prefix: Option<Vec<u8>> = None;
     let mut timeout_ms: Option<u64> = None;
     let mut on_error: Option<OnError> = None;
@@ -172,6 +176,18 @@ pub fn parse_zone_params(
                     return Err(dup());
                 }
                 cluster = true;
+            }
+            (b"sentinel", Some(v)) => {
+                if sentinel.is_some() {
+                    return Err(dup());
+                }
+                if v.is_empty() || !v.iter().all(|&b| b.is_ascii_graphic()) {
+                    return Err(format!(
+                        "invalid sentinel \"{}\": the master's name expected (sentinel=mymaster)",
+                        show(v)
+                    ));
+                }
+                sentinel = Some(show(v));
             }
             (b"prefix", Some(v)) => {
                 if prefix.is_some() {
@@ -236,14 +252,21 @@ pub fn parse_zone_params(
     let (name, size) = zone.ok_or_else(|| "no \"zone=name:size\" parameter".to_string())?;
     let backend = match urls {
         Some(urls) => {
-            if urls.len() > 1 && !cluster {
-                return Err("several Redis URLs need the \"cluster\" parameter".to_string());
+            if cluster && sentinel.is_some() {
+                return Err("\"cluster\" and \"sentinel=\" exclude each other".to_string());
             }
-            Some(Backend { urls, cluster })
+            if urls.len() > 1 && !cluster && sentinel.is_none() {
+                return Err("several Redis URLs need the \"cluster\" or \"sentinel=\" parameter"
+                    .to_string());
+            }
+            Some(Backend { urls, cluster, sentinel })
         }
         None => {
             if cluster {
                 return Err("\"cluster\" needs \"redis=URL,...\"".to_string());
+            }
+            if sentinel.is_some() {
+                return Err("\"sentinel=\" needs \"redis=URL,...\" (the sentinels)".to_string());
             }
             for (set, what) in [
                 (timeout_ms.is_some(), "timeout="),
@@ -362,6 +385,13 @@ mod tests {
         assert_eq!(p.prefix, b"app:");
         assert!(parse("zone=a:1m redis=rediss://u:p@h:6380/2").is_ok());
         assert!(parse("zone=a:1m redis=redis+unix:///tmp/redis.sock").is_ok());
+        let s = parse("zone=a:1m redis=redis://s1:26379,redis://:pw@s2:26379 sentinel=mymaster")
+            .unwrap()
+            .backend
+            .unwrap();
+        assert_eq!(s.sentinel.as_deref(), Some("mymaster"));
+        assert!(!s.cluster);
+        assert_eq!(s.urls.len(), 2);
     }
 
     #[test]
@@ -389,6 +419,10 @@ mod tests {
             ("zone=a:1m redis=redis://h:1 hold=1s hold=2s", "hold"),
             ("zone=a:1m hold=1s", "\"hold=\" needs"),
             ("zone=a{b}:1m", "a{b}"),
+            ("zone=a:1m sentinel=m", "\"sentinel=\" needs"),
+            ("zone=a:1m redis=redis://h:1 sentinel=", "invalid sentinel \"\""),
+            ("zone=a:1m redis=redis://h:1 sentinel=m sentinel=n", "duplicate"),
+            ("zone=a:1m redis=redis://h:1,redis://h:2 cluster sentinel=m", "exclude"),
         ] {
             let err = parse(conf).expect_err(conf);
             assert!(err.contains(needle), "{conf}: {err}");

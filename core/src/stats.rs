@@ -43,6 +43,10 @@ pub struct Stats {
     /// Increments waiting to be sent, all Redis threads together (each adds
     /// and takes back its own share).
     pub waiting: AtomicU64,
+    /// Requests that waited for Redis's decision (`strict`), and those of
+    /// them that got none in time (then decided by `on_error`).
+    pub strict_waits: AtomicU64,
+    pub strict_timeouts: AtomicU64,
 }
 
 impl Stats {

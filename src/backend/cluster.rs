@@ -181,7 +181,7 @@ impl Backend {
 
     /// Reads `CLUSTER SLOTS` when the copy is old (or `force`). A failed
     /// read keeps the old copy.
-    fn read_topology(&mut self, force: bool) {
+    pub(super) fn read_topology(&mut self, force: bool) {
         let max_age = if self.nodes.is_empty() { TOPOLOGY_MAX_AGE } else { TOPOLOGY_AGE_FAILING };
         if !force && self.topo_at.is_some_and(|t| t.elapsed() < max_age) {
             return;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter::Confirmation;
 use ratelimit_core::stats::Stats;
+use ratelimit_core::strict::Answer;
 
 /// Items per pipeline.
 pub const PIPELINE_ITEMS: usize = 1024;
@@ -18,6 +19,8 @@ pub struct ZoneSpec {
     pub name: String,
     pub urls: Vec<String>,
     pub cluster: bool,
+    /// `sentinel=`: the master's name (the URLs are sentinels).
+    pub sentinel: Option<String>,
     pub prefix: Vec<u8>,
     pub timeout: Duration,
     /// The zone's figures in shared memory (`None`: not mapped here).
@@ -45,6 +48,19 @@ impl StatsRef {
     }
 }
 
+/// One limit of a strict request, for the thread to decide in Redis.
+#[derive(Debug)]
+pub struct StrictAsk {
+    /// Names the waiting request (and which of its limits) in the answer.
+    pub ticket: u64,
+    pub id: ItemId,
+    /// The key's hash tag (`key::redis_tag`).
+    pub tag: Box<[u8]>,
+    pub period: u32,
+    pub limit: u32,
+    pub cost: u32,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Level {
     Error,
@@ -66,6 +82,16 @@ pub enum Event {
     KeepLocal {
         id: ItemId,
         sent: u32,
+    },
+    /// Redis's decision for strict requests of one key (`None`: no answer:
+    /// an error reply, the connection, the backend down), one ticket per
+    /// request in the answer's order.
+    Strict {
+        id: ItemId,
+        period: u32,
+        limit: u32,
+        tickets: Vec<u64>,
+        answer: Option<Answer>,
     },
     Log {
         zone: u32,

@@ -197,7 +197,7 @@ impl Backend {
                         keep_local(*id, item, events);
                     }
                 },
-                r @ Reply::Refused { .. } if r.is_cluster_down() => {
+                r @ Reply::Refused { .. } if self.master_lost(r) => {
                     cluster_down = Some(r.to_string());
                     self.keep_for_retry(std::slice::from_ref(&(*id, item.clone())));
                 }

@@ -145,8 +145,17 @@ impl Cluster {
 }
 
 /// Opens a connection, bounded by `timeout` for connecting and for every
-/// read and write after.
-pub fn connect(urls: &[String], cluster: bool, timeout: Duration) -> redis::RedisResult<Conn> {
+/// read and write after. With `sentinel`, the URLs are sentinels: the
+/// connection is to the master they name.
+pub fn connect(
+    urls: &[String],
+    cluster: bool,
+    sentinel: Option<&str>,
+    timeout: Duration,
+) -> redis::RedisResult<Conn> {
+    if let Some(name) = sentinel {
+        return Ok(Conn::Single(sentinel_master(urls, name, timeout)?));
+    }
     if cluster {
         let client = redis::cluster::ClusterClient::builder(urls.to_vec())
             .connection_timeout(timeout)
@@ -168,6 +177,67 @@ pub fn connect(urls: &[String], cluster: bool, timeout: Duration) -> redis::Redi
         con.set_write_timeout(Some(timeout))?;
         Ok(Conn::Single(con))
     }
+}
+
+/// Asks the sentinels, in order, where master `name` is, and connects to
+/// it with the first URL's credentials, database and TLS settings (the
+/// sentinels themselves are asked without credentials). The master must
+/// say it is one (`ROLE`): a sentinel that has not seen a failover yet
+/// may still name the old master, now a replica.
+fn sentinel_master(
+    urls: &[String],
+    name: &str,
+    timeout: Duration,
+) -> redis::RedisResult<redis::Connection> {
+    let base = urls.first().map(String::as_str).unwrap_or_default().into_connection_info()?;
+    let mut last = RedisError::from((redis::ErrorKind::Io, "no sentinel answered"));
+    for url in urls {
+        let asked = url.as_str().into_connection_info().and_then(|ci| {
+            let bare = ci.addr().clone().into_connection_info()?;
+            let mut s = redis::Client::open(bare)?.get_connection_with_timeout(timeout)?;
+            s.set_read_timeout(Some(timeout))?;
+            s.set_write_timeout(Some(timeout))?;
+            let addr: Option<(String, u16)> =
+                redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(name).query(&mut s)?;
+            addr.ok_or_else(|| {
+                RedisError::from((redis::ErrorKind::Io, "the sentinel does not know the master"))
+            })
+        });
+        let (host, port) = match asked {
+            Ok(a) => a,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
+        let addr = match base.addr() {
+            ConnectionAddr::TcpTls { insecure, tls_params, .. } => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        let opened = redis::Client::open(base.clone().set_addr(addr)).and_then(|c| {
+            let mut con = c.get_connection_with_timeout(timeout)?;
+            con.set_read_timeout(Some(timeout))?;
+            con.set_write_timeout(Some(timeout))?;
+            let role: Vec<Value> = redis::cmd("ROLE").query(&mut con)?;
+            match role.first() {
+                Some(Value::BulkString(r)) if r == b"master" => Ok(con),
+                _ => Err(RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the server the sentinel named is not a master (yet)",
+                ))),
+            }
+        });
+        match opened {
+            Ok(con) => return Ok(con),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 impl Conn {

@@ -16,6 +16,7 @@ mod flush;
 mod io;
 mod refresh;
 mod state;
+mod strict;
 mod zone;
 
 use std::collections::HashMap;
@@ -32,7 +33,7 @@ use ratelimit_core::health;
 use ratelimit_core::params;
 use ratelimit_core::sync::Send;
 
-pub use event::{Event, Level, StatsRef, ZoneSpec};
+pub use event::{Event, Level, StatsRef, StrictAsk, ZoneSpec};
 pub use state::Backend;
 
 /// Increments wait at least this long after a flush, so that a hot key
@@ -84,6 +85,10 @@ pub struct Channel {
     urgent: AtomicBool,
     done: Mutex<bool>,
     done_cv: Condvar,
+    /// Strict requests' limits waiting to be decided in Redis.
+    strict: Mutex<Vec<StrictAsk>>,
+    /// `strict` is not empty: the thread sends it at once.
+    strict_pending: AtomicBool,
 }
 
 impl Channel {
@@ -99,6 +104,8 @@ impl Channel {
             urgent: AtomicBool::new(false),
             done: Mutex::new(false),
             done_cv: Condvar::new(),
+            strict: Mutex::new(Vec::new()),
+            strict_pending: AtomicBool::new(false),
         }
     }
 
@@ -143,6 +150,17 @@ impl Channel {
             self.wake.notify_one();
         }
         ok
+    }
+
+    /// Queues strict requests' limits for the thread, which sends them at
+    /// once (no flush pacing: a request waits for the answer).
+    pub fn push_strict(&self, asks: impl IntoIterator<Item = StrictAsk>) {
+        self.strict.lock().extend(asks);
+        self.strict_pending.store(true, Ordering::Release);
+        // under the batch lock: the thread is either waiting (and woken) or
+        // about to look at `strict_pending`
+        let _b = self.batch.lock();
+        self.wake.notify_one();
     }
 
     pub fn is_up(&self, zone: usize) -> bool {
@@ -266,6 +284,9 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                     let (items, deletes) = b.drain();
                     break (items, deletes, true);
                 }
+                if ch.strict_pending.load(Ordering::Acquire) {
+                    break (Vec::new(), Vec::new(), false);
+                }
                 // what is due now (within the slack), or everything when
                 // what waits holds too many bytes
                 let now_ms = wall_ms();
@@ -317,6 +338,10 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
 
         let deadline = stopping.then(|| Instant::now() + STOP_FLUSH);
         let mut events = Vec::new();
+        if ch.strict_pending.swap(false, Ordering::AcqRel) {
+            let asks = std::mem::take(&mut *ch.strict.lock());
+            strict::send_all(&mut backends, asks, &mut events);
+        }
         for d in deletes {
             if let Some(b) = backends.iter_mut().find(|b| b.zone() == d.zone) {
                 b.delete(&d, &mut events);

@@ -208,7 +208,8 @@ impl Backend {
         if self.conn.is_some() {
             return true;
         }
-        match io::connect(&self.spec.urls, self.spec.cluster, self.spec.timeout) {
+        let sentinel = self.spec.sentinel.as_deref();
+        match io::connect(&self.spec.urls, self.spec.cluster, sentinel, self.spec.timeout) {
             Ok(c) => {
                 self.conn = Some(c);
                 if let Some(st) = self.stats() {

@@ -28,6 +28,8 @@ pub struct ZoneConf {
     pub cycle: *mut ngx_cycle_t,
     /// Set when nginx has mapped and initialised the shared memory.
     pub shared: Option<Shared>,
+    /// Where a `strict` limit first used it (it then needs `redis=`).
+    pub strict_at: Option<String>,
 }
 
 #[derive(Default)]
@@ -49,6 +51,8 @@ pub struct Limit {
     /// `count_if=`: checked in preaccess, counted in the log phase when
     /// this value is neither empty nor `0`.
     pub count_if: Option<Source>,
+    /// `strict`: the decision waits for Redis (`strict.rs`).
+    pub strict: bool,
     /// The last rate read from variables, by its text: a `map` gives the
     /// same few values again and again (read and written by the worker's
     /// own thread only).
@@ -71,6 +75,10 @@ pub enum RateSpec {
     Fixed(Rate),
     Var(Source),
 }
+
+/// The most `strict` limits at one level (a request's wait tells them
+/// apart by 4 bits).
+pub const MAX_STRICT: usize = 16;
 
 /// The most a request may weigh (`cost=`).
 pub const MAX_COST: u32 = 1_000_000;

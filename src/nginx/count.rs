@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use super::handler::{ask, cost, debug_log, key, rate, read, state};
 use super::module::Module;
 use super::time::now_ms;
-use crate::engine::{self, Ask, Take};
+use crate::engine::{self, Ask, Strict, Take};
 
 pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls log handlers with a valid request.
@@ -57,7 +57,12 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
         let Ok(cost) = cost(r, mcf, l) else {
             continue;
         };
-        asks.push(ask(mcf, l, key, rate, cost));
+        let mut a = ask(mcf, l, key, rate, cost);
+        if l.strict {
+            // the next strict decision must see it
+            a.strict = Strict::Later;
+        }
+        asks.push(a);
     }
     if !asks.is_empty() {
         // counted whatever the estimate says now: the request was let

@@ -20,7 +20,7 @@ use ratelimit_core::rate::Rate;
 
 use super::conf::{
     parse_cost, Cost, Limit, LocConf, MainConf, RateSpec, Source, ZoneConf, HEADERS_LEGACY,
-    HEADERS_OFF, HEADERS_ON, MAX_COST, UNSET_UINT,
+    HEADERS_OFF, HEADERS_ON, MAX_COST, MAX_STRICT, UNSET_UINT,
 };
 use super::module::Module;
 use super::zone;
@@ -181,6 +181,8 @@ pub extern "C" fn cmd_zone(
         return refuse(cf, D, format!("zone \"{}\" is already declared", params.name));
     }
 
+    // a limit that named the zone before its declaration may be strict
+    let strict_at = existing.and_then(|i| mcf.zones[i].strict_at.take());
     let zone = Box::new(ZoneConf {
         name: params.name.clone(),
         declared: true,
@@ -190,6 +192,7 @@ pub extern "C" fn cmd_zone(
         // SAFETY: `cf` is valid while the directive is read.
         cycle: unsafe { (*cf).cycle },
         shared: None,
+        strict_at,
     });
     let slot = match existing {
         Some(i) => {
@@ -254,9 +257,15 @@ pub extern "C" fn cmd_limit(
     };
     let mut cost = None;
     let mut count_if = None;
+    let mut strict = false;
     for a in &args[3..] {
         let bytes = a.as_bytes();
-        if let Some(v) = bytes.strip_prefix(b"cost=") {
+        if bytes == b"strict" {
+            if strict {
+                return refuse(cf, D, "duplicate parameter \"strict\"");
+            }
+            strict = true;
+        } else if let Some(v) = bytes.strip_prefix(b"cost=") {
             if cost.is_some() {
                 return refuse(cf, D, "duplicate parameter \"cost=\"");
             }
@@ -319,13 +328,20 @@ pub extern "C" fn cmd_limit(
                 key: ptr::null_mut(),
                 cycle: ptr::null_mut(),
                 shared: None,
+                strict_at: None,
             }));
             mcf.zones.len() - 1
         }
     };
     mcf.count_if |= count_if.is_some();
-    let limit = Limit { zone, rate, cost, count_if, cache: Default::default() };
+    if strict && mcf.zones[zone].strict_at.is_none() {
+        mcf.zones[zone].strict_at = Some(position(cf));
+    }
+    let limit = Limit { zone, rate, cost, count_if, strict, cache: Default::default() };
     let limits = lcf.limits.get_or_insert_with(Vec::new);
+    if strict && limits.iter().filter(|l| l.strict).count() >= MAX_STRICT {
+        return refuse(cf, D, format!("more than {MAX_STRICT} strict limits at one level"));
+    }
     if limits.iter().any(|l| l.zone == zone && l.rate == rate && matches!(rate, RateSpec::Fixed(_)))
     {
         return refuse(cf, D, format!("duplicate limit \"{} {}\"", show(&args[1]), show(&args[2])));
@@ -346,6 +362,17 @@ pub unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) 
                 format!(
                     "unknown zone \"{}\" (used at {}): declare it with redis_ratelimit_zone",
                     z.name, z.used_at
+                ),
+            );
+        }
+        let redis = z.params.as_ref().is_some_and(|p| p.backend.is_some());
+        if let Some(at) = z.strict_at.as_ref().filter(|_| !redis) {
+            return refuse(
+                cf,
+                "redis_ratelimit",
+                format!(
+                    "\"strict\" needs a zone with Redis: zone \"{}\" (used at {}) has no \"redis=\"",
+                    z.name, at
                 ),
             );
         }

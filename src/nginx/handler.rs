@@ -24,7 +24,7 @@ use super::conf::{
 };
 use super::module::Module;
 use super::time::now_ms;
-use crate::engine::{self, Ask, Decision, Take};
+use crate::engine::{self, Ask, Decision, Strict, Take};
 
 /// What the limiter decided for a request, kept for the variables. It hangs
 /// off the main request's pool (as a cleanup entry) rather than the module
@@ -111,7 +111,7 @@ fn limit(
     lcf: &LocConf,
     limits: &[Limit],
 ) -> Result<ngx_int_t, ()> {
-    if let [l] = limits {
+    if let [l @ Limit { strict: false, .. }] = limits {
         // one limit: no lists to build
         let Some(rate) = rate(r, mcf, l)? else {
             return Ok(NGX_DECLINED as ngx_int_t);
@@ -130,6 +130,7 @@ fn limit(
     }
     let mut keys: SmallVec<[(usize, &[u8]); INLINE]> = SmallVec::new();
     let mut asks: SmallVec<[Ask<'_>; INLINE]> = SmallVec::new();
+    let mut wants: SmallVec<[bool; INLINE]> = SmallVec::new();
     for l in limits {
         let Some(rate) = rate(r, mcf, l)? else {
             continue;
@@ -152,9 +153,13 @@ fn limit(
         // response (`count.rs`)
         let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
         asks.push(ask(mcf, l, key, rate, cost));
+        wants.push(l.strict);
     }
     if asks.is_empty() {
         return Ok(NGX_DECLINED as ngx_int_t);
+    }
+    if wants.contains(&true) {
+        return super::strict::limit(r, mcf, lcf, &mut asks, &wants);
     }
     let now = now_ms();
     let decision =
@@ -171,7 +176,14 @@ pub(super) fn ask<'a>(
     rate: Rate,
     cost: u32,
 ) -> Ask<'a> {
-    Ask { zone: l.zone, namespace: mcf.zones[l.zone].name.as_bytes(), key, rate, cost }
+    Ask {
+        zone: l.zone,
+        namespace: mcf.zones[l.zone].name.as_bytes(),
+        key,
+        rate,
+        cost,
+        strict: Strict::No,
+    }
 }
 
 /// The request's log (its connection's).
@@ -357,7 +369,7 @@ fn count_outcome(mcf: &MainConf, limits: &[Ask<'_>], rejecting: usize, outcome: 
 
 /// What every decided request ends with: the log line of a rejection, the
 /// recorded state (for the variables), the headers, and the status.
-fn finish(
+pub(super) fn finish(
     r: &mut ngx_http_request_t,
     mcf: &MainConf,
     lcf: &LocConf,

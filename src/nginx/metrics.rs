@@ -67,6 +67,8 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
                 sync_age_s: (last > 0).then(|| now_ms.saturating_sub(last) as f64 / 1000.0),
                 rtt_buckets: st.rtt_buckets.iter().map(get).collect(),
                 rtt_sum_us: get(&st.rtt_sum_us),
+                strict_waits: get(&st.strict_waits),
+                strict_timeouts: get(&st.strict_timeouts),
             }
         });
         out.push(Zone {

@@ -8,6 +8,7 @@
 //! | `zone.rs` | a zone's shared memory: mapping, locking |
 //! | `handler.rs` | the preaccess handler: evaluates keys, asks the engine, answers |
 //! | `count.rs` | the log phase handler: counts `count_if=` limits after the response |
+//! | `strict.rs` | strict limits: the request waits for Redis's decision, the worker does not |
 //! | `metrics.rs` | `redis_ratelimit_metrics`: the figures page |
 //! | `vars.rs` | `$redis_ratelimit_*` variables |
 //! | `worker.rs` | the worker's side of the Redis thread: start, stop, replies |
@@ -19,6 +20,7 @@ pub mod directives;
 pub mod handler;
 pub mod metrics;
 pub mod module;
+pub mod strict;
 pub mod time;
 pub mod vars;
 pub mod worker;

@@ -101,6 +101,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
                 name: z.name.clone(),
                 urls: b.urls.clone(),
                 cluster: b.cluster,
+                sentinel: b.sentinel.clone(),
                 prefix: p.prefix.clone(),
                 timeout: Duration::from_millis(p.timeout_ms),
                 stats: z.shared.as_ref().map(|s| StatsRef::new(s.stats())),
@@ -272,6 +273,30 @@ fn apply(log: *mut ngx_log_t) {
                     );
                 }
             }),
+            Event::Strict { id, period, limit, tickets, answer } => {
+                if let Some(a) = &answer {
+                    // Redis's counts, as for a flush (nothing of ours in
+                    // flight: the script counted what it allowed)
+                    let c = counter::Confirmation {
+                        window: id.window,
+                        sent: 0,
+                        cur: a.cur,
+                        prev: Some(a.prev),
+                    };
+                    with_entry(mcf, id, |e| {
+                        let armed = e.blocked_until_ms;
+                        counter::confirm(e, &c, Rate { limit, period }, now);
+                        if armed <= now && e.blocked_until_ms > now {
+                            if let Some(s) =
+                                mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref())
+                            {
+                                Stats::bump(&s.stats().breaker_trips);
+                            }
+                        }
+                    });
+                }
+                super::strict::resolve(&tickets, answer.as_ref().map(|a| &a.allowed[..]));
+            }
             Event::KeepLocal { id, sent } => with_entry(mcf, id, |e| {
                 counter::keep_local(e, id.window, sent);
             }),

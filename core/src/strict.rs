@@ -1,0 +1,241 @@
+//! Strict mode: the decision made in Redis, atomically, by one script per
+//! key. What the script is, what it is given, and how its answer is read;
+//! `decide` is the same decision in Rust (the script's reference, and what
+//! the unit tests check the arithmetic of).
+//!
+//! The script reads both windows of the key (they share a hash tag, so one
+//! cluster slot), checks each request of the group in order against the
+//! sliding estimate (`estimate + cost − 1 < L`), adds only the allowed ones
+//! to the current window (rejected requests are not counted), sets the
+//! counter's TTL when it created it, and answers the counts and one flag per
+//! request. Requests of one key that wait together share one call.
+
+/// The script: `KEYS[1]` the current window's counter, `KEYS[2]` the
+/// previous one's; `ARGV` limit, period (ms), time into the window (ms),
+/// TTL (s), then one cost per request. Answers `{cur, prev, a1, a2, ...}`
+/// with `ai` 1 when request `i` is allowed (and counted). A counter that
+/// holds something else than an integer is an error reply (`WRONGTYPE` from
+/// `GET`, or the script's own), so the item fails alone.
+pub const SCRIPT: &str = r#"-- ngx_http_redis_ratelimit strict mode
+local function count(k)
+  local v = redis.call('GET', k)
+  if not v then return 0 end
+  local n = tonumber(v)
+  if not n or n < 0 or n ~= math.floor(n) then
+    return nil
+  end
+  return n
+end
+local cur = count(KEYS[1])
+local prev = count(KEYS[2])
+if not cur or not prev then
+  return redis.error_reply('ERR redis_ratelimit: the counter is not an integer')
+end
+local limit = tonumber(ARGV[1])
+local p = tonumber(ARGV[2])
+local e = tonumber(ARGV[3])
+local ttl = tonumber(ARGV[4])
+if e > p then e = p end
+local weighted = prev * (p - e)
+local cap = limit * p
+local out = {0, prev}
+local added = 0
+for i = 5, #ARGV do
+  local c = tonumber(ARGV[i])
+  local k = c
+  if k < 1 then k = 1 end
+  if weighted + (cur + added + k - 1) * p < cap then
+    added = added + c
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+if added > 0 then
+  local now = redis.call('INCRBY', KEYS[1], added)
+  if now == added then
+    redis.call('EXPIRE', KEYS[1], ttl)
+  end
+  cur = now
+end
+out[1] = cur
+return out
+"#;
+
+/// The script's SHA1 (what `EVALSHA` names it by), as Redis computes it.
+pub fn sha1_hex() -> String {
+    let digest = sha1(SCRIPT.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The arguments after the two keys: limit, period in ms, time into the
+/// window in ms, TTL in seconds (two periods: the window is read as the
+/// previous one during the next), one cost per request.
+pub fn args(limit: u32, period: u32, elapsed_ms: u64, costs: &[u32]) -> Vec<u64> {
+    let p = u64::from(period) * 1000;
+    let mut a = Vec::with_capacity(4 + costs.len());
+    a.extend([u64::from(limit), p, elapsed_ms.min(p), 2 * u64::from(period)]);
+    a.extend(costs.iter().map(|&c| u64::from(c)));
+    a
+}
+
+/// What Redis answered for a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The current window's count after the call (ours included).
+    pub cur: u64,
+    /// The previous window's count.
+    pub prev: u64,
+    /// One flag per request of the group, in order.
+    pub allowed: Vec<bool>,
+}
+
+/// Reads the script's reply (the integers of its array), checking that it
+/// has one flag per request: anything else is `None` (the group fails, and
+/// its requests are decided by `on_error`).
+pub fn parse_answer(values: &[i64], requests: usize) -> Option<Answer> {
+    let (&cur, rest) = values.split_first()?;
+    let (&prev, flags) = rest.split_first()?;
+    if flags.len() != requests || cur < 0 || prev < 0 || flags.iter().any(|&f| f != 0 && f != 1) {
+        return None;
+    }
+    Some(Answer {
+        cur: cur as u64,
+        prev: prev as u64,
+        allowed: flags.iter().map(|&f| f == 1).collect(),
+    })
+}
+
+/// The script's decision in Rust, with the same arithmetic: for counts
+/// `prev`, `cur` at `elapsed_ms` into a window of `period_ms`, which of the
+/// requests (`costs`, in order) a limit of `limit` allows, and the count
+/// after them.
+pub fn decide(
+    limit: u32,
+    period_ms: u64,
+    elapsed_ms: u64,
+    prev: u64,
+    cur: u64,
+    costs: &[u32],
+) -> (u64, Vec<bool>) {
+    let e = elapsed_ms.min(period_ms);
+    let weighted = u128::from(prev) * u128::from(period_ms - e);
+    let cap = u128::from(limit) * u128::from(period_ms);
+    let mut added = 0u64;
+    let flags = costs
+        .iter()
+        .map(|&c| {
+            let k = u64::from(c.max(1));
+            let ok = weighted + u128::from(cur + added + k - 1) * u128::from(period_ms) < cap;
+            if ok {
+                added += u64::from(c);
+            }
+            ok
+        })
+        .collect();
+    (cur + added, flags)
+}
+
+/// SHA-1 (FIPS 180-4), for the script's name only: the one digest Redis
+/// uses for `EVALSHA`.
+fn sha1(data: &[u8]) -> [u8; 20] {
+    let mut h: [u32; 5] = [0x6745_2301, 0xEFCD_AB89, 0x98BA_DCFE, 0x1032_5476, 0xC3D2_E1F0];
+    let mut msg = data.to_vec();
+    let bits = (data.len() as u64).wrapping_mul(8);
+    msg.push(0x80);
+    while msg.len() % 64 != 56 {
+        msg.push(0);
+    }
+    msg.extend_from_slice(&bits.to_be_bytes());
+    for block in msg.chunks_exact(64) {
+        let mut w = [0u32; 80];
+        for (i, word) in block.chunks_exact(4).enumerate() {
+            w[i] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
+        }
+        for i in 16..80 {
+            w[i] = (w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16]).rotate_left(1);
+        }
+        let [mut a, mut b, mut c, mut d, mut e] = h;
+        for (i, &wi) in w.iter().enumerate() {
+            let (f, k) = match i {
+                0..=19 => ((b & c) | (!b & d), 0x5A82_7999),
+                20..=39 => (b ^ c ^ d, 0x6ED9_EBA1),
+                40..=59 => ((b & c) | (b & d) | (c & d), 0x8F1B_BCDC),
+                _ => (b ^ c ^ d, 0xCA62_C1D6),
+            };
+            let t =
+                a.rotate_left(5).wrapping_add(f).wrapping_add(e).wrapping_add(k).wrapping_add(wi);
+            e = d;
+            d = c;
+            c = b.rotate_left(30);
+            b = a;
+            a = t;
+        }
+        for (x, y) in h.iter_mut().zip([a, b, c, d, e]) {
+            *x = x.wrapping_add(y);
+        }
+    }
+    let mut out = [0u8; 20];
+    for (i, x) in h.iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&x.to_be_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha1_known_digests() {
+        let hex = |d: [u8; 20]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        assert_eq!(hex(sha1(b"")), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+        assert_eq!(hex(sha1(b"abc")), "a9993e364706816aba3e25717850c26c9cd0d89d");
+        let long = b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+        assert_eq!(hex(sha1(long)), "84983e441c3bd26ebaae4aa1f95129e5e54670f1");
+        assert_eq!(sha1_hex().len(), 40);
+    }
+
+    #[test]
+    fn a_fresh_key_gets_exactly_its_limit() {
+        let (cur, flags) = decide(5, 60_000, 0, 0, 0, &[1; 8]);
+        assert_eq!(cur, 5);
+        assert_eq!(flags, [true, true, true, true, true, false, false, false]);
+    }
+
+    #[test]
+    fn the_previous_window_weighs_by_time_left() {
+        // prev 10 at a quarter into the window weighs 7.5 of 10
+        let (cur, flags) = decide(10, 1000, 250, 10, 0, &[1; 4]);
+        assert_eq!(flags, [true, true, true, false]);
+        assert_eq!(cur, 3);
+        // at the window's end the previous window weighs nothing
+        let (cur, _) = decide(10, 1000, 5000, 10, 0, &[1; 12]);
+        assert_eq!(cur, 10);
+    }
+
+    #[test]
+    fn costs_and_rejected_requests_are_not_counted() {
+        // 3 left: a cost of 4 is refused, the 2 and the 1 after it pass
+        let (cur, flags) = decide(10, 1000, 0, 0, 7, &[4, 2, 1, 1]);
+        assert_eq!(flags, [false, true, true, false]);
+        assert_eq!(cur, 10);
+        // cost 0 checks without counting
+        let (cur, flags) = decide(10, 1000, 0, 0, 9, &[0, 0]);
+        assert_eq!((cur, flags), (9, vec![true, true]));
+        let (_, flags) = decide(10, 1000, 0, 0, 10, &[0]);
+        assert_eq!(flags, [false]);
+    }
+
+    #[test]
+    fn args_and_answers() {
+        assert_eq!(args(100, 60, 1500, &[1, 3]), [100, 60_000, 1500, 120, 1, 3]);
+        assert_eq!(args(5, 1, 99_999, &[1]), [5, 1000, 1000, 2, 1]);
+        let a = parse_answer(&[7, 2, 1, 0], 2).unwrap();
+        assert_eq!(a, Answer { cur: 7, prev: 2, allowed: vec![true, false] });
+        assert_eq!(parse_answer(&[7, 2, 1], 2), None);
+        assert_eq!(parse_answer(&[7, 2, 2], 1), None);
+        assert_eq!(parse_answer(&[-1, 2, 1], 1), None);
+        assert_eq!(parse_answer(&[], 0), None);
+    }
+}

@@ -1,0 +1,254 @@
+//! Strict requests in the thread: the limits that wait for Redis's decision
+//! are grouped per key (one script call answers every request of the key
+//! that waits on this worker), sent at once as `EVALSHA` pipelines (per
+//! master in a cluster), and answered to the worker as `Event::Strict`.
+//!
+//! A `NOSCRIPT` reply (a Redis that restarted, a failover, a master that
+//! never saw the script) loads the script with `SCRIPT LOAD` and sends those
+//! calls again in the same pipeline. An error reply fails its key alone; a
+//! transport failure fails what was in flight and takes the backend down, as
+//! for increments. A group that gets no answer is answered `None`: its
+//! requests are decided by the zone's `on_error`, at once.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use ratelimit_core::batch::ItemId;
+use ratelimit_core::key::redis_key_for_tag;
+use ratelimit_core::strict::{self, Answer, SCRIPT};
+use redis::{Cmd, Value};
+
+use super::event::{Event, StrictAsk, PIPELINE_ITEMS};
+use super::flush::unix_ms;
+use super::io::Reply;
+use super::state::Backend;
+
+/// The requests of one key and limit that wait together.
+struct Group {
+    id: ItemId,
+    tag: Box<[u8]>,
+    period: u32,
+    limit: u32,
+    tickets: Vec<u64>,
+    costs: Vec<u32>,
+}
+
+impl Group {
+    fn failed(self, events: &mut Vec<Event>) {
+        events.push(Event::Strict {
+            id: self.id,
+            period: self.period,
+            limit: self.limit,
+            tickets: self.tickets,
+            answer: None,
+        });
+    }
+}
+
+/// Sends every waiting strict ask to its zone's backend.
+pub(super) fn send_all(backends: &mut [Backend], asks: Vec<StrictAsk>, events: &mut Vec<Event>) {
+    // per key and limit, in the order they came
+    let mut groups: Vec<Group> = Vec::new();
+    let mut at: HashMap<(ItemId, u32), usize> = HashMap::new();
+    for a in asks {
+        match at.get(&(a.id, a.limit)) {
+            Some(&i) => {
+                groups[i].tickets.push(a.ticket);
+                groups[i].costs.push(a.cost);
+            }
+            None => {
+                at.insert((a.id, a.limit), groups.len());
+                groups.push(Group {
+                    id: a.id,
+                    tag: a.tag,
+                    period: a.period,
+                    limit: a.limit,
+                    tickets: vec![a.ticket],
+                    costs: vec![a.cost],
+                });
+            }
+        }
+    }
+    let mut by_zone: HashMap<u32, Vec<Group>> = HashMap::new();
+    for g in groups {
+        by_zone.entry(g.id.zone).or_default().push(g);
+    }
+    for (zone, groups) in by_zone {
+        match backends.iter_mut().find(|b| b.zone() == zone) {
+            Some(b) => b.send_strict(groups, events),
+            None => groups.into_iter().for_each(|g| g.failed(events)),
+        }
+    }
+}
+
+impl Backend {
+    fn send_strict(&mut self, groups: Vec<Group>, events: &mut Vec<Event>) {
+        if !self.health.is_up() || !self.ensure_conn(events) {
+            groups.into_iter().for_each(|g| g.failed(events));
+            return;
+        }
+        if self.spec.cluster {
+            self.read_topology(false);
+        }
+        let mut by_node: HashMap<Option<String>, Vec<Group>> = HashMap::new();
+        for g in groups {
+            let key = self.cur_key(&g);
+            by_node.entry(self.node_of(&key)).or_default().push(g);
+        }
+        for (node, mut groups) in by_node {
+            while !groups.is_empty() {
+                let rest = groups.split_off(groups.len().min(PIPELINE_ITEMS));
+                let chunk = std::mem::replace(&mut groups, rest);
+                let now = Instant::now();
+                if !self.health.is_up() || !self.node_may_send(node.as_deref(), now) {
+                    chunk.into_iter().for_each(|g| g.failed(events));
+                    continue;
+                }
+                self.strict_chunk(chunk, node.as_deref(), events);
+            }
+        }
+    }
+
+    fn cur_key(&self, g: &Group) -> Vec<u8> {
+        let p = u64::from(g.period);
+        redis_key_for_tag(&self.spec.prefix, &g.tag, g.period, g.id.window * p)
+    }
+
+    /// The `EVALSHA` for one group.
+    fn strict_cmd(&self, g: &Group, sha: &str, now_ms: u64) -> Cmd {
+        let p = u64::from(g.period);
+        let cur = self.cur_key(g);
+        let prev = redis_key_for_tag(
+            &self.spec.prefix,
+            &g.tag,
+            g.period,
+            g.id.window.saturating_sub(1) * p,
+        );
+        let elapsed = now_ms.saturating_sub(g.id.window * p * 1000);
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(sha).arg(2).arg(cur).arg(prev);
+        for a in strict::args(g.limit, g.period, elapsed, &g.costs) {
+            c.arg(a);
+        }
+        c
+    }
+
+    fn strict_chunk(&mut self, groups: Vec<Group>, node: Option<&str>, events: &mut Vec<Event>) {
+        let sha = strict::sha1_hex();
+        let now_ms = unix_ms();
+        let cmds: Vec<Cmd> = groups.iter().map(|g| self.strict_cmd(g, &sha, now_ms)).collect();
+        let Some((mut replies, broken)) = self.exec_counted(&cmds, node) else {
+            groups.into_iter().for_each(|g| g.failed(events));
+            return;
+        };
+        // calls the server did not know the script for: load it, call again
+        let missing: Vec<usize> = (0..replies.len())
+            .filter(|&i| matches!(&replies[i], Reply::Refused { code, .. } if code == "NOSCRIPT"))
+            .collect();
+        if broken.is_none() && !missing.is_empty() {
+            let mut again = vec![redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).clone()];
+            again.extend(missing.iter().map(|&i| cmds[i].clone()));
+            match self.exec_counted(&again, node) {
+                Some((r, None)) => {
+                    for (&i, reply) in missing.iter().zip(r.into_iter().skip(1)) {
+                        replies[i] = reply;
+                    }
+                }
+                Some((_, Some(e))) => {
+                    for &i in &missing {
+                        replies[i] = Reply::Lost;
+                    }
+                    self.link_failed(node, &e, events);
+                    self.answer(groups, replies, events);
+                    return;
+                }
+                None => {}
+            }
+        }
+        let down = replies.iter().find(|r| self.master_lost(r)).map(ToString::to_string);
+        self.answer(groups, replies, events);
+        if let Some(e) = broken {
+            self.link_failed(node, &e, events);
+        } else if let Some(why) = down {
+            let e = redis::RedisError::from((redis::ErrorKind::Io, "not serving", why));
+            self.link_failed(node, &e, events);
+        } else {
+            self.link_ok(node, events);
+            if let Some(st) = self.stats() {
+                st.synced(now_ms);
+            }
+        }
+    }
+
+    /// `cmds` as one pipeline on `node`, counted in the zone's figures;
+    /// `None` without a connection.
+    fn exec_counted(
+        &mut self,
+        cmds: &[Cmd],
+        node: Option<&str>,
+    ) -> Option<(Vec<Reply>, Option<redis::RedisError>)> {
+        let sent_at = Instant::now();
+        let deadline = sent_at + self.spec.timeout;
+        let out = self.conn.as_mut()?.exec(cmds, node, deadline, &|_| None);
+        if let Some(st) = self.stats() {
+            st.pipeline(cmds.len(), sent_at.elapsed().as_micros() as u64);
+        }
+        Some(out)
+    }
+
+    /// Turns each group's reply into its answer.
+    fn answer(&mut self, groups: Vec<Group>, replies: Vec<Reply>, events: &mut Vec<Event>) {
+        let mut replies = replies.into_iter();
+        for g in groups {
+            let answer = match replies.next().unwrap_or(Reply::NotSent) {
+                Reply::Value(v) => {
+                    let a = read_answer(&v, g.tickets.len());
+                    if a.is_none() {
+                        let key = self.cur_key(&g);
+                        self.refused(&key, "the script's answer is not what it should be", events);
+                    }
+                    a
+                }
+                r @ Reply::Refused { .. } if self.master_lost(&r) => None,
+                Reply::Refused { text, .. } => {
+                    let key = self.cur_key(&g);
+                    self.refused(&key, &text, events);
+                    None
+                }
+                Reply::Lost | Reply::NotSent => None,
+            };
+            events.push(Event::Strict {
+                id: g.id,
+                period: g.period,
+                limit: g.limit,
+                tickets: g.tickets,
+                answer,
+            });
+        }
+    }
+
+    /// A reply that says this is not a master that serves the key: a
+    /// cluster that is down, or (followed through Sentinel) a master that
+    /// became a replica. The backend (or that master) is then down, and is
+    /// looked up again.
+    pub(super) fn master_lost(&self, r: &Reply) -> bool {
+        r.is_cluster_down()
+            || self.spec.sentinel.is_some()
+                && matches!(r, Reply::Refused { code, .. } if code == "READONLY")
+    }
+}
+
+/// The script's array of integers.
+fn read_answer(v: &Value, requests: usize) -> Option<Answer> {
+    let Value::Array(items) = v else {
+        return None;
+    };
+    let ints: Option<Vec<i64>> = items
+        .iter()
+        .map(|x| match x {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        })
+        .collect();
+    strict::parse_answer(&ints?, requests)
+}

@@ -1,0 +1,306 @@
+//! Strict limits: the request waits for Redis's decision, the worker does
+//! not. The preaccess handler first checks every limit against what this
+//! node knows (a key known to be over its limit is answered at once, no
+//! round trip), then hands the strict limits to the Redis thread and
+//! suspends the request (`NGX_AGAIN`, as `limit_req` does for a delay): a
+//! timer of the zone's `timeout=` on its write event, the client watched
+//! for closing meanwhile. The thread's answer, applied on the worker's own
+//! thread (`worker.rs`), posts the write event; the handler runs again and
+//! decides every limit through the engine with Redis's verdicts (a strict
+//! limit without one, after the timeout or an error, is decided by
+//! `on_error`).
+//!
+//! A waiting request is found by its ticket in a map of this worker (the
+//! worker's thread only); the map entry goes with the request's pool, so a
+//! client that closes while waiting leaves nothing behind, and a late answer
+//! finds no one.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::ptr;
+
+use nginx_sys::{
+    ngx_add_timer, ngx_del_timer, ngx_handle_read_event, ngx_handle_write_event,
+    ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_finalize_request,
+    ngx_http_request_t, ngx_http_test_reading, ngx_int_t, ngx_pool_cleanup_add, ngx_post_event,
+    ngx_posted_events, NGX_AGAIN, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+};
+use ngx::http::HttpModule;
+use ratelimit_core::batch::ItemId;
+use ratelimit_core::key::redis_tag;
+use ratelimit_core::stats::Stats;
+use ratelimit_core::window::window_index;
+
+use super::conf::{LocConf, MainConf};
+use super::handler::{debug_log, finish};
+use super::module::Module;
+use super::time::now_ms;
+use super::worker;
+use crate::backend::StrictAsk;
+use crate::engine::{self, Ask, Strict, Take};
+
+/// What Redis said for one strict limit of a waiting request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    Waiting,
+    Allowed,
+    Rejected,
+    Failed,
+}
+
+/// A suspended request, in its pool.
+struct Wait {
+    r: *mut ngx_http_request_t,
+    /// Its tickets are `base | i` for its strict limits `i`.
+    base: u64,
+    verdicts: [Verdict; 16],
+    waiting: u8,
+}
+
+thread_local! {
+    /// Waiting requests by ticket base (this worker's thread only).
+    static WAITS: RefCell<HashMap<u64, *mut Wait>> = RefCell::new(HashMap::new());
+    static NEXT: Cell<u64> = const { Cell::new(1) };
+}
+
+/// The request's wait, through the module's context slot (set while it
+/// waits and until the handler ran again).
+fn ctx(r: &ngx_http_request_t) -> *mut Wait {
+    let i = Module::module().ctx_index;
+    // SAFETY: every request has a context array with a slot per module.
+    unsafe { (*r.ctx.add(i)).cast::<Wait>() }
+}
+
+fn set_ctx(r: &mut ngx_http_request_t, w: *mut Wait) {
+    let i = Module::module().ctx_index;
+    // SAFETY: as in `ctx`.
+    unsafe { *r.ctx.add(i) = w.cast::<c_void>() };
+}
+
+/// Decides a request with strict limits (`wants[i]`: `asks[i]` is one).
+pub(super) fn limit(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    asks: &mut [Ask<'_>],
+    wants: &[bool],
+) -> Result<ngx_int_t, ()> {
+    let w = ctx(r);
+    if !w.is_null() {
+        // woken: Redis's verdicts (or none, after the timeout)
+        set_ctx(r, ptr::null_mut());
+        // SAFETY: the wait lives in the request's pool until the request ends.
+        let wait = unsafe { &*w };
+        let mut k = 0;
+        for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
+            a.strict = match wait.verdicts[k] {
+                Verdict::Allowed => Strict::Allowed,
+                Verdict::Rejected => Strict::Rejected,
+                Verdict::Waiting | Verdict::Failed => Strict::Failed,
+            };
+            k += 1;
+        }
+        if wait.verdicts[..k].contains(&Verdict::Waiting) {
+            count_timeout(mcf, asks, wants);
+        }
+        return decide(r, mcf, lcf, asks, Take::IfAllowed);
+    }
+
+    // without a thread for the zone, or a backend down, or in a
+    // subrequest (which cannot wait on the main request's connection),
+    // a strict limit is decided by `on_error` at once
+    let channel = worker::channel();
+    let main = ptr::eq(r.main, r);
+    let mut waiting = 0;
+    for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
+        if main && channel.is_some_and(|ch| ch.is_up(a.zone)) {
+            waiting += 1;
+        } else {
+            a.strict = Strict::Failed;
+        }
+    }
+    let Some(ch) = channel.filter(|_| waiting > 0) else {
+        return decide(r, mcf, lcf, asks, Take::IfAllowed);
+    };
+
+    // what this node knows first: a key over its limit needs no round trip
+    let now = now_ms();
+    let d = engine::decide(mcf, asks, now, Take::Never, debug_log(r)).map_err(|_| ())?;
+    if !d.allowed {
+        return finish(r, mcf, lcf, now, asks, &d);
+    }
+
+    // wait
+    let base = NEXT.with(|n| {
+        let v = n.get();
+        n.set(v + 1);
+        v << 4
+    });
+    let mut sends = Vec::with_capacity(waiting);
+    let mut verdicts = [Verdict::Failed; 16];
+    let mut timeout = 0;
+    for (k, (a, _)) in asks.iter().zip(wants).filter(|(_, w)| **w).enumerate() {
+        if a.strict != Strict::No || k >= verdicts.len() {
+            continue; // decided by `on_error`
+        }
+        let z = mcf.zones.get(a.zone).ok_or(())?;
+        let shared = z.shared.as_ref().ok_or(())?;
+        timeout = timeout.max(z.params.as_ref().map_or(0, |p| p.timeout_ms));
+        verdicts[k] = Verdict::Waiting;
+        sends.push(StrictAsk {
+            ticket: base | k as u64,
+            id: ItemId {
+                zone: a.zone as u32,
+                entry: shared.ids.id(a.namespace, a.rate.period, a.key),
+                window: window_index(now, a.rate.period_ms()),
+            },
+            tag: redis_tag(a.namespace, a.key),
+            period: a.rate.period,
+            limit: a.rate.limit,
+            cost: a.cost,
+        });
+        Stats::bump(&shared.stats().strict_waits);
+    }
+    let wait = suspend(
+        r,
+        Wait { r: ptr::null_mut(), base, verdicts, waiting: sends.len() as u8 },
+        timeout,
+    )?;
+    WAITS.with(|m| m.borrow_mut().insert(base, wait));
+    ch.push_strict(sends);
+    Ok(NGX_AGAIN as ngx_int_t)
+}
+
+fn decide(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    asks: &[Ask<'_>],
+    take: Take,
+) -> Result<ngx_int_t, ()> {
+    let now = now_ms();
+    let d = engine::decide(mcf, asks, now, take, debug_log(r)).map_err(|_| ())?;
+    finish(r, mcf, lcf, now, asks, &d)
+}
+
+/// Counts a wait that ended without an answer, in each strict zone.
+#[cold]
+fn count_timeout(mcf: &MainConf, asks: &[Ask<'_>], wants: &[bool]) {
+    for (a, _) in asks.iter().zip(wants).filter(|(_, w)| **w) {
+        if let Some(s) = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()) {
+            Stats::bump(&s.stats().strict_timeouts);
+        }
+    }
+}
+
+/// Makes the request wait: its wait in the pool (removed from the map with
+/// it), the handlers `limit_req` uses for a delay, the timer.
+fn suspend(r: &mut ngx_http_request_t, wait: Wait, timeout_ms: u64) -> Result<*mut Wait, ()> {
+    // SAFETY: allocates from the request's pool; the cleanup runs when the
+    // pool is destroyed (the request ends, however it ends).
+    let w = unsafe {
+        let c = ngx_pool_cleanup_add(r.pool, std::mem::size_of::<Wait>());
+        if c.is_null() {
+            return Err(());
+        }
+        let w = (*c).data.cast::<Wait>();
+        ptr::write(w, Wait { r, ..wait });
+        (*c).handler = Some(forget);
+        w
+    };
+    set_ctx(r, w);
+    // SAFETY: the request's connection and its events are valid; this is
+    // what `limit_req` does to delay a request.
+    unsafe {
+        let c = r.connection;
+        let rev = (*c).read;
+        if (*rev).ready() != 0 {
+            ngx_post_event(rev, ptr::addr_of_mut!(ngx_posted_events));
+        } else if ngx_handle_read_event(rev, 0) != NGX_OK as ngx_int_t {
+            return Err(());
+        }
+        r.read_event_handler = Some(ngx_http_test_reading);
+        r.write_event_handler = Some(wake);
+        let wev = (*c).write;
+        (*wev).set_delayed(1);
+        ngx_add_timer(wev, timeout_ms.max(1) as _);
+    }
+    Ok(w)
+}
+
+/// The pool cleanup of a wait: the request ended (answered, or its client
+/// went away): a late answer must not find it.
+unsafe extern "C" fn forget(data: *mut c_void) {
+    // SAFETY: `data` is the `Wait` written in `suspend`.
+    let base = unsafe { (*data.cast::<Wait>()).base };
+    WAITS.with(|m| m.borrow_mut().remove(&base));
+}
+
+/// Redis's answer for some tickets (`None`: no answer); a request with all
+/// its verdicts is woken. Worker thread only.
+pub fn resolve(tickets: &[u64], allowed: Option<&[bool]>) {
+    for (i, &t) in tickets.iter().enumerate() {
+        let Some(w) = WAITS.with(|m| m.borrow().get(&(t & !0xf)).copied()) else {
+            continue; // gone (closed, timed out)
+        };
+        // SAFETY: a wait in the map is alive (its cleanup removes it).
+        let wait = unsafe { &mut *w };
+        let k = (t & 0xf) as usize;
+        if wait.verdicts[k] != Verdict::Waiting {
+            continue;
+        }
+        wait.verdicts[k] = match allowed.and_then(|a| a.get(i)) {
+            Some(true) => Verdict::Allowed,
+            Some(false) => Verdict::Rejected,
+            None => Verdict::Failed,
+        };
+        wait.waiting = wait.waiting.saturating_sub(1);
+        if wait.waiting == 0 {
+            WAITS.with(|m| m.borrow_mut().remove(&wait.base));
+            // SAFETY: the request is alive while its wait is; its write
+            // event is posted to run `wake` in this event loop's turn.
+            unsafe {
+                let wev = (*(*wait.r).connection).write;
+                (*wev).set_delayed(0);
+                if (*wev).timer_set() != 0 {
+                    ngx_del_timer(wev);
+                }
+                ngx_post_event(wev, ptr::addr_of_mut!(ngx_posted_events));
+            }
+        }
+    }
+}
+
+/// The write event handler of a waiting request: answered (posted) or
+/// timed out (the timer), it runs the phases again; a write event while it
+/// still waits is only re-armed.
+unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx passes the request whose event fired.
+    let r = unsafe { &mut *r };
+    // SAFETY: as in `limit_req`'s delay handler.
+    unsafe {
+        let c = r.connection;
+        let wev = (*c).write;
+        if (*wev).delayed() != 0 {
+            if ngx_handle_write_event(wev, 0) != NGX_OK as ngx_int_t {
+                ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+            }
+            return;
+        }
+        if (*wev).timer_set() != 0 {
+            ngx_del_timer(wev);
+        }
+        let w = ctx(r);
+        if !w.is_null() {
+            WAITS.with(|m| m.borrow_mut().remove(&(*w).base));
+        }
+        if ngx_handle_read_event((*c).read, 0) != NGX_OK as ngx_int_t {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+            return;
+        }
+        r.read_event_handler = Some(ngx_http_block_reading);
+        r.write_event_handler = Some(ngx_http_core_run_phases);
+        ngx_http_core_run_phases(r);
+    }
+}

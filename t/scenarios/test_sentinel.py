@@ -1,0 +1,146 @@
+"""Redis Sentinel (issue 13): `redis=` lists sentinels and `sentinel=name`
+names the master they watch. 1 master + 1 replica + 3 sentinels on
+loopback; the master is killed under traffic, the sentinels promote the
+replica, and the module follows: counting (background and strict) resumes
+on the new master within the failover time plus the backoff's cap, no
+request waits, no worker crashes.
+"""
+
+import os
+import signal
+import threading
+import time
+
+from harness import HOST, Redis, wait_for
+
+DOWN_AFTER_MS = 1000
+
+
+class Sentinel(Redis):
+    """A redis-server in sentinel mode: its config file (which it rewrites)
+    in its own dir, given first on the command line; stopped by its PID like
+    every server of the test."""
+
+    def __init__(self, ctx, master_port):
+        super().__init__(ctx)
+        self.conf = os.path.join(self.dir, "sentinel.conf")
+        with open(self.conf, "w") as f:
+            f.write("port %d\nbind %s\ndir %s\nlogfile %s\n"
+                    "sentinel monitor mymaster %s %d 2\n"
+                    "sentinel down-after-milliseconds mymaster %d\n"
+                    "sentinel failover-timeout mymaster 3000\n"
+                    "sentinel parallel-syncs mymaster 1\n"
+                    % (self.port, HOST, self.dir, self.log, HOST, master_port, DOWN_AFTER_MS))
+
+    def start(self, timeout=5.0):
+        self._spawn([self.binary, self.conf, "--sentinel"], self.out, cwd=self.dir)
+        self._wait_ready(lambda: self._pings(), timeout, "sentinel on %d not ready" % self.port)
+        return self
+
+    def _pings(self):
+        try:
+            return self.cmd("PING", timeout=0.3) == "PONG"
+        except OSError:
+            return False
+
+    def master(self):
+        try:
+            host, port = self.cmd("SENTINEL", "get-master-addr-by-name", "mymaster", timeout=0.5)
+            return int(port)
+        except (OSError, TypeError, ValueError):
+            return None
+
+
+def start_servers(h):
+    master = h.redis(extra_args=["--repl-diskless-sync-delay", "0"])
+    replica = h.redis(extra_args=["--replicaof", HOST, str(master.port)])
+    h.check(wait_for(lambda: "master_link_status:up" in replica.cmd("INFO", "replication"), 10.0),
+            "the replica did not sync")
+    sentinels = []
+    for _ in range(3):
+        s = Sentinel(h, master.port)
+        h.procs.append(s)
+        sentinels.append(s.start())
+    h.check(wait_for(lambda: all(s.master() == master.port for s in sentinels), 5.0),
+            "the sentinels do not all name the master")
+    # each sentinel must know the others and the replica before a failover
+    h.check(wait_for(lambda: all(s.cmd("SENTINEL", "replicas", "mymaster") for s in sentinels)
+                     and all(len(s.cmd("SENTINEL", "sentinels", "mymaster")) == 2 for s in sentinels),
+                     15.0, 0.1),
+            "the sentinels did not find the replica and each other")
+    return master, replica, sentinels
+
+
+def count(r, pattern):
+    try:
+        return sum(int(r.cmd("GET", k, timeout=0.5) or 0) for k in r.cmd("KEYS", pattern, timeout=0.5))
+    except OSError:
+        return None
+
+
+def test_master_killed_failover_followed(h):
+    """SIGKILL of the master under ~100 req/s (a background key and a strict
+    one): every answer is 200 and quick (none waits past timeout=); once the
+    sentinels have promoted the replica, new counts land on it within the
+    failover time + 5 s (the backoff's cap); no [alert], no crash."""
+    master, replica, sentinels = start_servers(h)
+    urls = ",".join("redis://%s:%d" % (HOST, s.port) for s in sentinels)
+    http = ("    redis_ratelimit_zone $arg_k zone=sn:1m redis=%s sentinel=mymaster "
+            "hold=0 timeout=300ms;\n" % urls)
+    server = ("        location = /b { redis_ratelimit sn 1000000r/h; }\n"
+              "        location = /s { redis_ratelimit sn 1000000r/h strict; }\n")
+    ng = h.nginx(http, server, files={"b": "ok\n", "s": "ok\n"})
+    kb, ks = h.key("bg"), h.key("st")
+    for path in ("/b?k=" + kb, "/s?k=" + ks):
+        h.check(ng.get(path)[0] == 200, "a first request through the master")
+    h.check(wait_for(lambda: count(master, "rl:{sn:%s}:*" % kb) == 1, 3.0), "counted on the master")
+
+    stop = threading.Event()
+    answers = []
+
+    def traffic():
+        while not stop.is_set():
+            for path in ("/b?k=" + kb, "/s?k=" + ks):
+                answers.append(ng.get(path, timeout=3.0))
+            time.sleep(0.02)
+
+    t = threading.Thread(target=traffic)
+    t.start()
+    try:
+        time.sleep(1.0)
+        master.stop(quick=True, sig=signal.SIGKILL)
+        t_kill = time.monotonic()
+        promoted = resumed_b = resumed_s = None
+        base_b = count(replica, "rl:{sn:%s}:*" % kb) or 0
+        base_s = count(replica, "rl:{sn:%s}:*" % ks) or 0
+        while time.monotonic() - t_kill < 20.0 and (resumed_b is None or resumed_s is None):
+            now = time.monotonic() - t_kill
+            if promoted is None and all(s.master() == replica.port for s in sentinels):
+                promoted = now
+            if promoted is not None:
+                if resumed_b is None and (count(replica, "rl:{sn:%s}:*" % kb) or 0) > base_b + 5:
+                    resumed_b = now
+                if resumed_s is None and (count(replica, "rl:{sn:%s}:*" % ks) or 0) > base_s + 5:
+                    resumed_s = now
+            time.sleep(0.05)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        t.join(30)
+    statuses = [st for st, _ in answers]
+    slowest = max(el for _, el in answers)
+    h.note("failover: %d answers during the test, statuses %s, slowest %.0f ms; sentinels "
+           "promoted the replica %.1f s after the kill; counts resumed on it after %s s "
+           "(background) and %s s (strict)"
+           % (len(answers), sorted(set(statuses), key=str), slowest * 1000, promoted or -1,
+              resumed_b and round(resumed_b, 1), resumed_s and round(resumed_s, 1)))
+    h.check(set(statuses) == {200}, "every request answered 200: %s" % sorted(set(statuses), key=str))
+    h.check(slowest < 0.3 + 0.1, "no request waited past timeout=300ms: %.0f ms" % (slowest * 1000))
+    h.check(promoted is not None, "the sentinels promoted the replica")
+    h.check(resumed_b is not None and resumed_b <= promoted + 5.5,
+            "background counts resume on the new master within 5 s of the promotion: %s" % resumed_b)
+    h.check(resumed_s is not None and resumed_s <= promoted + 5.5,
+            "strict counts resume on the new master within 5 s of the promotion: %s" % resumed_s)
+    log = ng.error_log_text()
+    h.check("[alert]" not in log and "[crit]" not in log and "exited on signal" not in log,
+            "no worker crashed")

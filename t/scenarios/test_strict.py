@@ -1,0 +1,221 @@
+"""Strict mode (issue 13): the decision waits for Redis, atomically, the
+request suspended on the event loop (never the worker). Exact global counts
+across nodes, the wait bounded by timeout= (then on_error decides), reloads
+and client disconnects while requests wait, and a Redis Cluster.
+"""
+
+import socket
+import threading
+import time
+
+from harness import HOST, http_get, wait_for
+
+HTTP = """
+    redis_ratelimit_zone $arg_k zone=s:1m redis=%s timeout=%s on_error=%s;
+    redis_ratelimit_zone $arg_k zone=b:1m redis=%s;
+"""
+SERVER = """
+        location = /strict { redis_ratelimit s 100r/m strict; }
+        location = /bg     { redis_ratelimit b 100r/m; }
+        location = /mixed  { redis_ratelimit s 100r/m strict; redis_ratelimit b 5r/m; }
+        location = /one    { redis_ratelimit s 5r/m strict; }
+        location = /metrics { redis_ratelimit_metrics; }
+"""
+FILES = {"strict": "ok\n", "bg": "ok\n", "mixed": "ok\n", "one": "ok\n"}
+
+
+def conf(r, timeout="200ms", on_error="local"):
+    return HTTP % (r.url, timeout, on_error, r.url)
+
+
+def redis_count(r, key, zone):
+    return sum(int(r.cmd("GET", k) or 0) for k in r.keys("rl:{%s:%s}:60:*" % (zone, key)))
+
+
+def flood(nodes, path, per_node=150, threads=32):
+    """Every node gets `per_node` requests from `threads` connections at
+    once; returns the statuses of all."""
+    out = {}
+
+    def one(i, n):
+        out[i] = n.burst([path] * per_node, threads=threads, timeout=5.0)
+
+    ts = [threading.Thread(target=one, args=(i, n)) for i, n in enumerate(nodes)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    return [st for i in sorted(out) for st in out[i]]
+
+
+def test_three_nodes_flooding_one_fresh_key_get_exactly_the_limit(h):
+    """Three nginx instances x 32 connections, 150 requests each, on one
+    fresh key of a strict 100r/m: exactly 100 allowed in all, and Redis
+    holds 100 (rejected requests are not counted). Background mode's figure
+    for the same flood is printed beside it."""
+    r = h.redis()
+    nodes = [h.nginx(conf(r), SERVER, workers=2, files=FILES) for _ in range(3)]
+    h.wait_minute_room(20)
+    k = h.key("flood")
+    got = flood(nodes, "/strict?k=" + k)
+    ok = got.count(200)
+    other = [s for s in got if s not in (200, 429)]
+    in_redis = redis_count(r, k, "s")
+    kb = h.key("flood-bg")
+    got_b = flood(nodes, "/bg?k=" + kb)
+    h.note("strict 100r/m, 3 nodes x 32 connections x 150 requests: %d allowed, Redis %d; "
+           "background mode, same flood: %d allowed" % (ok, in_redis, got_b.count(200)))
+    h.check(not other, "every request is answered 200 or 429: %s" % other[:5])
+    h.check(ok == 100, "strict: exactly 100 of 450 allowed, got %d" % ok)
+    h.check(in_redis == 100, "Redis holds the 100 allowed, not the rejected: %d" % in_redis)
+
+
+def test_key_over_its_limit_answers_without_a_round_trip(h):
+    """Once a strict key is over its limit, this node knows it (the script's
+    counts close its breaker): the next requests are rejected without a
+    script call. Redis's commands are counted around them."""
+    r = h.redis()
+    n = h.nginx(conf(r), SERVER, files=FILES)
+    h.wait_minute_room(10)
+    k = h.key("over")
+    first = [n.get("/one?k=" + k)[0] for _ in range(6)]
+    calls = lambda: int(r.info_commandstats().get("evalsha", {}).get("calls", 0))  # noqa: E731
+    before = calls()
+    later = [n.get("/one?k=" + k)[0] for _ in range(20)]
+    after = calls()
+    h.note("5r/m strict: %s, then 20 more -> %s with %d script calls" % (first, set(later), after - before))
+    h.check(first == [200] * 5 + [429], "5 pass, the 6th is rejected: %s" % first)
+    h.check(set(later) == {429}, "the key stays rejected: %s" % later)
+    h.check(after - before == 0, "no script call for a key known over its limit: %d" % (after - before))
+
+
+def test_mixed_location_and_count_if(h):
+    """A location with a strict limit and a background one: both apply (the
+    background 5r/m rejects the 6th request while the strict 100r/m
+    allows), and the strict count in Redis holds only what passed every
+    limit... except those the background one rejected after Redis allowed
+    them (documented): 6 here."""
+    r = h.redis()
+    n = h.nginx(conf(r), SERVER, files=FILES)
+    h.wait_minute_room(10)
+    k = h.key("mixed")
+    got = [n.get("/mixed?k=" + k)[0] for _ in range(7)]
+    wait_for(lambda: redis_count(r, k, "b") == 5, 7.0)
+    h.note("mixed: %s; Redis strict %d, background %d"
+           % (got, redis_count(r, k, "s"), redis_count(r, k, "b")))
+    h.check(got == [200] * 5 + [429, 429], "the background 5r/m decides: %s" % got)
+    h.check(redis_count(r, k, "b") == 5, "background counts 5")
+
+
+def test_paused_redis_answers_by_on_error_after_the_timeout(h):
+    """Redis paused (CLIENT PAUSE) while strict requests wait: each is
+    answered by on_error after timeout= (deny: 429; allow: 200), within
+    timeout + 50 ms; the worker keeps serving other locations meanwhile."""
+    r = h.redis()
+    deny = h.nginx(conf(r, "200ms", "deny"), SERVER, files=FILES)
+    allow = h.nginx(conf(r, "200ms", "allow"), SERVER, files=FILES)
+    for n in (deny, allow):
+        h.check(n.get("/strict?k=" + h.key("warm"))[0] == 200, "a strict request passes first")
+    r.cmd("CLIENT", "PAUSE", "1500", "ALL")
+    results = {}
+
+    def ask(name, n):
+        t0 = time.monotonic()
+        sts = n.burst(["/strict?k=" + h.key("p%d" % i) for i in range(4)], threads=4, timeout=5.0)
+        results[name] = (sts, time.monotonic() - t0)
+
+    ts = [threading.Thread(target=ask, args=(name, n)) for name, n in (("deny", deny), ("allow", allow))]
+    for t in ts:
+        t.start()
+    # the worker is not blocked: a background location answers at once
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    st_bg = deny.get("/bg?k=" + h.key("bg"))[0]
+    bg_ms = (time.monotonic() - t0) * 1000
+    for t in ts:
+        t.join(30)
+    # Redis is known down now: a strict request does not wait at all
+    t0 = time.monotonic()
+    st_down = deny.get("/strict?k=" + h.key("down"))[0]
+    down_ms = (time.monotonic() - t0) * 1000
+    time.sleep(1.6)
+    h.note("paused, 4 strict requests at once: deny %s in %.0f ms, allow %s in %.0f ms; "
+           "a background request meanwhile: %s in %.1f ms; a strict one once Redis is known down: "
+           "%s in %.1f ms" % (results["deny"][0], results["deny"][1] * 1000, results["allow"][0],
+                              results["allow"][1] * 1000, st_bg, bg_ms, st_down, down_ms))
+    h.check(st_bg == 200 and bg_ms < 100, "the worker serves others while strict requests wait")
+    for name, want in (("deny", 429), ("allow", 200)):
+        sts, el = results[name]
+        h.check(sts == [want] * 4, "on_error=%s answers %s, got %s" % (name, want, sts))
+        h.check(0.19 <= el <= 0.25, "answered after timeout=200ms (+50 ms): %.0f ms" % (el * 1000))
+    h.check(st_down == 429 and down_ms < 50,
+            "with Redis known down, on_error=deny answers at once: %s in %.0f ms" % (st_down, down_ms))
+    m = deny.request("/metrics?format=json")[2]
+    h.check(b'"strict":{"waits":5,"timeouts":4}' in m.replace(b" ", b""),
+            "the metrics count 5 waits, 4 of them timed out: %s" % m[-120:])
+
+
+def test_client_disconnect_and_reload_while_waiting(h):
+    """Clients that close while their strict request waits leave nothing
+    behind (the worker goes on, the late answers find no one); a reload
+    with strict requests waiting answers them (old workers finish them)."""
+    r = h.redis()
+    n = h.nginx(conf(r, "1s"), SERVER, workers=2, files=FILES)
+    r.cmd("CLIENT", "PAUSE", "600", "ALL")
+    socks = []
+    for i in range(20):
+        s = socket.create_connection((HOST, n.port), timeout=2)
+        s.sendall(("GET /strict?k=%s HTTP/1.1\r\nHost: x\r\n\r\n" % h.key("gone%d" % i)).encode())
+        socks.append(s)
+    time.sleep(0.1)
+    for s in socks:
+        s.close()
+    time.sleep(0.8)
+    after = [n.get("/strict?k=" + h.key("after"))[0] for _ in range(3)]
+    h.check(after == [200] * 3, "the worker answers after clients went away: %s" % after)
+
+    # a reload while requests wait
+    r.cmd("CLIENT", "PAUSE", "500", "ALL")
+    out = []
+    t = threading.Thread(target=lambda: out.extend(
+        n.burst(["/strict?k=" + h.key("rl%d" % i) for i in range(10)], threads=10, timeout=5.0)))
+    t.start()
+    time.sleep(0.1)
+    n.reload()
+    t.join(20)
+    h.note("disconnect: 20 closed while waiting, then %s; reload while 10 waited: %s" % (after, out))
+    h.check(out == [200] * 10, "requests waiting through a reload are answered: %s" % out)
+    log = n.error_log_text()
+    h.check("[alert]" not in log and "signal 11" not in log and "panicked" not in log,
+            "no worker crashed: %s" % [l for l in log.splitlines() if "alert" in l][:3])
+
+
+def test_strict_on_a_redis_cluster(h):
+    """Strict on a 3+3 Redis Cluster: keys on every master, two nodes
+    flooding each: exactly the limit allowed per key, and the script ran on
+    the masters (both windows share the key's slot)."""
+    from cluster import Cluster, keyslot
+
+    c = Cluster(h).start()
+    http = "    redis_ratelimit_zone $arg_k zone=cs:1m redis=%s cluster timeout=300ms;\n" % c.urls()
+    server = "        location = /c { redis_ratelimit cs 20r/m strict; }\n"
+    nodes = [h.nginx(http, server, workers=2, files={"c": "ok\n"}) for _ in range(2)]
+    h.wait_minute_room(20)
+    keys, owners = [], set()
+    i = 0
+    while len(owners) < 3 or len(keys) < 6:
+        k = h.key("ck%d" % i)
+        i += 1
+        o = c.owner_of_slot(keyslot("cs:" + k))
+        if o not in owners or len(keys) < 6:
+            owners.add(o)
+            keys.append(k)
+    allowed = {}
+    for k in keys:
+        got = flood(nodes, "/c?k=" + k, per_node=30, threads=8)
+        allowed[k] = got.count(200)
+    calls = c.commandstats().get("evalsha", 0)
+    h.note("cluster, 20r/m strict, 2 nodes x 30 requests per key on %d masters: allowed %s; "
+           "EVALSHA calls on the masters: %d" % (len(owners), sorted(allowed.values()), calls))
+    h.check(all(v == 20 for v in allowed.values()), "exactly 20 per key: %s" % allowed)
+    h.check(calls > 0, "the script ran on the masters")
