@@ -203,7 +203,7 @@ pub fn decide(
     take: Take,
     log: *mut ngx_log_t,
 ) -> Result<Decision, NoZone> {
-    let channel = crate::nginx::worker::channel();
+    let channel = crate::nginx::channel::channel();
     if let [one @ Ask { strict: Strict::No, .. }] = asks {
         // the common case, without the bookkeeping for several zones and
         // shared entries (callgrind: ~650 instructions a request)

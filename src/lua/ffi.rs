@@ -253,7 +253,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     };
     let has_backend = z.params.as_ref().is_some_and(|p| p.backend.is_some());
     if has_backend {
-        if let Some(ch) = crate::nginx::worker::channel() {
+        if let Some(ch) = crate::nginx::channel::channel() {
             ch.delete(Delete {
                 zone: index as u32,
                 entry: id,

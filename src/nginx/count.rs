@@ -9,7 +9,8 @@ use nginx_sys::{ngx_http_request_t, ngx_int_t, NGX_OK};
 use ngx::http::{HttpModuleMainConf, Request};
 use smallvec::SmallVec;
 
-use super::handler::{ask, cost, debug_log, key, rate, read, state};
+use super::answer::{debug_log, state};
+use super::handler::{ask, cost, key, rate, read};
 use super::module::Module;
 use super::time::now_ms;
 use crate::engine::{self, Ask, Strict, Take};

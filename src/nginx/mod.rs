@@ -6,14 +6,18 @@
 //! | `conf.rs` | what the directives store; location inheritance |
 //! | `directives.rs` | one handler per directive; `[emerg]` refusals |
 //! | `zone.rs` | a zone's shared memory: mapping, locking |
-//! | `handler.rs` | the preaccess handler: evaluates keys, asks the engine, answers |
+//! | `handler.rs` | the preaccess handler: evaluates keys, asks the engine |
+//! | `answer.rs` | how a decided request is answered: log line, state for the variables, headers, status |
 //! | `count.rs` | the log phase handler: counts `count_if=` limits after the response |
 //! | `strict.rs` | strict limits: the request waits for Redis's decision, the worker does not |
 //! | `metrics.rs` | `redis_ratelimit_metrics`: the figures page |
 //! | `vars.rs` | `$redis_ratelimit_*` variables |
+//! | `channel.rs` | the worker's channel to its Redis thread |
 //! | `worker.rs` | the worker's side of the Redis thread: start, stop, replies |
 //! | `time.rs` | nginx's cached clock |
 
+pub mod answer;
+pub mod channel;
 pub mod conf;
 pub mod count;
 pub mod directives;

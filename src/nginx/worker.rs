@@ -5,7 +5,7 @@
 
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -29,13 +29,7 @@ use super::module::Module;
 use super::time::now_ms;
 use crate::backend::{self, Channel, Event, Level, StatsRef, ZoneSpec};
 
-static CHANNEL: OnceLock<Arc<Channel>> = OnceLock::new();
 static MAIN_CONF: AtomicPtr<MainConf> = AtomicPtr::new(ptr::null_mut());
-/// The cycle the thread was started for. A worker keeps its cycle for life,
-/// but nginx without a master process (`master_process off`) reloads in
-/// place, without `init_process`: the thread's zones are then stale, and
-/// the zones fall back to counting on this node.
-static CYCLE: AtomicPtr<ngx_cycle_t> = AtomicPtr::new(ptr::null_mut());
 static HANDLE: Mutex<Option<Handle>> = Mutex::new(None);
 
 struct Handle {
@@ -48,16 +42,6 @@ struct Handle {
 // SAFETY: the connection pointer is only used on the worker's main thread
 // (init_process / exit_process); the mutex just gives the static a home.
 unsafe impl Send for Handle {}
-
-/// This worker's channel to its background thread, if it has one.
-pub fn channel() -> Option<&'static Arc<Channel>> {
-    // SAFETY: reads nginx's current cycle pointer on the worker's thread.
-    let current = unsafe { nginx_sys::ngx_cycle };
-    if CYCLE.load(Ordering::Relaxed) != current {
-        return None;
-    }
-    CHANNEL.get()
-}
 
 fn pipe() -> Option<[i32; 2]> {
     let mut fds = [0i32; 2];
@@ -150,8 +134,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     match backend::spawn(channel.clone(), specs) {
         Ok(thread) => {
             MAIN_CONF.store(ptr::from_mut(mcf), Ordering::Release);
-            CYCLE.store(cycle, Ordering::Release);
-            let _ = CHANNEL.set(channel);
+            super::channel::set(cycle, channel);
             *HANDLE.lock() = Some(Handle { thread, conn, write_fd: wfd, stop_wait });
             ngx_log_debug!(log, "redis_ratelimit: background thread started, {} Redis zone(s)", n);
         }
@@ -178,7 +161,7 @@ pub unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
     };
     // SAFETY: nginx passes the worker's cycle.
     let log = unsafe { (*cycle).log };
-    if let Some(ch) = CHANNEL.get() {
+    if let Some(ch) = super::channel::any() {
         if ch.stop(h.stop_wait) {
             let _ = h.thread.join();
             close(h.write_fd);
@@ -224,10 +207,10 @@ unsafe extern "C" fn on_notify(ev: *mut ngx_event_t) {
 
 /// Applies the thread's answers to the zones (worker thread only).
 fn apply(log: *mut ngx_log_t) {
-    let Some(ch) = CHANNEL.get() else {
+    let Some(ch) = super::channel::any() else {
         return;
     };
-    if channel().is_none() {
+    if super::channel::channel().is_none() {
         // reloaded in place (no master): these answers are for zones of a
         // configuration that is gone
         drop(ch.take_events());

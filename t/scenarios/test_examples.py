@@ -62,3 +62,10 @@ def test_recipes_conf(h):
     """nginx-conf/recipes.conf (the README's recipes) passes nginx -t."""
     rc, out = nginx_t(h, harness.NGINX_BIN, read("recipes.conf"), [harness.MODULE_SO])
     h.check(rc == 0, "nginx -t failed on recipes.conf:\n" + out)
+
+
+def test_strict_conf(h):
+    """nginx-conf/strict.conf (strict limits, a Sentinel backend) passes
+    nginx -t (no sentinel needed for that)."""
+    rc, out = nginx_t(h, harness.NGINX_BIN, read("strict.conf"), [harness.MODULE_SO])
+    h.check(rc == 0, "nginx -t failed on strict.conf:\n" + out)

@@ -89,7 +89,7 @@ def test_key_over_its_limit_answers_without_a_round_trip(h):
     h.check(after - before == 0, "no script call for a key known over its limit: %d" % (after - before))
 
 
-def test_mixed_location_and_count_if(h):
+def test_mixed_location(h):
     """A location with a strict limit and a background one: both apply (the
     background 5r/m rejects the 6th request while the strict 100r/m
     allows), and the strict count in Redis holds only what passed every
@@ -219,3 +219,42 @@ def test_strict_on_a_redis_cluster(h):
            "EVALSHA calls on the masters: %d" % (len(owners), sorted(allowed.values()), calls))
     h.check(all(v == 20 for v in allowed.values()), "exactly 20 per key: %s" % allowed)
     h.check(calls > 0, "the script ran on the masters")
+
+
+LOGIN_HTTP = """
+    redis_ratelimit_zone $arg_k zone=login:1m redis=%s timeout=300ms;
+    map $status $failed { 401 1; default ""; }
+"""
+LOGIN_SERVER = """
+        location = /login {
+            redis_ratelimit login 3r/m strict count_if=$failed;
+            proxy_pass http://127.0.0.1:$server_port/answer/$arg_r;
+        }
+        location = /answer/ok { return 200 "welcome\\n"; }
+        location = /answer/bad { return 401 "no\\n"; }
+"""
+
+
+def test_strict_count_if_across_nodes(h):
+    """`strict count_if=$failed` (3r/m) on two nodes: successes are not
+    counted; failures are counted after the response and reach Redis at
+    once, so the third failure on either node closes the key for both: the
+    next attempt on each is 429 (checked in Redis), and Redis holds 3."""
+    r = h.redis()
+    a = h.nginx(LOGIN_HTTP % r.url, LOGIN_SERVER)
+    b = h.nginx(LOGIN_HTTP % r.url, LOGIN_SERVER)
+    h.wait_minute_room(10)
+    k = h.key("login")
+
+    def ask(n, res):
+        st = n.get("/login?k=%s&r=%s" % (k, res))[0]
+        time.sleep(0.1)
+        return st
+
+    seq = [ask(a, "ok"), ask(a, "bad"), ask(b, "ok"), ask(b, "bad"), ask(a, "bad"),
+           ask(b, "ok"), ask(a, "ok")]
+    in_redis = redis_count(r, k, "login")
+    h.note("A ok, A bad, B ok, B bad, A bad, B ok, A ok -> %s; Redis %d" % (seq, in_redis))
+    h.check(seq == [200, 401, 200, 401, 401, 429, 429],
+            "the third failure closes the key on both nodes: %s" % seq)
+    h.check(in_redis == 3, "Redis counts the 3 failures only: %d" % in_redis)

@@ -1,0 +1,194 @@
+//! How a decided request is answered: the log line of a rejection, the
+//! state the variables and the log phase read, the headers, the status —
+//! for the preaccess handler (`handler.rs`) and strict requests that waited
+//! (`strict.rs`) alike.
+
+use std::ffi::c_void;
+use std::fmt::Write;
+use std::ptr;
+
+use nginx_sys::{
+    ngx_http_request_t, ngx_int_t, ngx_log_t, ngx_pool_cleanup_add, ngx_uint_t, NGX_DECLINED,
+};
+use ngx::http::Request;
+use ngx::ngx_log_error;
+use ratelimit_core::stats::Outcome;
+use ratelimit_core::window::seconds_until;
+
+use super::conf::{LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF};
+use crate::engine::{Ask, Decision};
+
+/// What the limiter decided for a request, kept for the variables. It hangs
+/// off the main request's pool (as a cleanup entry) rather than the module
+/// context, because an internal redirect wipes the context and the limiter
+/// must neither run twice nor forget its answer.
+pub struct RequestState {
+    pub outcome: Outcome,
+    pub remaining: u32,
+    /// The location whose `count_if=` limits the log phase counts (null:
+    /// none). Its configuration lives as long as the cycle, which outlives
+    /// the request.
+    pub deferred: *const LocConf,
+}
+
+/// Marks our cleanup entry. Exported so that it has exactly one address:
+/// a private empty function may be copied into several codegen units.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_redis_ratelimit_state_marker(_data: *mut c_void) {}
+
+/// The state recorded for this request (its main request), if any.
+pub fn state(r: &ngx_http_request_t) -> Option<&RequestState> {
+    // SAFETY: `r.main` and its pool are valid for the request's lifetime; the
+    // cleanup list is only appended to, on this thread.
+    unsafe {
+        let mut c = (*(*r.main).pool).cleanup;
+        while !c.is_null() {
+            if (*c).handler.map(|h| h as *const () as usize)
+                == Some(ngx_http_redis_ratelimit_state_marker as *const () as usize)
+            {
+                return (*c).data.cast::<RequestState>().as_ref();
+            }
+            c = (*c).next;
+        }
+    }
+    None
+}
+
+fn record(r: &ngx_http_request_t, st: RequestState) -> bool {
+    // SAFETY: allocates from the main request's pool; the cleanup entry and
+    // its data live as long as the request.
+    unsafe {
+        let c = ngx_pool_cleanup_add((*r.main).pool, std::mem::size_of::<RequestState>());
+        if c.is_null() {
+            return false;
+        }
+        ptr::write((*c).data.cast::<RequestState>(), st);
+        (*c).handler = Some(ngx_http_redis_ratelimit_state_marker);
+    }
+    true
+}
+
+/// The request's log (its connection's).
+pub(super) fn request_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
+    // SAFETY: a request being processed has its connection.
+    unsafe { (*r.connection).log }
+}
+
+/// The request's log for the engine's debug lines; none (and no cost) in a
+/// module for nginx without `--with-debug`.
+pub(super) fn debug_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
+    if !ngx::log::DEBUG {
+        return std::ptr::null_mut();
+    }
+    request_log(r)
+}
+
+/// Counts the request in its zones' figures (`redis_ratelimit_metrics`):
+/// a rejection in the zone whose limit said no, a pass in every zone that
+/// was asked (once each).
+#[inline]
+fn count_outcome(mcf: &MainConf, limits: &[Ask<'_>], rejecting: usize, outcome: Outcome) {
+    let stats = |z: usize| mcf.zones.get(z).and_then(|z| z.shared.as_ref()).map(|s| s.stats());
+    if outcome != Outcome::Passed {
+        if let Some(st) = stats(rejecting) {
+            st.add(outcome);
+        }
+        return;
+    }
+    for (i, a) in limits.iter().enumerate() {
+        if limits[..i].iter().all(|o| o.zone != a.zone) {
+            if let Some(st) = stats(a.zone) {
+                st.add(outcome);
+            }
+        }
+    }
+}
+
+/// What every decided request ends with: the log line of a rejection, the
+/// recorded state (for the variables), the headers, and the status.
+pub(super) fn finish(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    now: u64,
+    limits: &[Ask<'_>],
+    d: &Decision,
+) -> Result<ngx_int_t, ()> {
+    let rejected = !d.allowed;
+    let remaining = d.remaining;
+    let retry_at = if rejected { d.retry_at_ms.max(now) } else { now };
+    let tightest = &limits[d.tightest];
+    let said = &d.said;
+    let dry_run = lcf.dry_run == 1;
+    let outcome = match (rejected, dry_run) {
+        (false, _) => Outcome::Passed,
+        (true, false) => Outcome::Rejected,
+        (true, true) => Outcome::RejectedDryRun,
+    };
+
+    count_outcome(mcf, limits, tightest.zone, outcome);
+
+    if rejected {
+        let zone = &mcf.zones[tightest.zone];
+        let level = lcf.log_level;
+        ngx_log_error!(
+            level as ngx_uint_t,
+            request_log(r),
+            "limiting requests{}, estimate: {:.3} of {} by zone \"{}\"",
+            if dry_run { ", dry run" } else { "" },
+            said.check.estimate.value(),
+            tightest.rate,
+            zone.name
+        );
+    }
+
+    let deferred = match lcf.limits.as_deref() {
+        Some(l) if mcf.count_if && !rejected && l.iter().any(|l| l.count_if.is_some()) => {
+            lcf as *const LocConf
+        }
+        _ => ptr::null(),
+    };
+    if !record(r, RequestState { outcome, remaining, deferred }) {
+        return Err(());
+    }
+
+    // SAFETY: the request is valid; `Request` is a transparent wrapper.
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    if lcf.headers != HEADERS_OFF {
+        // seconds until the tightest limit lets a request through again
+        // (rejected) or until its window resets
+        let reset = if rejected {
+            seconds_until(now, retry_at)
+        } else {
+            seconds_until(now, said.check.window_start_ms + tightest.rate.period_ms())
+        };
+        if lcf.headers == HEADERS_LEGACY {
+            req.add_header_out("X-RateLimit-Limit", &tightest.rate.limit.to_string()).ok_or(())?;
+            req.add_header_out("X-RateLimit-Remaining", &remaining.to_string()).ok_or(())?;
+            req.add_header_out("X-RateLimit-Reset", &reset.to_string()).ok_or(())?;
+        } else {
+            let mut policy = String::new();
+            for (i, l) in limits.iter().enumerate() {
+                if i > 0 {
+                    policy.push_str(", ");
+                }
+                let _ = write!(
+                    policy,
+                    "\"{}\";q={};w={}",
+                    mcf.zones[l.zone].name, l.rate.limit, l.rate.period
+                );
+            }
+            let state =
+                format!("\"{}\";r={};t={}", mcf.zones[tightest.zone].name, remaining, reset);
+            req.add_header_out("RateLimit-Policy", &policy).ok_or(())?;
+            req.add_header_out("RateLimit", &state).ok_or(())?;
+        }
+    }
+
+    if rejected && !dry_run {
+        let secs = seconds_until(now, retry_at);
+        req.add_header_out("Retry-After", &secs.to_string()).ok_or(())?;
+        return Ok(lcf.status);
+    }
+    Ok(NGX_DECLINED as ngx_int_t)
+}
