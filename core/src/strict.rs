@@ -13,12 +13,13 @@
 /// The script: `KEYS[1]` the current window's counter, `KEYS[2]` the
 /// previous one's; `ARGV` limit, period (ms), time into the window (ms),
 /// TTL (s), then one cost per request. Answers `{cur, prev, a1, a2, ...}`
-/// with `ai` 1 when request `i` is allowed (and counted). A counter that
-/// holds something else than an integer is an error reply (`WRONGTYPE` from
-/// `GET`, or the script's own), so the item fails alone.
+/// with `ai` 1 when request `i` is allowed (and counted). One `MGET` reads
+/// both windows (the same slot). A counter that holds something else than
+/// an integer is an error reply (the script's own; a key of another type
+/// reads as nil for `MGET` and then fails `INCRBY` with `WRONGTYPE`), so the
+/// item fails alone.
 pub const SCRIPT: &str = r#"-- ngx_http_redis_ratelimit strict mode
-local function count(k)
-  local v = redis.call('GET', k)
+local function count(v)
   if not v then return 0 end
   local n = tonumber(v)
   if not n or n < 0 or n ~= math.floor(n) then
@@ -26,8 +27,9 @@ local function count(k)
   end
   return n
 end
-local cur = count(KEYS[1])
-local prev = count(KEYS[2])
+local both = redis.call('MGET', KEYS[1], KEYS[2])
+local cur = count(both[1])
+local prev = count(both[2])
 if not cur or not prev then
   return redis.error_reply('ERR redis_ratelimit: the counter is not an integer')
 end

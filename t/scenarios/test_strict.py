@@ -258,3 +258,25 @@ def test_strict_count_if_across_nodes(h):
     h.check(seq == [200, 401, 200, 401, 401, 429, 429],
             "the third failure closes the key on both nodes: %s" % seq)
     h.check(in_redis == 3, "Redis counts the 3 failures only: %d" % in_redis)
+
+
+def test_error_reply_fails_one_key_only(h):
+    """A counter holding text (someone else's value): the script's error
+    reply fails that key alone, at once (no wait for the timeout): on_error
+    decides it (deny: 429) and the error is logged naming the key; other
+    keys go on through Redis (the backend stays up)."""
+    r = h.redis()
+    n = h.nginx(conf(r, "1s", "deny"), SERVER, files=FILES)
+    h.wait_minute_room(10)
+    bad, good = h.key("bad"), h.key("good")
+    window = int(time.time()) // 60 * 60
+    r.cmd("SET", "rl:{s:%s}:60:%d" % (bad, window), "not-a-number")
+    st_bad, el_bad = n.get("/strict?k=" + bad)
+    st_good = [n.get("/strict?k=" + good)[0] for _ in range(3)]
+    in_redis = redis_count(r, good, "s")
+    h.note("text in the counter: %s in %.0f ms; another key: %s, Redis %d"
+           % (st_bad, el_bad * 1000, st_good, in_redis))
+    h.check(st_bad == 429 and el_bad < 0.5, "the bad key is decided by on_error=deny at once")
+    h.check(st_good == [200] * 3 and in_redis == 3, "other keys go on through Redis")
+    h.check(wait_for(lambda: "not an integer" in n.error_log_text(), 2.0),
+            "the error reply is logged")
