@@ -11,12 +11,16 @@ directory, then in the same run:
   * throughput: wrk -t1 -c32 -dS --latency against cases that all serve the
     same small static file: baseline, limit_req, embedded zone, Redis zone
     with one hot key (1 and 2 workers), 10 000 keys each far below a
-    6000r/m or a 100r/s limit, 100 000 keys (6000r/m, 16m zone), the
-    breaker path, plus a `return 429` reference for the breaker path; a 1 s
+    6000r/m or a 100r/s limit, 100 000 keys (6000r/m, 16m zone), strict
+    limits (one hot key, 10 000 keys), the breaker path, plus a
+    `return 429` reference for the breaker path; a 1 s
     warm-up each, 2 rounds in alternating order (best kept); Redis commands
     and Redis CPU (INFO commandstats, INFO cpu) per allowed request;
     shared-memory bytes per key measured by filling a 1m zone until its
     first key is evicted;
+  * strict latency: what a strict limit adds to one request (one
+    connection, requests one after another) against the zone's own Redis
+    round trip (from its metrics page);
   * accuracy: single-node flood, two-node and four-node floods of one fresh
     key, four nodes each paced at 40 % of the limit on one key, steady 2x
     overload, and (--with-trace) the trace simulation over the core's

@@ -244,8 +244,11 @@ impl<'a> Table<'a> {
     #[inline(always)]
     pub fn get_or_insert(&mut self, id: [u64; 2]) -> (u32, bool) {
         if let Some(i) = self.find(id) {
-            self.lru_unlink(i);
-            self.lru_push_front(i);
+            // a hot key is already the most recent one
+            if self.hdr.lru_head != i {
+                self.lru_unlink(i);
+                self.lru_push_front(i);
+            }
             return (i, false);
         }
         let i = match self.free_pop() {

@@ -8,7 +8,8 @@ use std::fmt::Write;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_http_request_t, ngx_int_t, ngx_log_t, ngx_pool_cleanup_add, ngx_uint_t, NGX_DECLINED,
+    ngx_http_request_t, ngx_int_t, ngx_log_t, ngx_palloc, ngx_pool_cleanup_t, ngx_uint_t,
+    NGX_DECLINED,
 };
 use ngx::http::Request;
 use ngx::ngx_log_error;
@@ -54,16 +55,38 @@ pub fn state(r: &ngx_http_request_t) -> Option<&RequestState> {
     None
 }
 
+/// A cleanup entry and the state it carries, in one allocation (what
+/// `ngx_pool_cleanup_add` does with two).
+#[repr(C)]
+struct Recorded {
+    cleanup: ngx_pool_cleanup_t,
+    state: RequestState,
+}
+
 fn record(r: &ngx_http_request_t, st: RequestState) -> bool {
-    // SAFETY: allocates from the main request's pool; the cleanup entry and
-    // its data live as long as the request.
+    // SAFETY: allocates from the main request's pool (aligned for pointers,
+    // as nginx's own cleanup entries are) and links the entry into its
+    // cleanup list as `ngx_pool_cleanup_add` does; both live as long as the
+    // request. The state needs no destructor: the handler does nothing.
     unsafe {
-        let c = ngx_pool_cleanup_add((*r.main).pool, std::mem::size_of::<RequestState>());
-        if c.is_null() {
+        let pool = (*r.main).pool;
+        let rec = ngx_palloc(pool, std::mem::size_of::<Recorded>()).cast::<Recorded>();
+        if rec.is_null() {
             return false;
         }
-        ptr::write((*c).data.cast::<RequestState>(), st);
-        (*c).handler = Some(ngx_http_redis_ratelimit_state_marker);
+        ptr::write(
+            rec,
+            Recorded {
+                cleanup: ngx_pool_cleanup_t {
+                    handler: Some(ngx_http_redis_ratelimit_state_marker),
+                    data: ptr::null_mut(),
+                    next: (*pool).cleanup,
+                },
+                state: st,
+            },
+        );
+        (*rec).cleanup.data = ptr::addr_of_mut!((*rec).state).cast();
+        (*pool).cleanup = ptr::addr_of_mut!((*rec).cleanup);
     }
     true
 }
