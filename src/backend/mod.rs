@@ -341,6 +341,8 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
         if ch.strict_pending.swap(false, Ordering::AcqRel) {
             let asks = std::mem::take(&mut *ch.strict.lock());
             strict::send_all(&mut backends, asks, &mut events);
+            // requests wait for these: hand them over before anything else
+            ch.publish(std::mem::take(&mut events));
         }
         for d in deletes {
             if let Some(b) = backends.iter_mut().find(|b| b.zone() == d.zone) {
