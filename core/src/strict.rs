@@ -64,10 +64,11 @@ out[1] = cur
 return out
 "#;
 
-/// The script's SHA1 (what `EVALSHA` names it by), as Redis computes it.
-pub fn sha1_hex() -> String {
-    let digest = sha1(SCRIPT.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+/// The script's SHA1 (what `EVALSHA` names it by), as Redis computes it;
+/// worked out once.
+pub fn sha1_hex() -> &'static str {
+    static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SHA.get_or_init(|| sha1(SCRIPT.as_bytes()).iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The arguments after the two keys: limit, period in ms, time into the

@@ -136,7 +136,7 @@ impl Backend {
     fn strict_chunk(&mut self, groups: Vec<Group>, node: Option<&str>, events: &mut Vec<Event>) {
         let sha = strict::sha1_hex();
         let now_ms = unix_ms();
-        let cmds: Vec<Cmd> = groups.iter().map(|g| self.strict_cmd(g, &sha, now_ms)).collect();
+        let cmds: Vec<Cmd> = groups.iter().map(|g| self.strict_cmd(g, sha, now_ms)).collect();
         let Some((mut replies, broken)) = self.exec_counted(&cmds, node) else {
             groups.into_iter().for_each(|g| g.failed(events));
             return;

@@ -14,6 +14,9 @@ import time
 from harness import HOST, Redis, wait_for
 
 DOWN_AFTER_MS = 1000
+# the master and the replica need it; the sentinels do not (they are asked
+# without credentials, the master with the URL's)
+PASSWORD = "s3n/tin@l"
 
 
 class Sentinel(Redis):
@@ -27,10 +30,12 @@ class Sentinel(Redis):
         with open(self.conf, "w") as f:
             f.write("port %d\nbind %s\ndir %s\nlogfile %s\n"
                     "sentinel monitor mymaster %s %d 2\n"
+                    "sentinel auth-pass mymaster %s\n"
                     "sentinel down-after-milliseconds mymaster %d\n"
                     "sentinel failover-timeout mymaster 3000\n"
                     "sentinel parallel-syncs mymaster 1\n"
-                    % (self.port, HOST, self.dir, self.log, HOST, master_port, DOWN_AFTER_MS))
+                    % (self.port, HOST, self.dir, self.log, HOST, master_port, PASSWORD,
+                       DOWN_AFTER_MS))
 
     def start(self, timeout=5.0):
         self._spawn([self.binary, self.conf, "--sentinel"], self.out, cwd=self.dir)
@@ -52,8 +57,9 @@ class Sentinel(Redis):
 
 
 def start_servers(h):
-    master = h.redis(extra_args=["--repl-diskless-sync-delay", "0"])
-    replica = h.redis(extra_args=["--replicaof", HOST, str(master.port)])
+    auth = ["--masterauth", PASSWORD, "--repl-diskless-sync-delay", "0"]
+    master = h.redis(extra_args=auth, password=PASSWORD)
+    replica = h.redis(extra_args=auth + ["--replicaof", HOST, str(master.port)], password=PASSWORD)
     h.check(wait_for(lambda: "master_link_status:up" in replica.cmd("INFO", "replication"), 10.0),
             "the replica did not sync")
     sentinels = []
@@ -80,11 +86,13 @@ def count(r, pattern):
 
 def test_master_killed_failover_followed(h):
     """SIGKILL of the master under ~100 req/s (a background key and a strict
-    one): every answer is 200 and quick (none waits past timeout=); once the
+    one), the master and replica behind a password given in the URLs
+    (percent-encoded; the sentinels are asked without it): every answer is 200 and quick (none waits past timeout=); once the
     sentinels have promoted the replica, new counts land on it within the
     failover time + 5 s (the backoff's cap); no [alert], no crash."""
     master, replica, sentinels = start_servers(h)
-    urls = ",".join("redis://%s:%d" % (HOST, s.port) for s in sentinels)
+    # percent-encoded in the URL; the sentinels need none, the master gets it
+    urls = ",".join("redis://:s3n%%2Ftin%%40l@%s:%d" % (HOST, s.port) for s in sentinels)
     http = ("    redis_ratelimit_zone $arg_k zone=sn:1m redis=%s sentinel=mymaster "
             "hold=0 timeout=300ms;\n" % urls)
     server = ("        location = /b { redis_ratelimit sn 1000000r/h; }\n"
@@ -144,3 +152,4 @@ def test_master_killed_failover_followed(h):
     log = ng.error_log_text()
     h.check("[alert]" not in log and "[crit]" not in log and "exited on signal" not in log,
             "no worker crashed")
+    h.check(PASSWORD not in log and "s3n%2Ftin%40l" not in log, "the password is never logged")
