@@ -280,3 +280,52 @@ def test_error_reply_fails_one_key_only(h):
     h.check(st_good == [200] * 3 and in_redis == 3, "other keys go on through Redis")
     h.check(wait_for(lambda: "not an integer" in n.error_log_text(), 2.0),
             "the error reply is logged")
+
+
+def test_redis_stopped_and_restarted_under_strict_traffic(h):
+    """Strict traffic on two nodes while Redis is stopped, then started
+    again on the same port (empty, the script unknown to it): no request
+    waits past timeout= + 50 ms, every answer is 200 or 429 (on_error=local
+    decides meanwhile: at once while Redis is known down), and once each
+    node has seen Redis back (after its backoff) a fresh key gets exactly
+    its limit again (the script loaded anew after NOSCRIPT)."""
+    r = h.redis()
+    nodes = [h.nginx(conf(r, "200ms"), SERVER, files=FILES) for _ in range(2)]
+    stop = threading.Event()
+    answers = []
+
+    def traffic(n, i):
+        j = 0
+        while not stop.is_set():
+            answers.append(n.get("/strict?k=" + h.key("t%d-%d" % (i, j % 20)), timeout=3.0))
+            j += 1
+            time.sleep(0.01)
+
+    ts = [threading.Thread(target=traffic, args=(n, i)) for i, n in enumerate(nodes)]
+    for t in ts:
+        t.start()
+    try:
+        time.sleep(0.5)
+        r.stop()
+        time.sleep(1.5)
+        r.start()
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        for t in ts:
+            t.join(30)
+    statuses = sorted(set(st for st, _ in answers), key=str)
+    slowest = max(el for _, el in answers)
+    # back once a try after its backoff (at most 5 s) reaches Redis
+    back = wait_for(lambda: all('zone "s": Redis %s is reachable again' % r.url in n.error_log_text()
+                                for n in nodes), 7.0)
+    h.check(back, "zone s is reachable again on both nodes within 7 s of the restart")
+    h.wait_minute_room(15)
+    k = h.key("after")
+    got = flood(nodes, "/one?k=" + k, per_node=10, threads=4)
+    h.note("%d answers while Redis went away and came back: %s, slowest %.0f ms; then a fresh "
+           "5r/m key on two nodes: %d allowed" % (len(answers), statuses, slowest * 1000,
+                                                  got.count(200)))
+    h.check(set(statuses) <= {200, 429}, "every answer 200 or 429: %s" % statuses)
+    h.check(slowest <= 0.25, "no request waited past timeout=200ms + 50 ms: %.0f ms" % (slowest * 1000))
+    h.check(got.count(200) == 5, "exact again once Redis is back: %d allowed of 5r/m" % got.count(200))
