@@ -329,3 +329,46 @@ def test_redis_stopped_and_restarted_under_strict_traffic(h):
     h.check(set(statuses) <= {200, 429}, "every answer 200 or 429: %s" % statuses)
     h.check(slowest <= 0.25, "no request waited past timeout=200ms + 50 ms: %.0f ms" % (slowest * 1000))
     h.check(got.count(200) == 5, "exact again once Redis is back: %d allowed of 5r/m" % got.count(200))
+
+
+def curl_h2(port, paths, timeout=5.0):
+    """`paths` as HTTP/2 streams of one connection (curl, prior knowledge,
+    all at once); returns [(status, seconds)] in the order they finished."""
+    import re
+    import subprocess
+    args = ["curl", "-sS", "--no-progress-meter", "--http2-prior-knowledge", "--parallel",
+            "--parallel-immediate", "--max-time", str(timeout), "-w", "%{http_code} %{time_total}\\n"]
+    for p in paths:
+        args += ["-o", "/dev/null", "http://%s:%d%s" % (HOST, port, p)]
+    out = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         timeout=timeout + 10).stdout.decode("utf-8", "replace")
+    return [(int(c), float(t)) for c, t in re.findall(r"(\d{3}) ([0-9.]+)", out)]
+
+
+def test_http2_streams_wait_and_resume(h):
+    """Strict requests as HTTP/2 streams of one connection: 7 on a fresh
+    5r/m key -> 5 x 200, 2 x 429; with Redis paused, 3 streams each answered
+    by on_error=local after timeout=200ms; a connection closed while its
+    stream waits leaves the worker serving."""
+    r = h.redis()
+    n = h.nginx(conf(r), SERVER.replace("location = /strict", "http2 on;\n        location = /strict"),
+                files=FILES)
+    h.wait_minute_room(10)
+    k = h.key("h2")
+    got = curl_h2(n.port, ["/one?k=" + k] * 7)
+    codes = sorted(c for c, _ in got)
+    h.check(codes == [200] * 5 + [429] * 2, "7 streams on 5r/m: %s" % got)
+    r.cmd("CLIENT", "PAUSE", "1200", "ALL")
+    paused = curl_h2(n.port, ["/strict?k=" + h.key("p%d" % i) for i in range(3)])
+    h.note("HTTP/2: 7 streams on 5r/m -> %s; Redis paused, 3 streams -> %s" % (codes, paused))
+    h.check([c for c, _ in paused] == [200] * 3, "on_error=local answers 200: %s" % paused)
+    h.check(all(0.19 <= t <= 0.3 for _, t in paused), "after timeout=200ms: %s" % paused)
+    time.sleep(1.3)
+    r.cmd("CLIENT", "PAUSE", "600", "ALL")
+    gone = curl_h2(n.port, ["/strict?k=" + h.key("gone")], timeout=0.1)
+    time.sleep(0.8)
+    after = curl_h2(n.port, ["/strict?k=" + h.key("after")])
+    h.check(gone == [] or gone[0][0] == 0, "the first client gave up: %s" % gone)
+    h.check([c for c, _ in after] == [200], "then served: %s" % after)
+    log = n.error_log_text()
+    h.check("[alert]" not in log and "signal 11" not in log, "no worker crashed")
