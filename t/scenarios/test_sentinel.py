@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 
-from harness import HOST, Redis, wait_for
+from harness import HOST, Redis, free_port, wait_for
 
 DOWN_AFTER_MS = 1000
 # the master and the replica need it; the sentinels do not (they are asked
@@ -24,22 +24,32 @@ class Sentinel(Redis):
     in its own dir, given first on the command line; stopped by its PID like
     every server of the test."""
 
-    def __init__(self, ctx, master_port):
+    def __init__(self, ctx, master_port, tls=None):
         super().__init__(ctx)
+        self.tls = tls
         self.conf = os.path.join(self.dir, "sentinel.conf")
+        if tls:
+            # TLS only (port 0: no plain port), and TLS to the master
+            cert, key = tls
+            listen = ("port 0\ntls-port %d\ntls-cert-file %s\ntls-key-file %s\n"
+                      "tls-ca-cert-file %s\ntls-auth-clients no\ntls-replication yes\n"
+                      % (self.port, cert, key, cert))
+        else:
+            listen = "port %d\n" % self.port
         with open(self.conf, "w") as f:
-            f.write("port %d\nbind %s\ndir %s\nlogfile %s\n"
+            f.write("%sbind %s\ndir %s\nlogfile %s\n"
                     "sentinel monitor mymaster %s %d 2\n"
                     "sentinel auth-pass mymaster %s\n"
                     "sentinel down-after-milliseconds mymaster %d\n"
                     "sentinel failover-timeout mymaster 3000\n"
                     "sentinel parallel-syncs mymaster 1\n"
-                    % (self.port, HOST, self.dir, self.log, HOST, master_port, PASSWORD,
+                    % (listen, HOST, self.dir, self.log, HOST, master_port, PASSWORD,
                        DOWN_AFTER_MS))
 
     def start(self, timeout=5.0):
         self._spawn([self.binary, self.conf, "--sentinel"], self.out, cwd=self.dir)
-        self._wait_ready(lambda: self._pings(), timeout, "sentinel on %d not ready" % self.port)
+        ready = (lambda: tls_ping(self.port)) if self.tls else self._pings
+        self._wait_ready(ready, timeout, "sentinel on %d not ready" % self.port)
         return self
 
     def _pings(self):
@@ -153,3 +163,50 @@ def test_master_killed_failover_followed(h):
     h.check("[alert]" not in log and "[crit]" not in log and "exited on signal" not in log,
             "no worker crashed")
     h.check(PASSWORD not in log and "s3n%2Ftin%40l" not in log, "the password is never logged")
+
+
+def test_sentinel_over_tls(h):
+    """`rediss://...#insecure` URLs with `sentinel=`: the sentinel (TLS port
+    only) is asked over TLS, and names the master's TLS port, which the
+    module reaches over TLS with the URL's settings: counts land on the
+    master (read back on its plain port)."""
+    from test_tls import make_cert
+
+    cert, key = make_cert(h.tmp)
+    tls = ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert,
+           "--tls-auth-clients", "no"]
+    master_tls = free_port()
+    master = h.redis(extra_args=["--tls-port", str(master_tls)] + tls)
+    s = Sentinel(h, master_tls, tls=(cert, key))
+    h.procs.append(s)
+    s.start()
+    http = ("    redis_ratelimit_zone $arg_k zone=st:1m redis=rediss://%s:%d/#insecure "
+            "sentinel=mymaster hold=0;\n" % (HOST, s.port))
+    server = ("        location = /b { redis_ratelimit st 3r/m; }\n"
+              "        location = /s { redis_ratelimit st 3r/m strict; }\n")
+    ng = h.nginx(http, server, files={"b": "ok\n", "s": "ok\n"})
+    h.wait_minute_room(5)
+    kb, ks = h.key("b"), h.key("s")
+    b = [ng.get("/b?k=" + kb)[0] for _ in range(2)]
+    st = [ng.get("/s?k=" + ks)[0] for _ in range(4)]
+    landed = wait_for(lambda: count(master, "rl:{st:%s}:*" % kb) == 2, 3.0)
+    h.note("over TLS through a TLS sentinel: background %s, strict %s; on the master: %s and %s"
+           % (b, st, count(master, "rl:{st:%s}:*" % kb), count(master, "rl:{st:%s}:*" % ks)))
+    h.check(landed, "background counts reach the master over TLS")
+    h.check(st == [200, 200, 200, 429] and count(master, "rl:{st:%s}:*" % ks) == 3,
+            "strict decided on the master over TLS: %s" % st)
+
+
+def tls_ping(port):
+    import socket
+    import ssl
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((HOST, port), timeout=0.5) as raw:
+            with ctx.wrap_socket(raw) as t:
+                t.sendall(b"PING\r\n")
+                return t.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
