@@ -82,19 +82,7 @@ impl Cluster {
                 || RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad node address"));
             let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
             let port: u16 = port.parse().map_err(|_| bad())?;
-            let addr = match self.base.addr() {
-                ConnectionAddr::TcpTls { insecure, tls_params, .. } => ConnectionAddr::TcpTls {
-                    host: host.to_string(),
-                    port,
-                    insecure: *insecure,
-                    tls_params: tls_params.clone(),
-                },
-                _ => ConnectionAddr::Tcp(host.to_string(), port),
-            };
-            let client = redis::Client::open(self.base.clone().set_addr(addr))?;
-            let con = client.get_connection_with_timeout(self.timeout)?;
-            con.set_read_timeout(Some(self.timeout))?;
-            con.set_write_timeout(Some(self.timeout))?;
+            let con = open(at(&self.base, host.to_string(), port), self.timeout)?;
             self.links.insert(node.to_string(), con);
         }
         self.links
@@ -171,12 +159,32 @@ pub fn connect(
         })))
     } else {
         let url = urls.first().map(String::as_str).unwrap_or_default();
-        let client = redis::Client::open(url)?;
-        let con = client.get_connection_with_timeout(timeout)?;
-        con.set_read_timeout(Some(timeout))?;
-        con.set_write_timeout(Some(timeout))?;
-        Ok(Conn::Single(con))
+        Ok(Conn::Single(open(url.into_connection_info()?, timeout)?))
     }
+}
+
+/// A connection, bounded by `timeout` for connecting and every read and
+/// write after.
+fn open(ci: redis::ConnectionInfo, timeout: Duration) -> redis::RedisResult<redis::Connection> {
+    let con = redis::Client::open(ci)?.get_connection_with_timeout(timeout)?;
+    con.set_read_timeout(Some(timeout))?;
+    con.set_write_timeout(Some(timeout))?;
+    Ok(con)
+}
+
+/// `base`'s settings (credentials, database, TLS) at another address: a
+/// cluster's master, or the master a sentinel names.
+fn at(base: &redis::ConnectionInfo, host: String, port: u16) -> redis::ConnectionInfo {
+    let addr = match base.addr() {
+        ConnectionAddr::TcpTls { insecure, tls_params, .. } => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => ConnectionAddr::Tcp(host, port),
+    };
+    base.clone().set_addr(addr)
 }
 
 /// Asks the sentinels, in order, where master `name` is, and connects to
@@ -193,10 +201,7 @@ fn sentinel_master(
     let mut last = RedisError::from((redis::ErrorKind::Io, "no sentinel answered"));
     for url in urls {
         let asked = url.as_str().into_connection_info().and_then(|ci| {
-            let bare = ci.addr().clone().into_connection_info()?;
-            let mut s = redis::Client::open(bare)?.get_connection_with_timeout(timeout)?;
-            s.set_read_timeout(Some(timeout))?;
-            s.set_write_timeout(Some(timeout))?;
+            let mut s = open(ci.addr().clone().into_connection_info()?, timeout)?;
             let addr: Option<(String, u16)> =
                 redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(name).query(&mut s)?;
             addr.ok_or_else(|| {
@@ -210,19 +215,7 @@ fn sentinel_master(
                 continue;
             }
         };
-        let addr = match base.addr() {
-            ConnectionAddr::TcpTls { insecure, tls_params, .. } => ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => ConnectionAddr::Tcp(host, port),
-        };
-        let opened = redis::Client::open(base.clone().set_addr(addr)).and_then(|c| {
-            let mut con = c.get_connection_with_timeout(timeout)?;
-            con.set_read_timeout(Some(timeout))?;
-            con.set_write_timeout(Some(timeout))?;
+        let opened = open(at(&base, host, port), timeout).and_then(|mut con| {
             let role: Vec<Value> = redis::cmd("ROLE").query(&mut con)?;
             match role.first() {
                 Some(Value::BulkString(r)) if r == b"master" => Ok(con),

@@ -105,8 +105,7 @@ fn limit(
         return Ok(NGX_DECLINED as ngx_int_t);
     }
     if wants.contains(&true) {
-        let channel = super::channel::channel();
-        return super::strict::limit(r, mcf, lcf, &mut asks, &wants, channel);
+        return super::strict::limit(r, mcf, lcf, &mut asks, &wants);
     }
     let now = now_ms();
     let decision =

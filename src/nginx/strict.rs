@@ -19,7 +19,6 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::Arc;
 
 use nginx_sys::{
     ngx_add_timer, ngx_del_timer, ngx_handle_read_event, ngx_handle_write_event,
@@ -37,7 +36,7 @@ use super::answer::{debug_log, finish};
 use super::conf::{LocConf, MainConf};
 use super::module::Module;
 use super::time::now_ms;
-use crate::backend::{Channel, StrictAsk};
+use crate::backend::StrictAsk;
 use crate::engine::{self, Ask, Strict, Take};
 
 /// What Redis said for one strict limit of a waiting request.
@@ -85,7 +84,6 @@ pub(super) fn limit(
     lcf: &LocConf,
     asks: &mut [Ask<'_>],
     wants: &[bool],
-    channel: Option<&Arc<Channel>>,
 ) -> Result<ngx_int_t, ()> {
     let w = ctx(r);
     if !w.is_null() {
@@ -111,6 +109,7 @@ pub(super) fn limit(
     // without a thread for the zone, or a backend down, or in a
     // subrequest (which cannot wait on the main request's connection),
     // a strict limit is decided by `on_error` at once
+    let channel = super::channel::channel();
     let main = ptr::eq(r.main, r);
     let mut waiting = 0;
     for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {

@@ -225,37 +225,9 @@ fn apply(log: *mut ngx_log_t) {
     let now = now_ms();
     for event in ch.take_events() {
         match event {
-            Event::Confirmed { id, period, limit, confirmation } => with_entry(mcf, id, |e| {
-                let armed = e.blocked_until_ms;
-                counter::confirm(e, &confirmation, Rate { limit, period }, now);
-                if armed <= now && e.blocked_until_ms > now {
-                    if let Some(s) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref())
-                    {
-                        Stats::bump(&s.stats().breaker_trips);
-                    }
-                }
-                ngx_log_debug!(
-                    mask: DebugMask::Http,
-                    log,
-                    "redis_ratelimit: reply applied: zone {} key #{:016x} window {}: {} sent, count {}, previous {}",
-                    id.zone,
-                    id.entry[0],
-                    confirmation.window,
-                    confirmation.sent,
-                    confirmation.cur,
-                    confirmation.prev.map_or(-1, |p| p as i64)
-                );
-                if e.blocked_until_ms > now && e.blocked_until_ms != armed {
-                    ngx_log_debug!(
-                        mask: DebugMask::Http,
-                        log,
-                        "redis_ratelimit: breaker armed: zone {} key #{:016x} limited for {} ms",
-                        id.zone,
-                        id.entry[0],
-                        e.blocked_until_ms - now
-                    );
-                }
-            }),
+            Event::Confirmed { id, period, limit, confirmation } => {
+                confirmed(mcf, log, id, Rate { limit, period }, &confirmation, now);
+            }
             Event::Strict { id, period, limit, tickets, answer } => {
                 if let Some(a) = &answer {
                     // Redis's counts, as for a flush (nothing of ours in
@@ -266,17 +238,7 @@ fn apply(log: *mut ngx_log_t) {
                         cur: a.cur,
                         prev: Some(a.prev),
                     };
-                    with_entry(mcf, id, |e| {
-                        let armed = e.blocked_until_ms;
-                        counter::confirm(e, &c, Rate { limit, period }, now);
-                        if armed <= now && e.blocked_until_ms > now {
-                            if let Some(s) =
-                                mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref())
-                            {
-                                Stats::bump(&s.stats().breaker_trips);
-                            }
-                        }
-                    });
+                    confirmed(mcf, log, id, Rate { limit, period }, &c, now);
                 }
                 super::strict::resolve(&tickets, answer.as_ref().map(|a| &a.allowed[..]));
             }
@@ -297,6 +259,48 @@ fn apply(log: *mut ngx_log_t) {
             }
         }
     }
+}
+
+/// Applies Redis's counts for an item (a flush's reply or a strict
+/// decision) to its entry, counting a breaker that the reply closed.
+fn confirmed(
+    mcf: &MainConf,
+    log: *mut ngx_log_t,
+    id: ItemId,
+    rate: Rate,
+    confirmation: &counter::Confirmation,
+    now: u64,
+) {
+    with_entry(mcf, id, |e| {
+        let armed = e.blocked_until_ms;
+        counter::confirm(e, confirmation, rate, now);
+        if armed <= now && e.blocked_until_ms > now {
+            if let Some(s) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref()) {
+                Stats::bump(&s.stats().breaker_trips);
+            }
+        }
+        ngx_log_debug!(
+            mask: DebugMask::Http,
+            log,
+            "redis_ratelimit: reply applied: zone {} key #{:016x} window {}: {} sent, count {}, previous {}",
+            id.zone,
+            id.entry[0],
+            confirmation.window,
+            confirmation.sent,
+            confirmation.cur,
+            confirmation.prev.map_or(-1, |p| p as i64)
+        );
+        if e.blocked_until_ms > now && e.blocked_until_ms != armed {
+            ngx_log_debug!(
+                mask: DebugMask::Http,
+                log,
+                "redis_ratelimit: breaker armed: zone {} key #{:016x} limited for {} ms",
+                id.zone,
+                id.entry[0],
+                e.blocked_until_ms - now
+            );
+        }
+    });
 }
 
 /// Runs `f` on the zone entry an item was for, if it is still there.
