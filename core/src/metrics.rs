@@ -45,7 +45,7 @@ pub struct Redis {
     pub rtt_buckets: Vec<u64>,
     pub rtt_sum_us: u64,
     /// Requests that waited for Redis's decision (`strict`), and those that
-    /// got none within `timeout=`.
+    /// got none (`timeout=`, a failed exchange, an error reply).
     pub strict_waits: u64,
     pub strict_timeouts: u64,
 }
@@ -236,7 +236,7 @@ pub fn prometheus(zones: &[Zone]) -> String {
         &mut out,
         "nginx_redis_ratelimit_strict_timeouts_total",
         "counter",
-        "Strict requests that got no decision within timeout= (decided by on_error).",
+        "Strict requests whose wait ended without Redis's decision (timeout=, a failed exchange, an error reply): decided by on_error.",
         &redis,
         &|z| vec![(String::new(), r(z).strict_timeouts)],
     );

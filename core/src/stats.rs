@@ -44,7 +44,7 @@ pub struct Stats {
     /// and takes back its own share).
     pub waiting: AtomicU64,
     /// Requests that waited for Redis's decision (`strict`), and those of
-    /// them that got none in time (then decided by `on_error`).
+    /// them whose wait ended without it (then decided by `on_error`).
     pub strict_waits: AtomicU64,
     pub strict_timeouts: AtomicU64,
 }

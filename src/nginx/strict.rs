@@ -42,9 +42,12 @@ use crate::engine::{self, Ask, Strict, Take};
 /// What Redis said for one strict limit of a waiting request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Verdict {
+    /// Not sent (backend down, no thread): `on_error` decides, no wait.
+    NotAsked,
     Waiting,
     Allowed,
     Rejected,
+    /// No decision: the exchange failed or Redis refused the call.
     Failed,
 }
 
@@ -96,12 +99,14 @@ pub(super) fn limit(
             a.strict = match wait.verdicts[k] {
                 Verdict::Allowed => Strict::Allowed,
                 Verdict::Rejected => Strict::Rejected,
-                Verdict::Waiting | Verdict::Failed => Strict::Failed,
+                Verdict::NotAsked | Verdict::Waiting | Verdict::Failed => Strict::Failed,
             };
             k += 1;
         }
-        if wait.verdicts[..k].contains(&Verdict::Waiting) {
-            count_timeout(mcf, asks, wants);
+        // a wait that ended without Redis's decision (timeout=, a failed
+        // exchange, an error reply)
+        if wait.verdicts[..k].iter().any(|v| matches!(v, Verdict::Waiting | Verdict::Failed)) {
+            count_undecided(mcf, asks, wants);
         }
         return decide(r, mcf, lcf, asks, Take::IfAllowed);
     }
@@ -137,7 +142,7 @@ pub(super) fn limit(
         v << 4
     });
     let mut sends = Vec::with_capacity(waiting);
-    let mut verdicts = [Verdict::Failed; 16];
+    let mut verdicts = [Verdict::NotAsked; 16];
     let mut timeout = 0;
     for (k, (a, _)) in asks.iter().zip(wants).filter(|(_, w)| **w).enumerate() {
         if a.strict != Strict::No || k >= verdicts.len() {
@@ -183,9 +188,9 @@ fn decide(
     finish(r, mcf, lcf, now, asks, &d)
 }
 
-/// Counts a wait that ended without an answer, in each strict zone.
+/// Counts a wait that ended without Redis's decision, in each strict zone.
 #[cold]
-fn count_timeout(mcf: &MainConf, asks: &[Ask<'_>], wants: &[bool]) {
+fn count_undecided(mcf: &MainConf, asks: &[Ask<'_>], wants: &[bool]) {
     for (a, _) in asks.iter().zip(wants).filter(|(_, w)| **w) {
         if let Some(s) = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()) {
             Stats::bump(&s.stats().strict_timeouts);
