@@ -341,6 +341,11 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
         if ch.strict_pending.swap(false, Ordering::AcqRel) {
             let asks = std::mem::take(&mut *ch.strict.lock());
             strict::send_all(&mut backends, asks, &mut events);
+            // a backend that failed is known down before its answers land:
+            // a strict request after them must not wait for it
+            for b in backends.iter() {
+                show_health(ch, b);
+            }
             // requests wait for these: hand them over before anything else
             ch.publish(std::mem::take(&mut events));
         }
@@ -367,12 +372,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
             } else {
                 b.tick(&mut events);
             }
-            if let Some(up) = ch.up.get(b.zone() as usize) {
-                up.store(b.is_up(), Ordering::Relaxed);
-            }
-            if let Some(st) = b.stats() {
-                st.backend_up.store(u64::from(b.is_up()), Ordering::Relaxed);
-            }
+            show_health(ch, b);
         }
         // A full queue drops increments (they stay counted on this node):
         // say so, rarely.
@@ -409,5 +409,16 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                 b.publish_waiting(q);
             }
         }
+    }
+}
+
+/// Whether a backend is up, for the worker (strict requests, `on_error`)
+/// and the metrics.
+fn show_health(ch: &Channel, b: &Backend) {
+    if let Some(up) = ch.up.get(b.zone() as usize) {
+        up.store(b.is_up(), Ordering::Relaxed);
+    }
+    if let Some(st) = b.stats() {
+        st.backend_up.store(u64::from(b.is_up()), Ordering::Relaxed);
     }
 }
