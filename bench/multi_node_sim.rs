@@ -19,7 +19,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use common::{Arrivals, Kind, Rng, SlidingLog};
-use ratelimit_core::counter::{check, confirm, count, Confirmation};
+use ratelimit_core::counter::{cap_to_share, check, confirm, count, Confirmation};
 use ratelimit_core::rate::Rate;
 use ratelimit_core::sync::{self, Send};
 use ratelimit_core::table::Entry;
@@ -159,7 +159,10 @@ impl<'a> Sim<'a> {
         let rate = self.s.rate;
         let rule = self.s.rule;
         let n = &mut self.nodes[i];
-        let c = check(&mut n.e, rate, now);
+        let mut c = check(&mut n.e, rate, now);
+        if rule == Rule::Hold {
+            cap_to_share(&n.e, rate, now, 1, 1, &mut c);
+        }
         if !c.allowed {
             return false;
         }

@@ -408,6 +408,11 @@ fn check(
 ) -> (u32, Said) {
     let (entry, _) = locked.table.get_or_insert(id);
     let mut check = counter::check_cost(locked.table.entry_mut(entry), rate, now, cost);
+    if mode == Mode::Remote {
+        // near the limit, no more than this node's share of the headroom
+        // before Redis answers
+        counter::cap_to_share(locked.table.entry(entry), rate, now, cost, 1, &mut check);
+    }
     mode.apply(&mut check, now);
     (entry, Said { check, after: check.estimate })
 }

@@ -302,3 +302,56 @@ fn replies_teach_the_node_its_share_of_the_key() {
     confirm(&mut f, &Confirmation { window: w, sent: 1, cur: 1, prev: None }, big, T0 + 60_001);
     assert_eq!(f.share, 0);
 }
+
+/// Near the limit each node spends its share of the confirmed headroom.
+fn capped(e: &mut Entry, rate: Rate, now: u64) -> bool {
+    let mut c = check_cost(e, rate, now, 1);
+    cap_to_share(e, rate, now, 1, 1, &mut c);
+    if c.allowed {
+        count_cost(e, true, 1);
+    }
+    c.allowed
+}
+
+#[test]
+fn near_the_limit_a_node_spends_only_its_share_of_the_headroom() {
+    let rate = Rate { limit: 1000, period: 60 };
+    let mut e = fresh();
+    roll(&mut e, T0, 60_000);
+    // Redis says 900 (h = 100), this node sends a quarter of the traffic
+    e.cur = 900;
+    e.share = u16::MAX / 4;
+    let passed = (0..100).take_while(|_| capped(&mut e, rate, T0 + 10)).count();
+    assert_eq!(passed, 24, "a quarter of 100, rounded down");
+    let mut c = check_cost(&mut e, rate, T0 + 10, 1);
+    cap_to_share(&e, rate, T0 + 10, 1, 1, &mut c);
+    assert!(!c.allowed);
+    assert_eq!(c.retry_at_ms, T0 + 11, "until the next reply");
+    // the reply: the others sent 3 × 24 meanwhile
+    let reply = Confirmation { window: e.window.into(), sent: 24, cur: 996, prev: None };
+    confirm(&mut e, &reply, rate, T0 + 11);
+    assert_eq!(e.inflight, 0);
+    // four left: one request at a time (the cap is at least one)
+    assert!(capped(&mut e, rate, T0 + 12));
+    assert!(!capped(&mut e, rate, T0 + 12));
+}
+
+#[test]
+fn no_cap_far_from_the_limit_or_before_the_first_reply() {
+    let rate = Rate { limit: 1000, period: 60 };
+    // far: 300 unconfirmed with a small share, all pass
+    let mut e = fresh();
+    roll(&mut e, T0, 60_000);
+    e.share = u16::MAX / 32;
+    assert_eq!((0..300).filter(|_| capped(&mut e, rate, T0)).count(), 300);
+    // no reply yet (share 0): one node's burst on a fresh key gets the
+    // whole limit, as without a cap
+    let mut e = fresh();
+    assert_eq!((0..1200).filter(|_| capped(&mut e, rate, T0)).count(), 1000);
+    // a node alone (share 1) gets all the headroom
+    let mut e = fresh();
+    roll(&mut e, T0, 60_000);
+    e.cur = 900;
+    e.share = u16::MAX;
+    assert_eq!((0..200).filter(|_| capped(&mut e, rate, T0)).count(), 100);
+}
