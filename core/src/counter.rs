@@ -118,20 +118,28 @@ pub fn check_cost(e: &mut Entry, rate: Rate, now_ms: u64, cost: u32) -> Check {
     }
 }
 
+/// Unconfirmed requests a node may always have near the limit, whatever
+/// its share (`cap_to_share`): a lone client's few requests in flight are
+/// never refused for a share learnt too small.
+pub const CAP_FLOOR: u64 = 4;
+
 /// Near the limit a node spends no more than its share of the headroom
-/// Redis confirmed before it hears back: with the near-limit rule every
+/// Redis confirmed before it hears back. With the near-limit rule every
 /// node sends at once from `L/2` on, but each would otherwise pass all of
 /// the headroom it sees during a round trip, and `N` nodes together up to
-/// `N` times it. With each node's unconfirmed requests capped at
-/// `max(1, f · (L − g))` (`f` its share of the key's traffic, `g` the
-/// estimate from Redis's counts alone), what all of them pass blind adds
-/// up to the headroom when the shares add up to 1. A request past the cap
-/// is rejected until the next reply (within a round trip) moves `g` on.
-/// No cap without a share (no reply yet) or far from the limit. Turns an
+/// `N` times it. A node whose share `f` of the key's traffic is below one
+/// half keeps its unconfirmed requests within
+/// `max(CAP_FLOOR, ⌈f · (L − g)⌉)` (`g`: the estimate from Redis's counts
+/// alone): what all of them pass blind then adds up to the headroom (plus
+/// `CAP_FLOOR` a node) when the shares add up to 1. A request past it is
+/// rejected; the next reply (within a round trip) moves `g` and the cap on.
+/// No cap far from the limit, without a share (no reply yet), or for a
+/// node with half the key's traffic or more (a node alone, or the one that
+/// matters: the others can pass no more than their halves). Turns an
 /// allowed `c` into a rejection with a retry time of `retry_ms` from now.
 #[inline]
 pub fn cap_to_share(e: &Entry, rate: Rate, now_ms: u64, cost: u32, retry_ms: u64, c: &mut Check) {
-    if !c.allowed || e.inflight == 0 || e.share == 0 {
+    if !c.allowed || e.inflight == 0 || e.share == 0 || e.share >= u16::MAX / 2 {
         return;
     }
     let near = c.estimate.remaining(rate.limit) <= (rate.limit / 2).saturating_add(cost);
@@ -141,7 +149,7 @@ pub fn cap_to_share(e: &Entry, rate: Rate, now_ms: u64, cost: u32, retry_ms: u64
     let p = rate.period_ms();
     let known = Estimate::new(e.prev, e.cur, now_ms.saturating_sub(c.window_start_ms), p);
     let headroom = u64::from(known.remaining(rate.limit));
-    let cap = (headroom * u64::from(e.share) / u64::from(u16::MAX)).max(1);
+    let cap = (headroom * u64::from(e.share)).div_ceil(u64::from(u16::MAX)).max(CAP_FLOOR);
     if u64::from(e.inflight) + u64::from(cost.max(1)) > cap {
         c.allowed = false;
         c.retry_at_ms = now_ms.saturating_add(retry_ms);
