@@ -44,7 +44,8 @@ enum Rule {
     Extrapolate,
     /// The module's rule (`ratelimit_core::sync`, `hold=5s`): at once near
     /// the limit, within a flush past the node's share of the headroom,
-    /// else up to the hold (never past the window's end).
+    /// else up to the hold, a quiet key carrying what it holds of earlier
+    /// windows into the current one (`batch`).
     Hold,
 }
 
@@ -63,7 +64,7 @@ fn bound(s: &Scenario) -> f64 {
     // requests per µs at one node, at the peak of its traffic
     let r = peak * s.load * l / (s.rate.period_ms() as f64 * 1000.0) / n;
     let near = n * (1.0 + r * s.rtt_us as f64);
-    let hold = HOLD_MS.min(s.rate.period_ms()) as f64 * 1000.0;
+    let hold = HOLD_MS as f64 * 1000.0;
     let hidden = if s.rule == Rule::Hold { n * (l / 8.0).min(r * hold) } else { 0.0 };
     (l + near + hidden) / l
 }
@@ -83,14 +84,25 @@ enum Ev {
 struct Msg {
     window: u64,
     n: u32,
+    /// Increments of earlier windows carried into this one's counter.
+    carried: u32,
     get_prev: bool,
+}
+
+/// What a node holds of one window: its own increments, those carried in
+/// from earlier windows, and whether every push was far from the limit.
+#[derive(Clone, Copy, Default)]
+struct Held {
+    n: u32,
+    carried: u32,
+    quiet: bool,
 }
 
 #[derive(Default)]
 struct Node {
     e: Entry,
     /// Increments not sent yet, by window.
-    batch: BTreeMap<u64, u32>,
+    batch: BTreeMap<u64, Held>,
     flush_at: Option<u64>,
     /// Flushes of the current window so far, and when the last two were.
     flushes: u32,
@@ -185,23 +197,46 @@ impl<'a> Sim<'a> {
             }
         }
         count(&mut n.e, true);
-        *n.batch.entry(c.window).or_insert(0) += 1;
         let after = ratelimit_core::counter::estimate(&n.e, rate, now);
         let urgent = after.remaining(rate.limit) <= rate.limit / 2;
         match self.s.rule {
             Rule::Today | Rule::Extrapolate => {
+                self.nodes[i].batch.entry(c.window).or_default().n += 1;
                 let t = if urgent { t_us + WAKE_US } else { t_us + FLUSH_US };
                 self.schedule_flush(i, t);
             }
             Rule::Hold => {
                 let unsent = self.nodes[i].e.inflight;
                 let share = self.nodes[i].e.share;
-                let t =
-                    match sync::when(rate, after, unsent, share, now, c.window_start_ms, HOLD_MS) {
-                        Send::Now => t_us + WAKE_US,
-                        Send::By(ms) if ms <= now => t_us + FLUSH_US,
-                        Send::By(ms) => ms * 1000,
-                    };
+                let send = sync::when(rate, after, unsent, share, now, HOLD_MS);
+                let mut t = match send {
+                    Send::Now => t_us + WAKE_US,
+                    Send::By(ms) if ms <= now => t_us + FLUSH_US,
+                    Send::By(ms) | Send::Hold(ms, _) => ms * 1000,
+                };
+                // the module's batch (`Batch::add`): a quiet key's new
+                // window takes over what the node holds of earlier ones
+                // while it fits the room; what does not goes at once
+                let b = &mut self.nodes[i].batch;
+                let older: Vec<u64> = b.range(..c.window).map(|(&w, _)| w).collect();
+                if !b.contains_key(&c.window) && !older.is_empty() {
+                    let held: u32 = older.iter().map(|w| b[w].n + b[w].carried).sum();
+                    let quiet = older.iter().all(|w| b[w].quiet);
+                    if quiet && sync::may_carry(held, send) {
+                        for w in &older {
+                            b.remove(w);
+                        }
+                        b.insert(c.window, Held { n: 0, carried: held, quiet: true });
+                    } else {
+                        t = t.min(t_us + FLUSH_US);
+                    }
+                }
+                let h = b.entry(c.window).or_insert(Held { quiet: true, ..Held::default() });
+                h.n += 1;
+                h.quiet &= send.room().is_some();
+                if h.carried > 0 && !sync::may_carry(h.carried, send) {
+                    t = t.min(t_us + FLUSH_US);
+                }
                 self.schedule_flush(i, t);
             }
         }
@@ -240,8 +275,8 @@ impl<'a> Sim<'a> {
         if refresh {
             n.refresh_due = true;
         }
-        for (w, cnt) in batch {
-            let msg = Msg { window: w, n: cnt, get_prev: second && w == cur_w };
+        for (w, h) in batch {
+            let msg = Msg { window: w, n: h.n, carried: h.carried, get_prev: second && w == cur_w };
             self.out.cmds += 1 + u64::from(msg.get_prev);
             self.at(t_us + self.s.rtt_us / 2, Ev::AtRedis(i, msg));
         }
@@ -256,14 +291,16 @@ impl<'a> Sim<'a> {
         let w = window_index(t_us / 1000, self.s.rate.period_ms());
         // GET of the current and the previous window
         self.out.cmds += 2;
-        self.at(t_us + self.s.rtt_us / 2, Ev::AtRedis(i, Msg { window: w, n: 0, get_prev: true }));
+        let msg = Msg { window: w, n: 0, carried: 0, get_prev: true };
+        self.at(t_us + self.s.rtt_us / 2, Ev::AtRedis(i, msg));
     }
 
     fn at_redis(&mut self, i: usize, m: Msg, t_us: u64) {
         let c = self.redis.entry(m.window).or_insert(0);
-        *c += u64::from(m.n);
+        let total = u64::from(m.n) + u64::from(m.carried);
+        *c += total;
         let cur = *c;
-        if m.n > 0 && cur == u64::from(m.n) {
+        if total > 0 && cur == total {
             self.out.cmds += 1; // EXPIRE by the node that created the counter
         }
         let prev = if m.get_prev {
@@ -271,7 +308,7 @@ impl<'a> Sim<'a> {
         } else {
             None
         };
-        let conf = Confirmation { window: m.window, sent: m.n, cur, prev };
+        let conf = Confirmation { window: m.window, sent: m.n, carried: m.carried, cur, prev };
         self.at(t_us + self.s.rtt_us / 2, Ev::Reply(i, t_us, conf));
     }
 

@@ -322,8 +322,7 @@ pub fn decide(
                         return Send::Now;
                     }
                     let (u, share) = unsent[i];
-                    let (ws, hold) = (x.check.window_start_ms, hold_ms(mcf, o.zone));
-                    sync::when(o.rate, x.after, u, share, now, ws, hold)
+                    sync::when(o.rate, x.after, u, share, now, hold_ms(mcf, o.zone))
                 })
                 .fold(Send::By(u64::MAX), Send::min);
             queue(mcf, ch, &asks[i], s.id, said[i].check.window, limit, n, send);
@@ -354,8 +353,7 @@ fn decide_one(
     trace(log, mcf, a, id, mode, &said);
     let left = said.after.remaining(a.rate.limit);
     if let Some(ch) = channel.filter(|_| send) {
-        let (ws, hold) = (said.check.window_start_ms, hold_ms(mcf, a.zone));
-        let when = sync::when(a.rate, said.after, unsent, share, now, ws, hold);
+        let when = sync::when(a.rate, said.after, unsent, share, now, hold_ms(mcf, a.zone));
         queue(mcf, ch, a, id, said.check.window, a.rate.limit, a.cost, when);
     }
     Ok(Decision {

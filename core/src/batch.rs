@@ -11,6 +11,11 @@ use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::key::redis_tag;
+use crate::sync::{may_carry, Send};
+
+/// How many windows back a new item looks for a quiet key's held
+/// increments to carry (`Batch::add`).
+pub const CARRY_BACK: u64 = 8;
 
 /// Hashes an `ItemId` with a multiply and a rotate per word (FxHash's
 /// step): its entry is already a keyed hash of the key (`key::IdHasher`,
@@ -76,6 +81,12 @@ pub struct Item {
     pub limit: u32,
     /// Increments coalesced into this item.
     pub n: u32,
+    /// Increments of the key's earlier windows carried into this one's
+    /// counter (`sync::may_carry`): counted there, not in their own.
+    pub carried: u32,
+    /// Whether every push into it was far from the limit (`Send::Hold`):
+    /// only then may it be carried into a later window.
+    pub quiet: bool,
     /// When it is to be sent (ms; 0: at once). See `sync`.
     pub due: u64,
 }
@@ -85,6 +96,12 @@ pub struct Item {
 pub const ITEM_OVERHEAD: usize = 96;
 
 impl Item {
+    /// What its `INCRBY` adds: its own increments and the carried ones.
+    #[inline]
+    pub fn total(&self) -> u32 {
+        self.n.saturating_add(self.carried)
+    }
+
     /// Bytes this item holds (for the byte bounds).
     pub fn bytes(&self) -> usize {
         ITEM_OVERHEAD + self.tag.len()
@@ -189,7 +206,7 @@ impl Batch {
             let keep = !(id.zone == d.zone && id.entry == d.entry);
             if !keep {
                 freed += item.bytes();
-                gone = gone.saturating_add(item.n);
+                gone = gone.saturating_add(item.total());
             }
             keep
         });
@@ -205,11 +222,20 @@ impl Batch {
     }
 
     /// Adds `n` increments of a key (a request that weighs `n`) for the
-    /// tightest limit `limit`, to be sent by `due` (ms; 0: at once),
-    /// coalesced with what is pending for the item (which then goes at the
-    /// earlier of the two times); false if they had to be dropped. The
-    /// key's tag is made (and a long key digested) only when the item is
-    /// new.
+    /// tightest limit `limit`, to be sent as `send` says, coalesced with
+    /// what is pending for the item (which then goes at the earlier of the
+    /// two times); returns the earliest time it scheduled something for
+    /// (ms; 0: at once), or `None` if the increments had to be dropped.
+    /// The key's tag is made
+    /// (and a long key digested) only when the item is new.
+    ///
+    /// Far from the limit (`Send::Hold`), the new item of a window takes
+    /// over what the key still holds of an earlier window (at most
+    /// `CARRY_BACK` back) if `sync::may_carry` allows: one `INCRBY` for
+    /// several windows of a quiet key. Held increments that may not be
+    /// carried (past the room, or a push near the limit) go with the next
+    /// flush instead, so what a node holds of a key stays within its
+    /// allowance.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn add(
@@ -220,29 +246,71 @@ impl Batch {
         period: u32,
         limit: u32,
         n: u32,
-        due: u64,
-    ) -> bool {
+        send: Send,
+    ) -> Option<u64> {
+        let mut due = send.due();
         if let Some(item) = self.items.get_mut(&id) {
             item.n = item.n.saturating_add(n);
             item.limit = item.limit.min(limit);
+            item.quiet &= send.room().is_some();
+            if item.carried > 0 && !may_carry(item.carried, send) {
+                // what it carries no longer fits: with the next flush
+                due = due.min(1);
+            }
             if due < item.due {
                 item.due = due;
                 self.schedule(id, due);
             }
             self.pend(id.zone, n);
-            return true;
+            return Some(due);
         }
-        let tag = redis_tag(namespace, key);
-        let item = Item { tag, period, limit, n, due };
+        let (mut carried, mut tag) = (0, None);
+        let mut earliest = due;
+        if send.room().is_some() {
+            if let Some((old_id, held)) = self.held_before(&id) {
+                if may_carry(held, send) {
+                    if let Some(old) = self.items.remove(&old_id) {
+                        self.bytes -= old.bytes();
+                        carried = old.total();
+                        due = due.min(old.due);
+                        tag = Some(old.tag);
+                    }
+                } else if let Some(old) = self.items.get_mut(&old_id) {
+                    if old.due > 1 {
+                        old.due = 1;
+                        self.schedule(old_id, 1);
+                        earliest = 1;
+                    }
+                }
+            }
+        }
+        let tag = tag.unwrap_or_else(|| redis_tag(namespace, key));
+        let quiet = send.room().is_some();
+        let item = Item { tag, period, limit, n, carried, quiet, due };
         if self.full(item.bytes()) {
             self.dropped += 1;
-            return false;
+            // what it took over is dropped with it
+            self.unpend(id.zone, carried);
+            return None;
         }
         self.bytes += item.bytes();
         self.items.insert(id, item);
         self.schedule(id, due);
         self.pend(id.zone, n);
-        true
+        Some(earliest.min(due))
+    }
+
+    /// The key's latest item of an earlier window (at most `CARRY_BACK`
+    /// windows back), if every push into it was quiet, and what it holds.
+    #[inline]
+    fn held_before(&self, id: &ItemId) -> Option<(ItemId, u32)> {
+        (1..=CARRY_BACK)
+            .find_map(|back| {
+                let old = ItemId { window: id.window.checked_sub(back)?, ..*id };
+                self.items.get(&old).map(|item| (old, item))
+            })
+            .filter(|(_, item)| item.quiet)
+            .map(|(old, item)| (old, item.total()))
     }
 
     fn schedule(&mut self, id: ItemId, due: u64) {
@@ -304,7 +372,7 @@ impl Batch {
         }
         for (id, item) in &out {
             self.bytes -= item.bytes();
-            self.unpend(id.zone, item.n);
+            self.unpend(id.zone, item.total());
         }
         // entries of items sent early or due earlier pile up; keep them
         // within twice the items

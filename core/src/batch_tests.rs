@@ -1,6 +1,22 @@
 //! Unit tests of `batch.rs`.
 use super::*;
 
+/// `Batch::add` with a due time as before carries (0: at once).
+#[allow(clippy::too_many_arguments)]
+fn add(
+    b: &mut Batch,
+    id: ItemId,
+    ns: &[u8],
+    key: &[u8],
+    period: u32,
+    limit: u32,
+    n: u32,
+    due: u64,
+) -> bool {
+    let send = if due == 0 { Send::Now } else { Send::By(due) };
+    b.add(id, ns, key, period, limit, n, send).is_some()
+}
+
 fn id(zone: u32, e: u64, window: u64) -> ItemId {
     ItemId { zone, entry: [e, 0], window }
 }
@@ -9,10 +25,10 @@ fn id(zone: u32, e: u64, window: u64) -> ItemId {
 fn coalesces_per_key_and_window() {
     let mut b = Batch::new(10, 1 << 20);
     for _ in 0..1000 {
-        assert!(b.add(id(0, 1, 5), b"z", b"hot", 1, 100, 1, 0));
+        assert!(add(&mut b, id(0, 1, 5), b"z", b"hot", 1, 100, 1, 0));
     }
-    assert!(b.add(id(0, 1, 6), b"z", b"hot", 1, 100, 1, 0));
-    assert!(b.add(id(1, 1, 5), b"z", b"hot", 1, 50, 1, 0));
+    assert!(add(&mut b, id(0, 1, 6), b"z", b"hot", 1, 100, 1, 0));
+    assert!(add(&mut b, id(1, 1, 5), b"z", b"hot", 1, 50, 1, 0));
     assert_eq!(b.len(), 3);
     let mut items = b.drain().0;
     items.sort_by_key(|(i, _)| (i.zone, i.window));
@@ -26,22 +42,22 @@ fn coalesces_per_key_and_window() {
 #[test]
 fn keeps_the_tightest_limit() {
     let mut b = Batch::new(10, 1 << 20);
-    b.add(id(0, 1, 5), b"z", b"k", 60, 100, 1, 0);
-    b.add(id(0, 1, 5), b"z", b"k", 60, 10, 1, 0);
-    b.add(id(0, 1, 5), b"z", b"k", 60, 50, 1, 0);
+    add(&mut b, id(0, 1, 5), b"z", b"k", 60, 100, 1, 0);
+    add(&mut b, id(0, 1, 5), b"z", b"k", 60, 10, 1, 0);
+    add(&mut b, id(0, 1, 5), b"z", b"k", 60, 50, 1, 0);
     assert_eq!(b.drain().0[0].1.limit, 10);
 }
 
 #[test]
 fn drops_new_items_when_full_but_still_coalesces() {
     let mut b = Batch::new(2, 1 << 20);
-    assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1, 1, 0));
-    assert!(b.add(id(0, 2, 0), b"z", b"b", 1, 1, 1, 0));
-    assert!(!b.add(id(0, 3, 0), b"z", b"c", 1, 1, 1, 0));
-    assert!(b.add(id(0, 1, 0), b"z", b"a", 1, 1, 1, 0));
+    assert!(add(&mut b, id(0, 1, 0), b"z", b"a", 1, 1, 1, 0));
+    assert!(add(&mut b, id(0, 2, 0), b"z", b"b", 1, 1, 1, 0));
+    assert!(!add(&mut b, id(0, 3, 0), b"z", b"c", 1, 1, 1, 0));
+    assert!(add(&mut b, id(0, 1, 0), b"z", b"a", 1, 1, 1, 0));
     assert_eq!(b.dropped, 1);
     assert_eq!(b.drain().0.len(), 2);
-    assert!(b.add(id(0, 3, 0), b"z", b"c", 1, 1, 1, 0));
+    assert!(add(&mut b, id(0, 3, 0), b"z", b"c", 1, 1, 1, 0));
 }
 
 #[test]
@@ -53,7 +69,7 @@ fn bounded_in_bytes_whatever_the_key_size() {
     for n in 0..5000u64 {
         let mut key = vec![b'k'; 7000];
         key.extend_from_slice(&n.to_le_bytes());
-        if b.add(id(0, n, 0), b"z", &key, 60, 10, 1, 0) {
+        if add(&mut b, id(0, n, 0), b"z", &key, 60, 10, 1, 0) {
             kept += 1;
         }
     }
@@ -68,8 +84,8 @@ fn bounded_in_bytes_whatever_the_key_size() {
 fn deletes_drop_pending_increments_of_their_key() {
     let mut b = Batch::new(4, 1 << 20);
     assert!(b.is_empty());
-    assert!(b.add(id(0, 9, 7), b"ns", b"k", 60, 5, 1, 0));
-    assert!(b.add(id(0, 8, 7), b"ns", b"other", 60, 5, 1, 0));
+    assert!(add(&mut b, id(0, 9, 7), b"ns", b"k", 60, 5, 1, 0));
+    assert!(add(&mut b, id(0, 8, 7), b"ns", b"other", 60, 5, 1, 0));
     let d = Delete { zone: 0, entry: [9, 0], tag: redis_tag(b"ns", b"k"), period: 60, window: 7 };
     assert!(b.delete(d.clone()));
     assert!(!b.is_empty());
@@ -84,8 +100,8 @@ fn deletes_drop_pending_increments_of_their_key() {
 fn items_wait_until_due_and_go_at_the_earlier_time_once_coalesced() {
     let mut b = Batch::new(100, 1 << 20);
     assert_eq!(b.next_due(), None);
-    assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 1, 5_000));
-    assert!(b.add(id(0, 2, 0), b"z", b"b", 60, 100, 1, 3_000));
+    assert!(add(&mut b, id(0, 1, 0), b"z", b"a", 60, 100, 1, 5_000));
+    assert!(add(&mut b, id(0, 2, 0), b"z", b"b", 60, 100, 1, 3_000));
     assert_eq!(b.next_due(), Some(3_000));
     let (items, _) = b.drain_due(2_999, usize::MAX, 1 << 20);
     assert!(items.is_empty());
@@ -94,7 +110,7 @@ fn items_wait_until_due_and_go_at_the_earlier_time_once_coalesced() {
     assert_eq!(&*items[0].1.tag, b"z:b");
     assert_eq!(b.next_due(), Some(5_000));
     // a later request of `a` that must go at once takes the rest with it
-    assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 2, 0));
+    assert!(add(&mut b, id(0, 1, 0), b"z", b"a", 60, 100, 2, 0));
     assert_eq!(b.next_due(), Some(0));
     let (items, _) = b.drain_due(3_001, usize::MAX, 1 << 20);
     assert_eq!(items.len(), 1);
@@ -109,7 +125,7 @@ fn items_wait_until_due_and_go_at_the_earlier_time_once_coalesced() {
 fn waiting_is_bounded_by_bytes_and_entries() {
     let mut b = Batch::new(1 << 16, 1 << 20);
     for n in 0..100u64 {
-        assert!(b.add(id(0, n, 0), b"z", &n.to_le_bytes(), 60, 100, 1, 10_000 + n));
+        assert!(add(&mut b, id(0, n, 0), b"z", &n.to_le_bytes(), 60, 100, 1, 10_000 + n));
     }
     let held = b.bytes();
     // under the hold budget nothing is due yet
@@ -121,8 +137,8 @@ fn waiting_is_bounded_by_bytes_and_entries() {
     // items sent at once leave stale entries behind: compacted
     for round in 0..50u64 {
         for n in 0..10u64 {
-            assert!(b.add(id(0, n, round), b"z", b"k", 60, 100, 1, 50_000));
-            assert!(b.add(id(0, n, round), b"z", b"k", 60, 100, 1, 0));
+            assert!(add(&mut b, id(0, n, round), b"z", b"k", 60, 100, 1, 50_000));
+            assert!(add(&mut b, id(0, n, round), b"z", b"k", 60, 100, 1, 0));
         }
         assert_eq!(b.drain_due(1, usize::MAX, 1 << 20).0.len(), 10);
     }
@@ -132,8 +148,8 @@ fn waiting_is_bounded_by_bytes_and_entries() {
 #[test]
 fn deletes_are_due_at_once_and_keep_the_byte_count_true() {
     let mut b = Batch::new(100, 1 << 20);
-    assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 1, 9_000));
-    assert!(b.add(id(0, 2, 0), b"z", b"b", 60, 100, 1, 9_000));
+    assert!(add(&mut b, id(0, 1, 0), b"z", b"a", 60, 100, 1, 9_000));
+    assert!(add(&mut b, id(0, 2, 0), b"z", b"b", 60, 100, 1, 9_000));
     let one = b.bytes() / 2;
     let d = Delete { zone: 0, entry: [1, 0], tag: redis_tag(b"z", b"a"), period: 60, window: 0 };
     assert!(b.delete(d));
@@ -149,9 +165,9 @@ fn deletes_are_due_at_once_and_keep_the_byte_count_true() {
 fn a_backlog_goes_in_chunks_and_what_is_urgent_never_waits_behind_it() {
     let mut b = Batch::new(1 << 16, 1 << 20);
     for n in 0..1000u64 {
-        assert!(b.add(id(0, n, 0), b"z", &n.to_le_bytes(), 1, 100, 1, 500 + n));
+        assert!(add(&mut b, id(0, n, 0), b"z", &n.to_le_bytes(), 1, 100, 1, 500 + n));
     }
-    assert!(b.add(id(0, 5000, 0), b"z", b"hot", 1, 100, 1, 0));
+    assert!(add(&mut b, id(0, 5000, 0), b"z", b"hot", 1, 100, 1, 0));
     let (items, _) = b.drain_due(10_000, 300, 1 << 20);
     assert_eq!(items.len(), 301, "the urgent item and the 300 earliest");
     assert_eq!(&*items[0].1.tag, b"z:hot");
@@ -163,16 +179,72 @@ fn a_backlog_goes_in_chunks_and_what_is_urgent_never_waits_behind_it() {
 #[test]
 fn pending_increments_by_zone() {
     let mut b = Batch::new(100, 1 << 20);
-    assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 3, 9_000));
-    assert!(b.add(id(0, 1, 0), b"z", b"a", 60, 100, 2, 9_000));
-    assert!(b.add(id(2, 1, 0), b"y", b"a", 60, 100, 1, 0));
+    assert!(add(&mut b, id(0, 1, 0), b"z", b"a", 60, 100, 3, 9_000));
+    assert!(add(&mut b, id(0, 1, 0), b"z", b"a", 60, 100, 2, 9_000));
+    assert!(add(&mut b, id(2, 1, 0), b"y", b"a", 60, 100, 1, 0));
     assert_eq!((b.pending(0), b.pending(1), b.pending(2)), (5, 0, 1));
     b.drain_due(1, usize::MAX, 1 << 20);
     assert_eq!((b.pending(0), b.pending(2)), (5, 0));
     let d = Delete { zone: 0, entry: [1, 0], tag: redis_tag(b"z", b"a"), period: 60, window: 0 };
     assert!(b.delete(d));
     assert_eq!(b.pending(0), 0);
-    assert!(b.add(id(0, 2, 0), b"z", b"b", 60, 100, 4, 9_000));
+    assert!(add(&mut b, id(0, 2, 0), b"z", b"b", 60, 100, 4, 9_000));
     b.drain();
     assert_eq!(b.pending(0), 0);
+}
+
+#[test]
+fn a_quiet_key_carries_what_it_holds_into_the_next_window() {
+    let mut b = Batch::new(100, 1 << 20);
+    // window 5: three held requests (room 10)
+    for due in [5_000, 5_100, 5_200] {
+        assert!(b.add(id(0, 1, 5), b"z", b"k", 1, 100, 1, Send::Hold(due, 10)).is_some());
+    }
+    // window 6: the new item takes them over, keeps the earlier due time
+    assert_eq!(b.add(id(0, 1, 6), b"z", b"k", 1, 100, 1, Send::Hold(6_000, 9)), Some(5_000));
+    assert_eq!(b.len(), 1);
+    assert_eq!(b.pending(0), 4);
+    // ... and carries them again into window 8 (a window without requests)
+    assert!(b.add(id(0, 1, 8), b"z", b"k", 1, 100, 2, Send::Hold(8_000, 4)).is_some());
+    let (out, _) = b.drain_due(5_000, 100, 1 << 20);
+    assert_eq!(out.len(), 1);
+    let (got, item) = &out[0];
+    assert_eq!((got.window, item.n, item.carried, item.total(), item.due), (8, 2, 4, 6, 5_000));
+    assert_eq!(b.pending(0), 0);
+}
+
+#[test]
+fn held_increments_past_the_room_or_near_the_limit_are_not_carried() {
+    let mut b = Batch::new(100, 1 << 20);
+    for _ in 0..5 {
+        b.add(id(0, 1, 5), b"z", b"k", 1, 100, 1, Send::Hold(9_000, 10));
+    }
+    // room 4 < 5 held: a new item, and the old one goes with the next flush
+    assert_eq!(b.add(id(0, 1, 6), b"z", b"k", 1, 100, 1, Send::Hold(9_500, 4)), Some(1));
+    let (out, _) = b.drain_due(2, 100, 1 << 20);
+    assert_eq!(out.iter().map(|(i, it)| (i.window, it.total())).collect::<Vec<_>>(), [(5, 5)]);
+    // an item with a push near the limit is never carried
+    b.add(id(0, 2, 5), b"z", b"j", 1, 100, 1, Send::Hold(9_000, 10));
+    b.add(id(0, 2, 5), b"z", b"j", 1, 100, 1, Send::Now);
+    b.add(id(0, 2, 6), b"z", b"j", 1, 100, 1, Send::Hold(9_000, 10));
+    assert_eq!(b.len(), 3, "window 6 of k, windows 5 and 6 of j");
+    // a carried amount that no longer fits the room: the next flush
+    let mut b = Batch::new(100, 1 << 20);
+    b.add(id(0, 1, 5), b"z", b"k", 1, 100, 3, Send::Hold(9_000, 10));
+    b.add(id(0, 1, 6), b"z", b"k", 1, 100, 1, Send::Hold(9_500, 6));
+    assert_eq!(b.add(id(0, 1, 6), b"z", b"k", 1, 100, 1, Send::Hold(9_500, 2)), Some(1));
+    let (out, _) = b.drain_due(2, 100, 1 << 20);
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].1.n, out[0].1.carried), (2, 3));
+}
+
+#[test]
+fn a_delete_drops_carried_increments_too() {
+    let mut b = Batch::new(100, 1 << 20);
+    b.add(id(0, 1, 5), b"z", b"k", 1, 100, 2, Send::Hold(9_000, 10));
+    b.add(id(0, 1, 6), b"z", b"k", 1, 100, 1, Send::Hold(9_000, 10));
+    assert_eq!(b.pending(0), 3);
+    let tag = redis_tag(b"z", b"k");
+    assert!(b.delete(Delete { zone: 0, entry: [1, 0], tag, period: 1, window: 6 }));
+    assert_eq!((b.len(), b.pending(0)), (0, 0));
 }

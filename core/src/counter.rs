@@ -186,8 +186,11 @@ pub fn estimate(e: &Entry, rate: Rate, now_ms: u64) -> Estimate {
 pub struct Confirmation {
     /// Window index the increment was for.
     pub window: u64,
-    /// How many increments it carried.
+    /// How many increments it carried of this node's in this window.
     pub sent: u32,
+    /// Increments of earlier windows it carried into this one's counter
+    /// (`batch`): already in `prev` here, so they leave nothing in flight.
+    pub carried: u32,
     /// `INCRBY` result: that window's global count, ours included.
     pub cur: u64,
     /// `GET` of the window before: its global count (0 when absent), or
@@ -256,11 +259,12 @@ pub fn confirm(e: &mut Entry, c: &Confirmation, rate: Rate, now_ms: u64) {
 /// this node count as other nodes here, which only makes the share smaller
 /// (and the node send sooner).
 fn learn_share(e: &mut Entry, c: &Confirmation) {
-    if c.sent == 0 {
+    let mine = u64::from(c.sent) + u64::from(c.carried);
+    if mine == 0 {
         return;
     }
-    let grew = c.cur.saturating_sub(u64::from(e.cur)).max(u64::from(c.sent));
-    let sample = (u64::from(c.sent) * u64::from(u16::MAX) / grew) as u32;
+    let grew = c.cur.saturating_sub(u64::from(e.cur)).max(mine);
+    let sample = (mine * u64::from(u16::MAX) / grew) as u32;
     let old = u32::from(e.share);
     let next = if old == 0 {
         sample / 2

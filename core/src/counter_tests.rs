@@ -65,7 +65,12 @@ fn confirmations_replace_inflight_with_global_counts() {
     assert_eq!((e.cur, e.inflight), (0, 3));
     // Redis says the window holds 8: our 3 plus 5 from other nodes.
     let idx = window_index(T0, R.period_ms());
-    confirm(&mut e, &Confirmation { window: idx, sent: 3, cur: 8, prev: Some(0) }, R, T0 + 5);
+    confirm(
+        &mut e,
+        &Confirmation { window: idx, sent: 3, carried: 0, cur: 8, prev: Some(0) },
+        R,
+        T0 + 5,
+    );
     assert_eq!((e.cur, e.inflight), (8, 0));
     assert!(check(&mut e, R, T0 + 6).allowed);
     count(&mut e, true);
@@ -84,8 +89,18 @@ fn out_of_order_confirmations_keep_the_largest() {
         check(&mut e, R, T0);
         count(&mut e, true);
     }
-    confirm(&mut e, &Confirmation { window: idx, sent: 1, cur: 6, prev: Some(0) }, R, T0);
-    confirm(&mut e, &Confirmation { window: idx, sent: 1, cur: 4, prev: Some(0) }, R, T0);
+    confirm(
+        &mut e,
+        &Confirmation { window: idx, sent: 1, carried: 0, cur: 6, prev: Some(0) },
+        R,
+        T0,
+    );
+    confirm(
+        &mut e,
+        &Confirmation { window: idx, sent: 1, carried: 0, cur: 4, prev: Some(0) },
+        R,
+        T0,
+    );
     assert_eq!((e.cur, e.inflight), (6, 0));
 }
 
@@ -95,7 +110,12 @@ fn breaker_opens_when_the_global_count_reaches_the_limit() {
     let idx = window_index(T0, R.period_ms());
     check(&mut e, R, T0);
     count(&mut e, true);
-    confirm(&mut e, &Confirmation { window: idx, sent: 1, cur: 10, prev: Some(0) }, R, T0 + 1);
+    confirm(
+        &mut e,
+        &Confirmation { window: idx, sent: 1, carried: 0, cur: 10, prev: Some(0) },
+        R,
+        T0 + 1,
+    );
     assert_eq!(e.blocked_limit, 10);
     assert_eq!(e.blocked_until_ms, T0 + 60_000 + 1);
     let c = check(&mut e, R, T0 + 2);
@@ -120,7 +140,12 @@ fn window_roll_carries_unconfirmed_counts_into_prev() {
     assert!((c.estimate.value() - 2.0).abs() < 1e-9);
     // a late confirmation for the old window raises prev to the global count
     let old = window_index(T0, R.period_ms());
-    confirm(&mut e, &Confirmation { window: old, sent: 4, cur: 12, prev: Some(0) }, R, T0 + 90_001);
+    confirm(
+        &mut e,
+        &Confirmation { window: old, sent: 4, carried: 0, cur: 12, prev: Some(0) },
+        R,
+        T0 + 90_001,
+    );
     assert_eq!(e.prev, 12);
     assert_eq!(e.inflight, 0);
     // two windows later everything is forgotten
@@ -142,12 +167,22 @@ fn breaker_ignores_requests_counted_twice_in_flight() {
         count(&mut e, true);
     }
     let idx = window_index(T0, r.period_ms());
-    confirm(&mut e, &Confirmation { window: idx, sent: 5, cur: 10, prev: Some(0) }, r, T0 + 1);
+    confirm(
+        &mut e,
+        &Confirmation { window: idx, sent: 5, carried: 0, cur: 10, prev: Some(0) },
+        r,
+        T0 + 1,
+    );
     assert_eq!((e.cur, e.inflight), (10, 5));
     assert_eq!(e.blocked_until_ms, 0, "no breaker from a double count");
     // until B's reply arrives decisions are conservative...
     assert!(!check(&mut e, r, T0 + 2).allowed);
-    confirm(&mut e, &Confirmation { window: idx, sent: 5, cur: 10, prev: Some(0) }, r, T0 + 3);
+    confirm(
+        &mut e,
+        &Confirmation { window: idx, sent: 5, carried: 0, cur: 10, prev: Some(0) },
+        r,
+        T0 + 3,
+    );
     // ...then exact again: 2 more pass
     assert!(check(&mut e, r, T0 + 4).allowed);
 }
@@ -177,6 +212,7 @@ fn run(
             let conf = Confirmation {
                 window: c.window,
                 sent: 1,
+                carried: 0,
                 cur: *redis.get(&c.window).unwrap_or(&0),
                 prev: Some(prev),
             };
@@ -197,8 +233,13 @@ fn clock_step_back_of_an_hour_neither_blocks_nor_floods() {
     let (a, _) = run(&mut e, r, T0, 3000, &mut redis);
     assert!((28..=31).contains(&a), "{a} in 3 s before the step");
     // an item sent just before the step comes back after it: ignored
-    let late =
-        Confirmation { window: window_index(T0 + 3000, 1000), sent: 1, cur: 99, prev: Some(99) };
+    let late = Confirmation {
+        window: window_index(T0 + 3000, 1000),
+        sent: 1,
+        carried: 0,
+        cur: 99,
+        prev: Some(99),
+    };
     let back = T0 + 3000 - HOUR;
     confirm(&mut e, &late, r, back);
     let (a, worst) = run(&mut e, r, back, 10_000, &mut redis);
@@ -262,7 +303,7 @@ fn stale_confirmations_are_ignored() {
     let old = window_index(T0, R.period_ms());
     confirm(
         &mut e,
-        &Confirmation { window: old, sent: 1, cur: 99, prev: Some(99) },
+        &Confirmation { window: old, sent: 1, carried: 0, cur: 99, prev: Some(99) },
         R,
         T0 + 180_000,
     );
@@ -279,7 +320,7 @@ fn replies_teach_the_node_its_share_of_the_key() {
         for _ in 0..sent {
             count(e, true);
         }
-        confirm(e, &Confirmation { window: w, sent, cur, prev: None }, big, at);
+        confirm(e, &Confirmation { window: w, sent, carried: 0, cur, prev: None }, big, at);
     };
     // first contact: alone so far (cur = what it sent), believed by half
     check(&mut e, big, T0);
@@ -293,13 +334,23 @@ fn replies_teach_the_node_its_share_of_the_key() {
     assert!(e.share > u16::MAX / 4 && e.share < u16::MAX / 2, "{}", e.share);
     // a reply without increments (a refresh) teaches nothing
     let before = e.share;
-    confirm(&mut e, &Confirmation { window: w, sent: 0, cur: 900, prev: None }, big, T0 + 4);
+    confirm(
+        &mut e,
+        &Confirmation { window: w, sent: 0, carried: 0, cur: 900, prev: None },
+        big,
+        T0 + 4,
+    );
     assert_eq!(e.share, before);
     // a late reply for the window before teaches nothing either
     let mut f = fresh();
     check(&mut f, big, T0 + 60_000);
     count(&mut f, true);
-    confirm(&mut f, &Confirmation { window: w, sent: 1, cur: 1, prev: None }, big, T0 + 60_001);
+    confirm(
+        &mut f,
+        &Confirmation { window: w, sent: 1, carried: 0, cur: 1, prev: None },
+        big,
+        T0 + 60_001,
+    );
     assert_eq!(f.share, 0);
 }
 
@@ -328,7 +379,8 @@ fn near_the_limit_a_node_spends_only_its_share_of_the_headroom() {
     assert!(!c.allowed);
     assert_eq!(c.retry_at_ms, T0 + 11, "until the next reply");
     // the reply: the others sent 3 × 22 meanwhile
-    let reply = Confirmation { window: e.window.into(), sent: 25, cur: 991, prev: None };
+    let reply =
+        Confirmation { window: e.window.into(), sent: 25, carried: 0, cur: 991, prev: None };
     confirm(&mut e, &reply, rate, T0 + 11);
     assert_eq!(e.inflight, 0);
     // nine left: a quarter is 3, but CAP_FLOOR (4) requests may be in flight
@@ -362,7 +414,12 @@ fn no_cap_far_from_the_limit_or_before_the_first_reply() {
     let mut e = fresh();
     let mut got = vec![capped(&mut e, five, T0), capped(&mut e, five, T0)];
     let w = e.window.into();
-    confirm(&mut e, &Confirmation { window: w, sent: 1, cur: 1, prev: None }, five, T0 + 1);
+    confirm(
+        &mut e,
+        &Confirmation { window: w, sent: 1, carried: 0, cur: 1, prev: None },
+        five,
+        T0 + 1,
+    );
     got.extend((0..5).map(|_| capped(&mut e, five, T0 + 2)));
     assert_eq!(got, [true, true, true, true, true, false, false]);
 }

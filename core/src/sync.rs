@@ -7,27 +7,36 @@
 //! - **near** (the estimate after this request is at half the limit or
 //!   more): at once, as every request was sent before this rule. This is
 //!   what keeps floods exact: from `L/2` on, every node hears of the others
-//!   within a round trip.
+//!   within a round trip (and spends no more than its share of the
+//!   headroom meanwhile: `counter::cap_to_share`).
 //! - **far**: the node may hold its unsent increments `u` of the key while
 //!   `u ≤ f · (L/2 − g) / 4`, where `g` is what it knows of the key from
 //!   Redis (its estimate less `u`) and `f` its share of the key's traffic,
 //!   learnt from Redis's replies (its increments against the growth of the
 //!   global count; one node in 32 until the first reply). Past that
-//!   allowance, with the next flush. Otherwise they
-//!   wait until `min(P, H)` after the request (`H`: the zone's `hold=`, 5 s
-//!   by default), and never past the end of the request's window.
+//!   allowance, with the next flush. Otherwise they wait until `H` after
+//!   the request (the zone's `hold=`, 5 s by default), also past the end of
+//!   its window: a quiet key's held increments are carried into the
+//!   counter of the window current when the key is next counted
+//!   (`batch::Batch::add`), as long as they fit in the allowance that is
+//!   left (`Send::Hold`'s room), so that a key seen a few times a window
+//!   costs one `INCRBY` (and one `EXPIRE`) per several windows, not one
+//!   per window.
 //!
 //! The bound: when the nodes' shares add up to at most 4 (they add up to 1
-//! when measured right), the increments all of them hold together stay
-//! below `L/2 − g`, so the key reaches half its limit before anyone could
-//! pass it blind, and the near-limit rule takes over exactly as before.
-//! Shares measured before the traffic moved can add up to more; a node then
-//! hides at most `f_i · L/8` of the key's requests, and no more than it
-//! receives in `min(P, H)`: allowed per window ≤
+//! when measured right), the increments all of them hold together
+//! (carried ones included) stay below `L/2 − g`, so the key reaches half
+//! its limit before anyone could pass it blind, and the near-limit rule
+//! takes over exactly as before. Shares measured before the traffic moved
+//! can add up to more; a node then hides at most `f_i · L/8` of the key's
+//! requests, and no more than it receives in `H`: allowed per window ≤
 //! `L + N·(1 + r·RTT) + Σ_i min(f_i · L/8, r_i · H)` (the sum over the
 //! nodes whose shares are stale), where the first two terms are the
 //! near-limit rule's: each node's blind request and what it passes during
-//! one round trip at its rate `r`.
+//! one round trip at its rate `r`. Carrying costs accuracy the other way
+//! only: increments counted in one window and sent in a later one count
+//! there in full (a key's estimate on other nodes is then too high by at
+//! most what was carried, within the allowance), never too low.
 
 use crate::rate::Rate;
 use crate::window::Estimate;
@@ -44,16 +53,48 @@ pub enum Send {
     Now,
     /// By this time (ms, the clock of `now_ms`).
     By(u64),
+    /// Far from the limit: by this time, and the increments the node still
+    /// holds of the key's earlier windows may be carried into this one's
+    /// counter (`batch`) while they are at most this many (the node's
+    /// allowance less what it holds of this window).
+    Hold(u64, u32),
 }
 
 impl Send {
-    /// The earlier of two.
+    /// The earlier of two (held only if both are, with the smaller room).
     pub fn min(self, other: Send) -> Send {
         match (self, other) {
-            (Send::By(a), Send::By(b)) => Send::By(a.min(b)),
-            _ => Send::Now,
+            (Send::Now, _) | (_, Send::Now) => Send::Now,
+            (Send::Hold(a, r), Send::Hold(b, s)) => Send::Hold(a.min(b), r.min(s)),
+            (Send::By(a) | Send::Hold(a, _), Send::By(b) | Send::Hold(b, _)) => Send::By(a.min(b)),
         }
     }
+
+    /// The time to send by (ms; 0: at once).
+    #[inline]
+    pub fn due(self) -> u64 {
+        match self {
+            Send::Now => 0,
+            Send::By(ms) | Send::Hold(ms, _) => ms.max(1),
+        }
+    }
+
+    /// How many increments of earlier windows may be carried (`Hold` only).
+    #[inline]
+    pub fn room(self) -> Option<u32> {
+        match self {
+            Send::Hold(_, room) => Some(room),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a key's held increments of earlier windows (`held`, every one
+/// of them pushed far from the limit) may go into a later window's counter
+/// by a push that says `send`.
+#[inline]
+pub fn may_carry(held: u32, send: Send) -> bool {
+    send.room().is_some_and(|room| held <= room)
 }
 
 /// How many increments a node may hold unsent: its share (out of
@@ -82,7 +123,6 @@ pub fn when(
     unsent: u32,
     share: u16,
     now_ms: u64,
-    window_start_ms: u64,
     hold_ms: u64,
 ) -> Send {
     if after.remaining(rate.limit) <= rate.limit / 2 {
@@ -90,12 +130,11 @@ pub fn when(
     }
     let known = after.value() - f64::from(unsent);
     let share = if share == 0 { FIRST_SHARE } else { share };
-    if hold_ms == 0 || unsent > allowance(rate.limit, known, share) {
+    let room = allowance(rate.limit, known, share);
+    if hold_ms == 0 || unsent > room {
         return Send::By(now_ms);
     }
-    let p = rate.period_ms();
-    let by = now_ms.saturating_add(hold_ms.min(p)).min(window_start_ms.saturating_add(p));
-    Send::By(by.max(now_ms))
+    Send::Hold(now_ms.saturating_add(hold_ms), room - unsent)
 }
 
 #[cfg(test)]
@@ -113,32 +152,30 @@ mod tests {
     const ALL: u16 = u16::MAX;
 
     #[test]
-    fn far_from_the_limit_waits_up_to_the_hold_or_the_window_end() {
-        // 10 s into a minute window, 100 counted, 1 of them unsent
-        let start = 600_000;
-        let now = start + 10_000;
-        let s = when(PER_MIN, est(0, 100, 10_000, 60_000), 1, ALL, now, start, H);
-        assert_eq!(s, Send::By(now + H));
-        // 58 s in: the window's end comes first
-        let now = start + 58_000;
+    fn far_from_the_limit_waits_up_to_the_hold_even_past_the_window_end() {
+        // 10 s into a minute window, 100 counted, 1 of them unsent: alone,
+        // (3000 - 99) / 4 = 725 may wait, 724 more
+        let now = 600_000 + 10_000;
+        let s = when(PER_MIN, est(0, 100, 10_000, 60_000), 1, ALL, now, H);
+        assert_eq!(s, Send::Hold(now + H, 724));
+        // 58 s in: still the hold (what is held then goes into the next
+        // window's counter, or into its own after the hold)
+        let now = 600_000 + 58_000;
         assert_eq!(
-            when(PER_MIN, est(0, 100, 58_000, 60_000), 1, ALL, now, start, H),
-            Send::By(start + 60_000)
+            when(PER_MIN, est(0, 100, 58_000, 60_000), 1, ALL, now, H),
+            Send::Hold(now + H, 724)
         );
-        // a per-second window: its end
+        // a per-second window: the hold too, beyond the window
         let now = 5_000_300;
-        assert_eq!(
-            when(PER_SEC, est(8, 3, 300, 1000), 1, ALL, now, 5_000_000, H),
-            Send::By(5_001_000)
-        );
+        assert_eq!(when(PER_SEC, est(8, 3, 300, 1000), 1, ALL, now, H), Send::Hold(now + H, 9));
     }
 
     #[test]
     fn near_the_limit_goes_at_once() {
         // 50 of 100 after this request: half the limit
-        assert_eq!(when(PER_SEC, est(0, 50, 500, 1000), 1, ALL, 500, 0, H), Send::Now);
+        assert_eq!(when(PER_SEC, est(0, 50, 500, 1000), 1, ALL, 500, H), Send::Now);
         // the previous window's weight counts too: 80 * 0.5 + 10
-        assert_eq!(when(PER_SEC, est(80, 10, 500, 1000), 1, ALL, 500, 0, H), Send::Now);
+        assert_eq!(when(PER_SEC, est(80, 10, 500, 1000), 1, ALL, 500, H), Send::Now);
     }
 
     #[test]
@@ -146,27 +183,27 @@ mod tests {
         // alone, known 10 of 100: (50 - 10) / 4 = 10 may wait
         assert_eq!(allowance(100, 10.0, ALL), 10);
         let now = 100;
-        assert_eq!(when(PER_SEC, est(0, 20, 100, 1000), 10, ALL, now, 0, H), Send::By(1000));
-        assert_eq!(when(PER_SEC, est(0, 21, 100, 1000), 11, ALL, now, 0, H), Send::By(now));
+        assert_eq!(when(PER_SEC, est(0, 20, 100, 1000), 10, ALL, now, H), Send::Hold(now + H, 0));
+        assert_eq!(when(PER_SEC, est(0, 21, 100, 1000), 11, ALL, now, H), Send::By(now));
         // half of the key's traffic: half of that
         assert_eq!(allowance(100, 10.0, ALL / 2), 4);
-        assert_eq!(when(PER_SEC, est(0, 15, 100, 1000), 5, ALL / 2, now, 0, H), Send::By(now));
+        assert_eq!(when(PER_SEC, est(0, 15, 100, 1000), 5, ALL / 2, now, H), Send::By(now));
         // a key new to the node (no share yet): one node in 32
         assert_eq!(allowance(6000, 0.0, 0), 0);
         assert_eq!(allowance(6000, 0.0, FIRST_SHARE), 23);
-        assert_eq!(when(PER_MIN, est(0, 23, 100, 60_000), 23, 0, 100, 0, H), Send::By(5100));
-        assert_eq!(when(PER_MIN, est(0, 24, 100, 60_000), 24, 0, 100, 0, H), Send::By(100));
+        assert_eq!(when(PER_MIN, est(0, 23, 100, 60_000), 23, 0, 100, H), Send::Hold(5100, 0));
+        assert_eq!(when(PER_MIN, est(0, 24, 100, 60_000), 24, 0, 100, H), Send::By(100));
         // ... which under a low limit is nothing: at once, as before
-        assert_eq!(when(PER_SEC, est(0, 1, 100, 1000), 1, 0, 100, 0, H), Send::By(100));
+        assert_eq!(when(PER_SEC, est(0, 1, 100, 1000), 1, 0, 100, H), Send::By(100));
         // a low limit has no allowance: every request at once, as before
         let low = Rate { limit: 3, period: 60 };
         assert_eq!(allowance(3, 0.0, ALL), 0);
         assert_eq!(allowance(8, 0.0, ALL), 1);
-        assert_eq!(when(low, est(0, 1, 100, 60_000), 1, ALL, 100, 0, H), Send::By(100));
+        assert_eq!(when(low, est(0, 1, 100, 60_000), 1, ALL, 100, H), Send::By(100));
         // a request that weighs more than the allowance
-        assert_eq!(when(PER_MIN, est(0, 800, 100, 60_000), 800, ALL, 100, 0, H), Send::By(100));
+        assert_eq!(when(PER_MIN, est(0, 800, 100, 60_000), 800, ALL, 100, H), Send::By(100));
         // hold=0: every request in the next flush
-        assert_eq!(when(PER_MIN, est(0, 1, 100, 60_000), 1, ALL, 100, 0, 0), Send::By(100));
+        assert_eq!(when(PER_MIN, est(0, 1, 100, 60_000), 1, ALL, 100, 0), Send::By(100));
     }
 
     #[test]
@@ -192,5 +229,12 @@ mod tests {
         assert_eq!(Send::By(5).min(Send::By(3)), Send::By(3));
         assert_eq!(Send::By(5).min(Send::Now), Send::Now);
         assert_eq!(Send::Now.min(Send::By(1)), Send::Now);
+        assert_eq!(Send::Hold(5, 2).min(Send::Hold(7, 1)), Send::Hold(5, 1));
+        assert_eq!(Send::Hold(5, 2).min(Send::By(7)), Send::By(5));
+        assert_eq!(Send::By(9).min(Send::Hold(7, 1)), Send::By(7));
+        assert_eq!(Send::Hold(5, 2).min(Send::Now), Send::Now);
+        assert_eq!((Send::Now.due(), Send::By(0).due(), Send::Hold(8, 1).due()), (0, 1, 8));
+        assert!(may_carry(3, Send::Hold(1, 3)) && !may_carry(4, Send::Hold(1, 3)));
+        assert!(!may_carry(0, Send::By(1)) && !may_carry(0, Send::Now));
     }
 }

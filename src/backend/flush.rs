@@ -105,9 +105,9 @@ impl Backend {
             let cur_key =
                 redis_key_for_tag(&self.spec.prefix, &item.tag, item.period, id.window * p);
             let cur = cmds.len();
-            if item.n > 0 {
+            if item.total() > 0 {
                 let mut c = redis::cmd("INCRBY");
-                c.arg(&cur_key).arg(item.n);
+                c.arg(&cur_key).arg(item.total());
                 cmds.push(c);
             } else {
                 let mut c = redis::cmd("GET");
@@ -121,7 +121,7 @@ impl Backend {
             let want_prev = match self.prev.get(id) {
                 None => {
                     self.prev.insert(*id, Prev { period: item.period, ..Prev::default() });
-                    item.n == 0
+                    item.total() == 0
                 }
                 Some(s) => s.value.is_none() || (!s.settled && settled),
             };
@@ -160,7 +160,7 @@ impl Backend {
         let incr_at: HashMap<usize, Vec<u8>> = items
             .iter()
             .zip(&slots)
-            .filter(|((_, item), _)| item.n > 0)
+            .filter(|((_, item), _)| item.total() > 0)
             .map(|((id, item), s)| (s.cur, cmds_key(&self.spec.prefix, id, item)))
             .collect();
         let readback = |i: usize| {
@@ -186,7 +186,7 @@ impl Backend {
             match replies.get(s.cur).unwrap_or(&Reply::NotSent) {
                 Reply::Value(v) => match count(v) {
                     Some(cur) => {
-                        if item.n > 0 && cur == u64::from(item.n) {
+                        if item.total() > 0 && cur == u64::from(item.total()) {
                             created.push((*id, item.tag.clone(), item.period));
                         }
                         self.confirmed(*id, item, cur, prev, now, now_ms, events);
@@ -207,7 +207,7 @@ impl Backend {
                     keep_local(*id, item, events);
                 }
                 Reply::Lost => {
-                    if item.n > 0 && self.ttl_fix.len() < TTL_FIX_MAX {
+                    if item.total() > 0 && self.ttl_fix.len() < TTL_FIX_MAX {
                         self.ttl_fix.insert(*id, (item.tag.clone(), item.period));
                     }
                     keep_local(*id, item, events);
@@ -307,13 +307,14 @@ impl Backend {
         events: &mut Vec<Event>,
     ) {
         let prev = prev.or_else(|| self.prev.get(&id).and_then(|s| s.value));
-        let confirmation = Confirmation { window: id.window, sent: item.n, cur, prev };
+        let confirmation =
+            Confirmation { window: id.window, sent: item.n, carried: item.carried, cur, prev };
         // A key near its limit is read once more shortly after each flush
         // that counted it: a refresh per allowed flush at most, within the
         // zone's budget.
         let mut wid = id;
         wid.window = 0;
-        if item.n > 0 && near_limit(&confirmation, item.period, item.limit, now_ms) {
+        if item.total() > 0 && near_limit(&confirmation, item.period, item.limit, now_ms) {
             if let Some(w) = self.watch.get_mut(&wid) {
                 w.due = Some(refresh_due(now, Some(now.saturating_duration_since(w.last))));
                 w.last = now;

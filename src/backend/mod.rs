@@ -115,12 +115,9 @@ impl Channel {
     /// as possible. The thread is woken only when the increment is due
     /// before it planned to wake.
     pub fn push(&self, id: ItemId, inc: Increment<'_>, send: Send) -> bool {
-        let due = match send {
-            Send::Now => 0,
-            Send::By(ms) => ms.max(1),
-        };
         let mut b = self.batch.lock();
-        let ok = b.add(id, inc.namespace, inc.key, inc.period, inc.limit, inc.n, due);
+        let added = b.add(id, inc.namespace, inc.key, inc.period, inc.limit, inc.n, send);
+        let (ok, due) = (added.is_some(), added.unwrap_or(u64::MAX));
         if !ok {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }

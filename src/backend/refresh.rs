@@ -44,7 +44,15 @@ impl Backend {
             }
             items.push((
                 id,
-                Item { tag: w.tag.clone(), period: w.period, limit: w.limit, n: 0, due: 0 },
+                Item {
+                    tag: w.tag.clone(),
+                    period: w.period,
+                    limit: w.limit,
+                    n: 0,
+                    carried: 0,
+                    quiet: false,
+                    due: 0,
+                },
             ));
         }
         for chunk in items.chunks(PIPELINE_ITEMS) {

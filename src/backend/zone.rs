@@ -162,9 +162,10 @@ impl Backend {
     /// Keeps increments known not to have run for the next flush (bounded
     /// in bytes; beyond it they stay counted on this node only).
     pub(super) fn keep_for_retry(&mut self, items: &[(ItemId, Item)]) {
-        for (id, item) in items.iter().filter(|(_, i)| i.n > 0) {
+        for (id, item) in items.iter().filter(|(_, i)| i.total() > 0) {
             if let Some(r) = self.retry.get_mut(id) {
                 r.n = r.n.saturating_add(item.n);
+                r.carried = r.carried.saturating_add(item.carried);
                 r.limit = r.limit.min(item.limit);
             } else if self.retry_bytes + item.bytes() <= RETRY_BYTES {
                 self.retry_bytes += item.bytes();
@@ -194,6 +195,7 @@ impl Backend {
             match merged.get_mut(&id) {
                 Some(m) => {
                     m.n = m.n.saturating_add(item.n);
+                    m.carried = m.carried.saturating_add(item.carried);
                     m.limit = m.limit.min(item.limit);
                 }
                 None => {

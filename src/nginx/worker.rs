@@ -235,6 +235,7 @@ fn apply(log: *mut ngx_log_t) {
                     let c = counter::Confirmation {
                         window: id.window,
                         sent: 0,
+                        carried: 0,
                         cur: a.cur,
                         prev: Some(a.prev),
                     };

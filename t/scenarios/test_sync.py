@@ -14,15 +14,21 @@ def redis_sum(r, pattern):
     return sum(int(r.cmd("GET", k) or 0) for k in r.keys(pattern))
 
 
+def calls(r, cmd):
+    return int(r.info_commandstats().get(cmd, {}).get("calls", 0))
+
+
 def incrby_calls(r):
-    return int(r.info_commandstats().get("incrby", {}).get("calls", 0))
+    return calls(r, "incrby")
 
 
 def zone(url, extra=""):
     return "    redis_ratelimit_zone $arg_k zone=z:1m redis=%s %s;\n" % (url, extra)
 
 
-LOC = "        location = /t { redis_ratelimit z 6000r/m; }\n        location = /s { redis_ratelimit z 20r/m; }\n"
+LOC = ("        location = /t { redis_ratelimit z 6000r/m; }\n"
+       "        location = /s { redis_ratelimit z 20r/m; }\n"
+       "        location = /q { redis_ratelimit z 1000r/s; }\n")
 
 
 def test_far_key_waits_for_the_hold(h):
@@ -118,3 +124,49 @@ def test_many_far_keys_cost_little_and_lose_nothing(h):
     h.check(ok == 2000, "every request is far below its limit: %d x 200" % ok)
     h.check(total, "Redis should hold all 2000 counts, holds %d" % got)
     h.check(calls <= 0.35 * 2000, "%d INCRBY for 2000 far requests: held counts should coalesce" % calls)
+
+
+def test_quiet_key_carries_its_counts_across_windows(h):
+    """1000r/s, default hold=5s: a key seen 4 times a second for 4.5 s
+    (five or six 1 s windows) is far from its limit, so the node carries
+    what it holds from window to window and sends it into the counter of
+    the window current when it goes: every count reaches Redis, in at most
+    two counters (the first request's, sent at once while the node knows
+    nothing of the key, and the one all the rest was carried into), for at
+    most two INCRBY and two EXPIRE — against one INCRBY and one EXPIRE per
+    window without carrying. Each counter has its TTL."""
+    r = h.redis()
+    ng = h.nginx(zone(r.url), LOC, files={"t": "ok\n", "s": "ok\n", "q": "ok\n"})
+    k = h.key("quiet")
+    pat = "rl:{z:%s}:1:*" % k
+    incr0, exp0 = calls(r, "incrby"), calls(r, "expire")
+    # every counter seen, with its largest value and first TTL (it lives
+    # 2 s: the first may be gone before the last is written)
+    seen, ttls = {}, {}
+
+    def watch():
+        for c in r.keys(pat):
+            v = int(r.cmd("GET", c) or 0)
+            if c not in ttls:
+                ttls[c] = int(r.cmd("PTTL", c))
+            seen[c] = max(seen.get(c, 0), v)
+        return seen
+
+    sent, windows, t_end = 0, set(), time.monotonic() + 4.5
+    while time.monotonic() < t_end:
+        h.check(ng.get("/q?k=" + k)[0] == 200, "quiet request")
+        sent += 1
+        windows.add(int(time.time()))
+        watch()
+        time.sleep(0.25)
+    landed = wait_for(lambda: sum(watch().values()) == sent, 7.0, 0.02)
+    incr, exp = calls(r, "incrby") - incr0, calls(r, "expire") - exp0
+    h.note("%d requests over %d windows: Redis got %d in %d counters %s (TTLs %s), %d INCRBY, %d EXPIRE"
+           % (sent, len(windows), sum(seen.values()), len(seen), sorted(seen.values()),
+              sorted(ttls.values()), incr, exp))
+    counters, ttls = seen, list(ttls.values())
+    h.check(landed, "every count reaches Redis: %d of %d" % (sum(seen.values()), sent))
+    h.check(len(windows) >= 5, "the requests spanned %d windows" % len(windows))
+    h.check(len(counters) <= 2 and incr <= 2 and exp <= 2,
+            "carried: %d counters, %d INCRBY, %d EXPIRE for %d windows" % (len(counters), incr, exp, len(windows)))
+    h.check(all(0 < t <= 2000 for t in ttls), "every counter expires within 2 periods (ms): %s" % ttls)
