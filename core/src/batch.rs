@@ -108,6 +108,33 @@ impl Item {
     }
 }
 
+/// Distinct items that may wait for one flush before new ones are dropped,
+/// at least.
+pub const BATCH_ITEMS: usize = 1 << 16;
+/// What increments waiting for their time (`sync`) may hold per worker, at
+/// least; more when the Redis zones are larger (`Bounds`). Past it the
+/// earliest due go at once until a quarter is free (`Batch::drain_due`).
+pub const HOLD_BYTES: usize = 2 << 20;
+
+/// A worker's batch bounds, for Redis zones of `zone_bytes` of shared
+/// memory together: held increments may take as much memory as the zones
+/// (whose size says how many keys the operator expects), at least
+/// `HOLD_BYTES`; the batch twice that, in bytes and in items.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub hold: usize,
+    pub bytes: usize,
+    pub items: usize,
+}
+
+impl Bounds {
+    pub fn for_zones(zone_bytes: usize) -> Bounds {
+        let hold = zone_bytes.max(HOLD_BYTES);
+        let bytes = hold.saturating_mul(2);
+        Bounds { hold, bytes, items: (bytes / ITEM_OVERHEAD).max(BATCH_ITEMS) }
+    }
+}
+
 /// A key to forget in Redis (both windows around `window`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delete {
@@ -339,19 +366,32 @@ impl Batch {
 
     /// Takes every item due at once, at most `max_due` of those due by `by`
     /// (ms; the earliest first: a backlog goes in several flushes, so that
-    /// what must go at once never waits behind it), and every delete;
-    /// everything when the items hold more than `hold_bytes` (what waits is
-    /// bounded by bytes).
+    /// what must go at once never waits behind it), and every delete; when
+    /// the items hold more than `hold_bytes`, also the earliest due until a
+    /// quarter of it is free (what waits is bounded by bytes, and the keys
+    /// held longest go first).
     pub fn drain_due(
         &mut self,
         by: u64,
         max_due: usize,
         hold_bytes: usize,
     ) -> (Vec<(ItemId, Item)>, Vec<Delete>) {
-        if self.bytes > hold_bytes {
-            return self.drain();
-        }
         let mut out = Vec::new();
+        if self.bytes > hold_bytes {
+            let target = hold_bytes - hold_bytes / 4;
+            let mut freed = 0;
+            while self.bytes - freed > target {
+                let Some(Reverse((due, id))) = self.later.pop() else {
+                    break;
+                };
+                if self.items.get(&id).is_some_and(|i| i.due == due) {
+                    if let Some(item) = self.items.remove(&id) {
+                        freed += item.bytes();
+                        out.push((id, item));
+                    }
+                }
+            }
+        }
         for id in std::mem::take(&mut self.now) {
             if let Some(item) = self.items.remove(&id) {
                 out.push((id, item));

@@ -130,9 +130,15 @@ fn waiting_is_bounded_by_bytes_and_entries() {
     let held = b.bytes();
     // under the hold budget nothing is due yet
     assert!(b.drain_due(1, usize::MAX, held).0.is_empty());
-    // past it, everything goes
-    let (items, _) = b.drain_due(1, usize::MAX, held - 1);
-    assert_eq!(items.len(), 100);
+    // past it, the earliest due go until a quarter of the budget is free
+    let per = held / 100;
+    let (items, _) = b.drain_due(1, usize::MAX, 80 * per);
+    assert_eq!(items.len(), 40, "down to 60 items: three quarters of 80");
+    let dues: Vec<u64> = items.iter().map(|(_, i)| i.due).collect();
+    assert_eq!(dues, (10_000..10_040).collect::<Vec<u64>>(), "the earliest due first");
+    assert_eq!(b.bytes(), 60 * per);
+    let (items, _) = b.drain_due(1, usize::MAX, 1);
+    assert_eq!(items.len(), 60);
     assert_eq!(b.bytes(), 0);
     // items sent at once leave stale entries behind: compacted
     for round in 0..50u64 {
@@ -247,4 +253,15 @@ fn a_delete_drops_carried_increments_too() {
     let tag = redis_tag(b"z", b"k");
     assert!(b.delete(Delete { zone: 0, entry: [1, 0], tag, period: 1, window: 6 }));
     assert_eq!((b.len(), b.pending(0)), (0, 0));
+}
+
+#[test]
+fn bounds_follow_the_zones_size() {
+    // small zones: the floor (2 MiB held, 4 MiB and 65 536 items in all)
+    let small = Bounds::for_zones(1 << 20);
+    assert_eq!((small.hold, small.bytes, small.items), (2 << 20, 4 << 20, 1 << 16));
+    // a 16 MiB zone: 16 MiB held, enough items for ~100 000 keys
+    let big = Bounds::for_zones(16 << 20);
+    assert_eq!((big.hold, big.bytes), (16 << 20, 32 << 20));
+    assert!(big.items >= 300_000, "{}", big.items);
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use ratelimit_core::batch::{Batch, Delete, ItemId};
+use ratelimit_core::batch::{Batch, Bounds, Delete, ItemId};
 use ratelimit_core::health;
 use ratelimit_core::params;
 use ratelimit_core::sync::Send;
@@ -39,15 +39,8 @@ pub use state::Backend;
 /// Increments wait at least this long after a flush, so that a hot key
 /// costs one pipeline per interval however many requests it gets.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(2);
-/// Distinct items that may wait for one flush before new ones are dropped.
-pub const BATCH_ITEMS: usize = 1 << 16;
-/// Bytes the waiting items may hold (tags of at most ~400 bytes each).
-pub const BATCH_BYTES: usize = 4 << 20;
 /// How long the thread may spend sending what it holds when it is asked to
 /// stop (worker exit, reload).
-/// What increments waiting for their time (`sync`) may hold, per worker;
-/// past it they are all sent at once.
-pub const HOLD_BYTES: usize = BATCH_BYTES / 2;
 /// Items due this soon after the first one go with it (fewer, fuller
 /// pipelines; a little early is harmless).
 pub const DUE_SLACK_MS: u64 = 10;
@@ -73,6 +66,7 @@ pub struct Increment<'a> {
 /// What a worker and its thread share.
 pub struct Channel {
     batch: Mutex<Batch>,
+    bounds: Bounds,
     wake: Condvar,
     stop: AtomicBool,
     events: Mutex<Vec<Event>>,
@@ -92,9 +86,10 @@ pub struct Channel {
 }
 
 impl Channel {
-    pub fn new(zones: usize, notify_fd: RawFd) -> Channel {
+    pub fn new(zones: usize, notify_fd: RawFd, bounds: Bounds) -> Channel {
         Channel {
-            batch: Mutex::new(Batch::new(BATCH_ITEMS, BATCH_BYTES)),
+            batch: Mutex::new(Batch::new(bounds.items, bounds.bytes)),
+            bounds,
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
             events: Mutex::new(Vec::new()),
@@ -290,7 +285,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                 let due = b.next_due();
                 // due later than any item can be: the clock stepped back
                 let stepped = due.is_some_and(|d| d > now_ms.saturating_add(params::MAX_HOLD_MS));
-                let over = stepped || b.bytes() > HOLD_BYTES;
+                let over = stepped || b.bytes() > ch.bounds.hold;
                 if over || due.is_some_and(|d| d <= now_ms) {
                     b.wake_at = 0;
                     let ready = last_flush.map_or(Duration::MAX, |t| t.elapsed());
@@ -299,7 +294,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                         let (items, deletes) = if stepped {
                             b.drain()
                         } else {
-                            b.drain_due(now_ms + DUE_SLACK_MS, DUE_CHUNK, HOLD_BYTES)
+                            b.drain_due(now_ms + DUE_SLACK_MS, DUE_CHUNK, ch.bounds.hold)
                         };
                         break (items, deletes, false);
                     }
@@ -382,8 +377,8 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                 message: format!(
                     "redis_ratelimit: {} increments dropped: more than {} distinct keys or {} bytes waited for one flush",
                     dropped - drops_reported,
-                    BATCH_ITEMS,
-                    BATCH_BYTES
+                    ch.bounds.items,
+                    ch.bounds.bytes
                 ),
             });
             drops_reported = dropped;

@@ -129,7 +129,15 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
         }
     }
 
-    let channel = Arc::new(Channel::new(mcf.zones.len(), wfd));
+    // held counts may take as much memory as the Redis zones
+    let zone_bytes = mcf
+        .zones
+        .iter()
+        .filter_map(|z| z.params.as_ref().filter(|p| p.backend.is_some()))
+        .map(|p| p.size)
+        .sum();
+    let bounds = ratelimit_core::batch::Bounds::for_zones(zone_bytes);
+    let channel = Arc::new(Channel::new(mcf.zones.len(), wfd, bounds));
     let n = specs.len();
     match backend::spawn(channel.clone(), specs) {
         Ok(thread) => {
