@@ -19,7 +19,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use common::{Arrivals, Kind, Rng, SlidingLog};
-use ratelimit_core::counter::{cap_to_share, check, confirm, count, Confirmation};
+use ratelimit_core::counter::{cap_to_share, check, confirm, count, counter_is_new, Confirmation};
 use ratelimit_core::rate::Rate;
 use ratelimit_core::sync::{self, Send};
 use ratelimit_core::table::Entry;
@@ -86,6 +86,8 @@ struct Msg {
     n: u32,
     /// Increments of earlier windows carried into this one's counter.
     carried: u32,
+    /// A `SET NX EX` (the node guessed the counter is new), not an `INCRBY`.
+    create: bool,
     get_prev: bool,
 }
 
@@ -96,6 +98,8 @@ struct Held {
     n: u32,
     carried: u32,
     quiet: bool,
+    /// Every push guessed the window's counter new (`counter_is_new`).
+    fresh: bool,
 }
 
 #[derive(Default)]
@@ -226,14 +230,21 @@ impl<'a> Sim<'a> {
                         for w in &older {
                             b.remove(w);
                         }
-                        b.insert(c.window, Held { n: 0, carried: held, quiet: true });
+                        b.insert(c.window, Held { n: 0, carried: held, quiet: true, fresh: true });
                     } else {
                         t = t.min(t_us + FLUSH_US);
                     }
                 }
-                let h = b.entry(c.window).or_insert(Held { quiet: true, ..Held::default() });
+                let fresh = counter_is_new(&self.nodes[i].e);
+                let b = &mut self.nodes[i].batch;
+                let h = b.entry(c.window).or_insert(Held {
+                    quiet: true,
+                    fresh: true,
+                    ..Held::default()
+                });
                 h.n += 1;
                 h.quiet &= send.room().is_some();
+                h.fresh &= fresh;
                 if h.carried > 0 && !sync::may_carry(h.carried, send) {
                     t = t.min(t_us + FLUSH_US);
                 }
@@ -276,7 +287,14 @@ impl<'a> Sim<'a> {
             n.refresh_due = true;
         }
         for (w, h) in batch {
-            let msg = Msg { window: w, n: h.n, carried: h.carried, get_prev: second && w == cur_w };
+            let create = h.quiet && h.fresh;
+            let msg = Msg {
+                window: w,
+                n: h.n,
+                carried: h.carried,
+                create,
+                get_prev: second && w == cur_w,
+            };
             self.out.cmds += 1 + u64::from(msg.get_prev);
             self.at(t_us + self.s.rtt_us / 2, Ev::AtRedis(i, msg));
         }
@@ -291,16 +309,22 @@ impl<'a> Sim<'a> {
         let w = window_index(t_us / 1000, self.s.rate.period_ms());
         // GET of the current and the previous window
         self.out.cmds += 2;
-        let msg = Msg { window: w, n: 0, carried: 0, get_prev: true };
+        let msg = Msg { window: w, n: 0, carried: 0, create: false, get_prev: true };
         self.at(t_us + self.s.rtt_us / 2, Ev::AtRedis(i, msg));
     }
 
     fn at_redis(&mut self, i: usize, m: Msg, t_us: u64) {
-        let c = self.redis.entry(m.window).or_insert(0);
         let total = u64::from(m.n) + u64::from(m.carried);
+        let existed = self.redis.contains_key(&m.window);
+        let c = self.redis.entry(m.window).or_insert(0);
         *c += total;
         let cur = *c;
-        if total > 0 && cur == total {
+        let mut back = self.s.rtt_us / 2;
+        if m.create && existed {
+            // the SET NX found it: an INCRBY after it, one more exchange
+            self.out.cmds += 1;
+            back += self.s.rtt_us;
+        } else if !m.create && total > 0 && cur == total {
             self.out.cmds += 1; // EXPIRE by the node that created the counter
         }
         let prev = if m.get_prev {
@@ -309,7 +333,7 @@ impl<'a> Sim<'a> {
             None
         };
         let conf = Confirmation { window: m.window, sent: m.n, carried: m.carried, cur, prev };
-        self.at(t_us + self.s.rtt_us / 2, Ev::Reply(i, t_us, conf));
+        self.at(t_us + back, Ev::Reply(i, t_us, conf));
     }
 
     fn run(mut self) -> Outcome {

@@ -277,11 +277,11 @@ pub fn decide(
             }
         }
     }
-    let mut unsent: SmallVec<[(u32, u16); 4]> = SmallVec::new();
+    let mut unsent: SmallVec<[(u32, u16, bool); 4]> = SmallVec::new();
     for ((a, s), out) in asks.iter().zip(&slots).zip(said.iter_mut()) {
         let e = guards[s.guard].table.entry(s.entry);
         out.after = counter::estimate(e, a.rate, now);
-        unsent.push((e.inflight, e.share));
+        unsent.push((e.inflight, e.share, counter::counter_is_new(e)));
     }
     drop(guards);
     for ((a, s), x) in asks.iter().zip(&slots).zip(&said) {
@@ -321,11 +321,12 @@ pub fn decide(
                     if o.strict == Strict::Later {
                         return Send::Now;
                     }
-                    let (u, share) = unsent[i];
+                    let (u, share, _) = unsent[i];
                     sync::when(o.rate, x.after, u, share, now, hold_ms(mcf, o.zone))
                 })
                 .fold(Send::By(u64::MAX), Send::min);
-            queue(mcf, ch, &asks[i], s.id, said[i].check.window, limit, n, send);
+            let fresh = unsent[i].2;
+            queue(mcf, ch, &asks[i], s.id, said[i].check.window, limit, n, send, fresh);
         }
     }
     Ok(Decision { allowed, remaining, retry_at_ms, tightest, said: said[tightest] })
@@ -348,13 +349,13 @@ fn decide_one(
     let send = take.counts(allowed) && count(&mut locked, entry, mode, a.cost);
     let e = locked.table.entry(entry);
     said.after = counter::estimate(e, a.rate, now);
-    let (unsent, share) = (e.inflight, e.share);
+    let (unsent, share, fresh) = (e.inflight, e.share, counter::counter_is_new(e));
     drop(locked);
     trace(log, mcf, a, id, mode, &said);
     let left = said.after.remaining(a.rate.limit);
     if let Some(ch) = channel.filter(|_| send) {
         let when = sync::when(a.rate, said.after, unsent, share, now, hold_ms(mcf, a.zone));
-        queue(mcf, ch, a, id, said.check.window, a.rate.limit, a.cost, when);
+        queue(mcf, ch, a, id, said.check.window, a.rate.limit, a.cost, when, fresh);
     }
     Ok(Decision {
         allowed,
@@ -461,9 +462,11 @@ fn queue(
     limit: u32,
     n: u32,
     send: Send,
+    fresh: bool,
 ) {
     let item = ItemId { zone: a.zone as u32, entry: id, window };
-    let inc = Increment { namespace: a.namespace, key: a.key, period: a.rate.period, limit, n };
+    let period = a.rate.period;
+    let inc = Increment { namespace: a.namespace, key: a.key, period, limit, n, fresh };
     if !ch.push(item, inc, send) {
         if let Some(s) = mcf.zones[a.zone].shared.as_ref() {
             Stats::bump(&s.stats().dropped);

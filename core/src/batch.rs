@@ -87,6 +87,11 @@ pub struct Item {
     /// Whether every push into it was far from the limit (`Send::Hold`):
     /// only then may it be carried into a later window.
     pub quiet: bool,
+    /// Whether every push into it came from a node that has no count of the
+    /// window from Redis yet and sends most of the key's traffic: its
+    /// counter is probably new (a quiet one is then created with its TTL in
+    /// one command, `SET NX EX`, instead of `INCRBY` and `EXPIRE`).
+    pub fresh: bool,
     /// When it is to be sent (ms; 0: at once). See `sync`.
     pub due: u64,
 }
@@ -274,12 +279,14 @@ impl Batch {
         limit: u32,
         n: u32,
         send: Send,
+        fresh: bool,
     ) -> Option<u64> {
         let mut due = send.due();
         if let Some(item) = self.items.get_mut(&id) {
             item.n = item.n.saturating_add(n);
             item.limit = item.limit.min(limit);
             item.quiet &= send.room().is_some();
+            item.fresh &= fresh;
             if item.carried > 0 && !may_carry(item.carried, send) {
                 // what it carries no longer fits: with the next flush
                 due = due.min(1);
@@ -313,7 +320,7 @@ impl Batch {
         }
         let tag = tag.unwrap_or_else(|| redis_tag(namespace, key));
         let quiet = send.room().is_some();
-        let item = Item { tag, period, limit, n, carried, quiet, due };
+        let item = Item { tag, period, limit, n, carried, quiet, fresh, due };
         if self.full(item.bytes()) {
             self.dropped += 1;
             // what it took over is dropped with it

@@ -156,6 +156,18 @@ pub fn cap_to_share(e: &Entry, rate: Rate, now_ms: u64, cost: u32, retry_ms: u64
     }
 }
 
+/// Whether this node's increments of the entry's window probably create
+/// its Redis counter: no count of the window from Redis yet, the last
+/// count Redis gave grew by this node's increments alone (no one else
+/// counted the key meanwhile), and the node's share of the key is three
+/// quarters or more (so no one else is likely to make the counter first). A
+/// quiet counter is then created with its TTL in one command; a wrong guess
+/// costs an `INCRBY` after it (`batch::Item::fresh`).
+#[inline]
+pub fn counter_is_new(e: &Entry) -> bool {
+    e.cur == 0 && e.alone != 0 && e.share >= u16::MAX / 4 * 3
+}
+
 /// Counts an allowed request: locally final without a backend, in flight
 /// until Redis confirms it with one.
 #[inline]
@@ -225,6 +237,11 @@ pub fn confirm(e: &mut Entry, c: &Confirmation, rate: Rate, now_ms: u64) {
     let w = u64::from(e.window);
     if c.window == w {
         learn_share(e, c);
+        let mine = u64::from(c.sent) + u64::from(c.carried);
+        if mine > 0 {
+            // the count grew by this node's increments alone since the last
+            e.alone = u16::from(c.cur.saturating_sub(u64::from(e.cur)) == mine);
+        }
         e.inflight = e.inflight.saturating_sub(c.sent);
         e.cur = e.cur.max(clamp(c.cur));
         if let Some(prev) = c.prev {

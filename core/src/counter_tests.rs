@@ -423,3 +423,31 @@ fn no_cap_far_from_the_limit_or_before_the_first_reply() {
     got.extend((0..5).map(|_| capped(&mut e, five, T0 + 2)));
     assert_eq!(got, [true, true, true, true, true, false, false]);
 }
+
+#[test]
+fn a_counter_is_new_to_a_node_that_was_alone_in_the_last_count() {
+    let big = Rate { limit: 1000, period: 1 };
+    let mut e = fresh();
+    assert!(!counter_is_new(&e), "no count from Redis yet: not known");
+    e.share = u16::MAX;
+    let w = roll(&mut e, T0, 1000);
+    count_cost(&mut e, true, 3);
+    let c = Confirmation { window: w, sent: 3, carried: 0, cur: 3, prev: None };
+    confirm(&mut e, &c, big, T0 + 1);
+    assert!(!counter_is_new(&e), "this window's counter exists now");
+    // a second reply of the window, grown by this node's increments alone
+    count_cost(&mut e, true, 1);
+    let c = Confirmation { window: w, sent: 1, carried: 0, cur: 4, prev: None };
+    confirm(&mut e, &c, big, T0 + 2);
+    roll(&mut e, T0 + 1000, 1000);
+    assert!(counter_is_new(&e), "the next window's: this node was alone in the last count");
+    e.share = u16::MAX / 2;
+    assert!(!counter_is_new(&e), "with half the key's traffic: another may make it first");
+    e.share = u16::MAX;
+    // others counted too in the next reply: no longer guessed new
+    count_cost(&mut e, true, 2);
+    let c = Confirmation { window: w + 1, sent: 2, carried: 0, cur: 7, prev: None };
+    confirm(&mut e, &c, big, T0 + 1001);
+    roll(&mut e, T0 + 2000, 1000);
+    assert!(!counter_is_new(&e));
+}

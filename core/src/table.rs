@@ -67,7 +67,10 @@ pub struct Entry {
     /// This node's share of the key's recent global count, out of
     /// `u16::MAX` (0: not known yet), from Redis's replies. See `sync`.
     pub share: u16,
-    _spare: [u16; 3],
+    /// 1 when Redis's last count of the key's window held only this node's
+    /// increments (see `counter::counter_is_new`).
+    pub alone: u16,
+    _spare: [u16; 2],
 }
 
 /// Sizes of the three parts of a region of a given length.

@@ -50,6 +50,9 @@ pub(super) fn unix_ms() -> u64 {
 pub(super) struct Slots {
     pub(super) cur: usize,
     pub(super) prev: Option<usize>,
+    /// `cur` is a `SET NX EX` that creates a quiet counter with its TTL
+    /// (`Item::fresh`), not an `INCRBY`.
+    pub(super) create: bool,
 }
 
 impl Backend {
@@ -105,7 +108,15 @@ impl Backend {
             let cur_key =
                 redis_key_for_tag(&self.spec.prefix, &item.tag, item.period, id.window * p);
             let cur = cmds.len();
-            if item.total() > 0 {
+            // a quiet key's counter this node probably creates: with its
+            // TTL, in one command (not on a cluster, whose partial failures
+            // hide what a command answered)
+            let create = item.fresh && item.quiet && item.total() > 0 && !self.spec.cluster;
+            if create {
+                let mut c = redis::cmd("SET");
+                c.arg(&cur_key).arg(item.total()).arg("EX").arg(2 * p).arg("NX");
+                cmds.push(c);
+            } else if item.total() > 0 {
                 let mut c = redis::cmd("INCRBY");
                 c.arg(&cur_key).arg(item.total());
                 cmds.push(c);
@@ -137,7 +148,7 @@ impl Backend {
                 cmds.push(c);
                 cmds.len() - 1
             });
-            slots.push(Slots { cur, prev });
+            slots.push(Slots { cur, prev, create });
         }
         (cmds, slots)
     }
@@ -160,7 +171,7 @@ impl Backend {
         let incr_at: HashMap<usize, Vec<u8>> = items
             .iter()
             .zip(&slots)
-            .filter(|((_, item), _)| item.total() > 0)
+            .filter(|((_, item), s)| item.total() > 0 && !s.create)
             .map(|((id, item), s)| (s.cur, cmds_key(&self.spec.prefix, id, item)))
             .collect();
         let readback = |i: usize| {
@@ -178,12 +189,32 @@ impl Backend {
         }
         let mut created: Vec<(ItemId, Box<[u8]>, u32)> = Vec::new();
         let mut cluster_down = None;
+        // counters a `SET NX` found already there: an `INCRBY` after all
+        let mut existed: Vec<(ItemId, Item)> = Vec::new();
         for ((id, item), s) in items.iter().zip(&slots) {
             let prev = s
                 .prev
                 .and_then(|i| replies.get(i))
                 .and_then(|r| self.read_prev(id, item, r, now_ms));
-            match replies.get(s.cur).unwrap_or(&Reply::NotSent) {
+            let reply = replies.get(s.cur).unwrap_or(&Reply::NotSent);
+            if s.create {
+                if let Reply::Value(v) = reply {
+                    match v {
+                        Value::Okay => {
+                            let cur = u64::from(item.total());
+                            self.confirmed(*id, item, cur, prev, now, now_ms, events);
+                        }
+                        Value::Nil => existed.push((*id, Item { fresh: false, ..item.clone() })),
+                        _ => {
+                            let key = self.key_name(id, item);
+                            self.refused(&key, "unexpected reply to SET", events);
+                            keep_local(*id, item, events);
+                        }
+                    }
+                    continue;
+                }
+            }
+            match reply {
                 Reply::Value(v) => match count(v) {
                     Some(cur) => {
                         if item.total() > 0 && cur == u64::from(item.total()) {
@@ -207,7 +238,8 @@ impl Backend {
                     keep_local(*id, item, events);
                 }
                 Reply::Lost => {
-                    if item.total() > 0 && self.ttl_fix.len() < TTL_FIX_MAX {
+                    // (a `SET NX EX` sets its TTL with the count)
+                    if item.total() > 0 && !s.create && self.ttl_fix.len() < TTL_FIX_MAX {
                         self.ttl_fix.insert(*id, (item.tag.clone(), item.period));
                     }
                     keep_local(*id, item, events);
@@ -215,7 +247,10 @@ impl Backend {
                 Reply::NotSent => self.keep_for_retry(std::slice::from_ref(&(*id, item.clone()))),
             }
         }
+        // what a `SET NX` did not count goes again (as `INCRBY`), whatever
+        // happens to this link
         if let Some(e) = broken {
+            self.keep_for_retry(&existed);
             self.link_failed(node, &e, events);
             for (id, tag, period) in created {
                 if self.ttl_fix.len() < TTL_FIX_MAX {
@@ -225,6 +260,7 @@ impl Backend {
             return;
         }
         if let Some(why) = cluster_down {
+            self.keep_for_retry(&existed);
             let e = redis::RedisError::from((redis::ErrorKind::Io, "cluster not serving", why));
             self.link_failed(node, &e, events);
             return;
@@ -238,6 +274,10 @@ impl Backend {
         }
         if !self.ttl_fix.is_empty() {
             self.send_ttl_fixes(events);
+        }
+        if !existed.is_empty() {
+            // a wrong guess costs one more exchange, with `INCRBY`s only
+            self.send_chunk(&existed, node, deadline, events);
         }
     }
 

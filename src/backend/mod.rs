@@ -61,6 +61,8 @@ pub struct Increment<'a> {
     pub period: u32,
     pub limit: u32,
     pub n: u32,
+    /// The key's counter for this window is probably new (`Item::fresh`).
+    pub fresh: bool,
 }
 
 /// What a worker and its thread share.
@@ -111,7 +113,8 @@ impl Channel {
     /// before it planned to wake.
     pub fn push(&self, id: ItemId, inc: Increment<'_>, send: Send) -> bool {
         let mut b = self.batch.lock();
-        let added = b.add(id, inc.namespace, inc.key, inc.period, inc.limit, inc.n, send);
+        let added =
+            b.add(id, inc.namespace, inc.key, inc.period, inc.limit, inc.n, send, inc.fresh);
         let (ok, due) = (added.is_some(), added.unwrap_or(u64::MAX));
         if !ok {
             self.dropped.fetch_add(1, Ordering::Relaxed);

@@ -51,6 +51,7 @@ impl Backend {
                     n: 0,
                     carried: 0,
                     quiet: false,
+                    fresh: false,
                     due: 0,
                 },
             ));
