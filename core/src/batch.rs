@@ -300,7 +300,9 @@ impl Batch {
         }
         let (mut carried, mut tag) = (0, None);
         let mut earliest = due;
-        if send.room().is_some() {
+        // (nothing to carry in an empty batch: a hot key's new item after
+        // each flush looks no further)
+        if send.room().is_some() && !self.items.is_empty() {
             if let Some((old_id, held)) = self.held_before(&id) {
                 if may_carry(held, send) {
                     if let Some(old) = self.items.remove(&old_id) {
