@@ -20,6 +20,10 @@ nodes), key in the X-Key header:
     (one thread per client process, alternating nodes).  The response's
     `X-T: $msec` (nginx's cached time, the clock the module decides with)
     puts each answer in its 1 s window.
+  * /s  `redis_ratelimit soakstrict 20r/s strict` (timeout=200ms): 2 keys,
+    one request at a time per client process, alternating nodes: outside
+    outages a 1 s window holds at most L (Redis decides); during them
+    on_error=local does.
 
 Chaos (one action at a time, a few seconds apart, shuffled so every kind
 runs early): Redis stop + start (counters lost), CLIENT PAUSE 1500 ALL,
@@ -43,7 +47,8 @@ beside it) is reported, and so is, per hot window, the longest gap between
 two answers of a node: accuracy excursions usually sit on such gaps.
 
 Exit status: 0 when every check holds; 1 when a check fails (5xx, crashes,
-a hot-key window outside outages above 1.05 x L, requests that got no
+a hot-key or strict window outside outages above 1.05 x L (a strict key
+judged in no window with demand above L fails too), requests that got no
 status, 429s on keys far below their limit, stalls, counter keys without a
 TTL); 2 when the harness failed.  Logs and soak-data.json (every figure's
 raw data) are kept in the temp dir on failure or with --keep.
@@ -80,6 +85,10 @@ from harness import HOST, RedisError, _resp_encode, _resp_read  # noqa: E402
 ZONE = "soak"
 MANY_RATE, HOT_RATE = 100, 50          # r/s of /m and /h
 HOT_KEYS = [b"hot-plain", b"{hot}-brace", b"hot-\xe9\xff \x80bin"]
+# /s: a strict limit (each request waits for Redis's decision) on two keys
+STRICT_RATE = 20
+STRICT_ZONE = "soakstrict"
+STRICT_KEYS = [b"strict-plain", b"strict-{b}"]
 LEGAL = bytes(range(0x21, 0x7F)) + bytes(range(0x80, 0x100))  # field-vchar
 CLASSES = ("ascii", "binary", "braces", "4k")
 REQ_TIMEOUT = 5.0
@@ -180,6 +189,7 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
                 "err_samples": [], "lat": array.array("f"), "slow": [],
                 "hot": collections.defaultdict(lambda: [0, 0, 0, 0]), "retried": 0,
                 "sent": 0, "n": 0, "lat_t": array.array("d"),
+                "strict": collections.defaultdict(lambda: [0, 0]),
                 "hx_t": array.array("d"), "hx_m": array.array("b")}
 
     def one(acc, conn, node, cls, path, key, slot):
@@ -219,7 +229,7 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
                 i = s + (n % mine) * streams
                 cls, key = many_key(i, tag)
                 node = (n + n // mine) % 2            # each pass swaps nodes
-                one(acc, conns[node], node, cls, "/m", key, idx * (nthreads + 1) + tid)
+                one(acc, conns[node], node, cls, "/m", key, idx * (nthreads + 2) + tid)
                 n += 1
                 if n % 256 == 0:
                     progress[idx] += 256
@@ -241,7 +251,7 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
             while time.time() < t_end:
                 k = n % len(HOT_KEYS)
                 node = (n // len(HOT_KEYS)) % 2
-                st, xt = one(acc, conns[node], node, "hot", "/h", HOT_KEYS[k], idx * (nthreads + 1) + nthreads)
+                st, xt = one(acc, conns[node], node, "hot", "/h", HOT_KEYS[k], idx * (nthreads + 2) + nthreads)
                 if st is not None:
                     try:
                         w = int(float(xt))
@@ -269,18 +279,54 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
         with lock:
             results.append(acc)
 
+    def strict_thread():
+        # the hot thread's pace is enough for a strict key: its requests
+        # wait for Redis, so this thread sends one at a time, alternating
+        # keys and nodes; tallied per key and 1 s window (X-T)
+        acc = new_acc()
+        conns = [Conn(p, acc) for p in ports]
+        n = idx
+        try:
+            while time.time() < t_end:
+                k = n % len(STRICT_KEYS)
+                node = (n // len(STRICT_KEYS)) % 2
+                st, xt = one(acc, conns[node], node, "strict", "/s", STRICT_KEYS[k],
+                             idx * (nthreads + 2) + nthreads + 1)
+                if st is not None:
+                    try:
+                        w = int(float(xt))
+                    except (TypeError, ValueError):
+                        w = None
+                        acc["errors"][(node, "strict", "no X-T header")] += 1
+                    if w is not None:
+                        h = acc["strict"][(k, w)]
+                        h[1] += 1
+                        h[0] += st == 200
+                n += 1
+                if n % 256 == 0:
+                    progress[idx] += 256
+                    if os.getppid() != parent:
+                        break
+        finally:
+            for c in conns:
+                c.close()
+        with lock:
+            results.append(acc)
+
     try:
         delay = t_start - time.time()
         if delay > 0:
             time.sleep(delay)
         ts = [threading.Thread(target=many_thread, args=(i,), daemon=True) for i in range(nthreads)]
         ts.append(threading.Thread(target=hot_thread, daemon=True))
+        ts.append(threading.Thread(target=strict_thread, daemon=True))
         for t in ts:
             t.start()
         for t in ts:
             t.join(t_end - time.time() + 3 * REQ_TIMEOUT + 10)
         merged = new_acc()
         merged["hot"] = {}
+        merged["strict"] = {}
         for a in results:
             merged["counts"].update(a["counts"])
             merged["errors"].update(a["errors"])
@@ -294,6 +340,8 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
             merged["hx_m"].extend(a["hx_m"])
             for k, v in a["hot"].items():
                 merged["hot"][k] = v
+            for k, v in a["strict"].items():
+                merged["strict"][k] = v
         merged["threads_done"] = len(results)
         merged["threads"] = len(ts)
         out_q.put(("ok", idx, merged))
@@ -719,12 +767,15 @@ class Run:
             "    keepalive_requests 1000000;\n"
             "    keepalive_timeout 300s;\n"
             "    redis_ratelimit_zone $http_x_key zone=%s:32m redis=%s;\n"
+            "    # strict requests wait for Redis: at most 200 ms, below the stall threshold\n"
+            "    redis_ratelimit_zone $http_x_key zone=%s:1m redis=%s timeout=200ms;\n"
             "    redis_ratelimit_log_level info;   # rejections are expected here: not errors\n"
-            % (ZONE, self.redis.url))
+            % (ZONE, self.redis.url, STRICT_ZONE, self.redis.url))
         server_conf = (
             "        location = /m { redis_ratelimit %s %dr/s; try_files /t =404; }\n"
             "        location = /h { redis_ratelimit %s %dr/s; add_header X-T $msec always; try_files /t =404; }\n"
-            % (ZONE, MANY_RATE, ZONE, HOT_RATE))
+            "        location = /s { redis_ratelimit %s %dr/s strict; add_header X-T $msec always; try_files /t =404; }\n"
+            % (ZONE, MANY_RATE, ZONE, HOT_RATE, STRICT_ZONE, STRICT_RATE))
         self.ngs = [self.ctx.nginx(http_conf, server_conf, workers=2, log_level="notice") for _ in range(2)]
         for ng in self.ngs:
             for path, key in (("/m", b"warmup-m"), ("/h", b"warmup-h")):
@@ -750,7 +801,7 @@ class Run:
             % (self.redis.port, self.ngs[0].port, self.ngs[1].port, self.ctx.tmp))
         mpc = mp.get_context("fork")
         self.progress_arr = mpc.Array("q", a.procs, lock=False)
-        self.inflight = mpc.Array("d", 2 * a.procs * (a.threads + 1), lock=False)
+        self.inflight = mpc.Array("d", 2 * a.procs * (a.threads + 2), lock=False)
         q = mpc.Queue()
         self.t_start = time.time() + 1.0
         self.t_end = self.t_start + a.duration
@@ -769,7 +820,7 @@ class Run:
                    self.guarded(self.stall_watcher, "stall_watcher")]
         for t in threads:
             t.start()
-        log(self.t0, "traffic: %d client processes x (%d /m threads + 1 hot thread), %d s, seed %d"
+        log(self.t0, "traffic: %d client processes x (%d /m threads + 1 hot + 1 strict thread), %d s, seed %d"
             % (a.procs, a.threads, a.duration, a.seed))
         self.client_res = {}
         deadline = self.t_end + 3 * REQ_TIMEOUT + 60
@@ -869,6 +920,7 @@ def summarize(run, args):
     lat = array.array("f")
     lat_t = array.array("d")
     hot = {}
+    strict = {}
     retried = sent = 0
     hx_t, hx_m = array.array("d"), array.array("b")
     harness_errors = list(run.thread_errors)
@@ -893,6 +945,10 @@ def summarize(run, args):
             h = hot.setdefault(k, [0, 0, 0, 0])
             for j in range(4):
                 h[j] += v[j]
+        for k, v in res["strict"].items():
+            h = strict.setdefault(k, [0, 0])
+            h[0] += v[0]
+            h[1] += v[1]
 
     t_start, t_end = run.t_start, run.t_end
     dur = t_end - t_start
@@ -904,11 +960,13 @@ def summarize(run, args):
         by_status[st] += n
     s5xx = sum(n for st, n in by_status.items() if 500 <= st <= 599)
     odd = {st: n for st, n in by_status.items() if st not in (200, 429)}
-    false429 = sum(n for (node, cls, st), n in counts.items() if cls != "hot" and st == 429)
-    many = sum(n for (node, cls, st), n in counts.items() if cls != "hot")
-    row("total requests", "%s (200: %s, 429: %s; /m %s, /h %s)"
+    keyed = ("hot", "strict")
+    false429 = sum(n for (node, cls, st), n in counts.items() if cls not in keyed and st == 429)
+    many = sum(n for (node, cls, st), n in counts.items() if cls not in keyed)
+    n_strict = sum(n for (node, cls, st), n in counts.items() if cls == "strict")
+    row("total requests", "%s (200: %s, 429: %s; /m %s, /h %s, /s %s)"
         % (fmt_int(total), fmt_int(by_status[200]), fmt_int(by_status[429]), fmt_int(many),
-           fmt_int(total - many)))
+           fmt_int(total - many - n_strict), fmt_int(n_strict)))
     busy = 1.0 - (run.cpu1[1] - run.cpu0[1]) / float(max(1, run.cpu1[0] - run.cpu0[0]))
     hz = float(os.sysconf("SC_CLK_TCK"))
     other = sum(run.foreign.values()) / hz / dur / os.cpu_count()
@@ -1028,6 +1086,25 @@ def summarize(run, args):
             if b - a >= 0.05:
                 for w in range(int(a), int(b) + 1):
                     gaps[w][n] = max(gaps[w][n], b - a)
+
+    # strict keys: decided in Redis, so a window outside outages holds at
+    # most L (a request decided just before a window's end and answered just
+    # after it is tallied in the next: a little slack, as for hot keys)
+    for k, key in enumerate(STRICT_KEYS):
+        judged, outage_w = [], []
+        for (kk, w), (allowed, tot) in sorted(strict.items()):
+            if kk != k or w < int(t_start) or w > int(t_end):
+                continue
+            (outage_w if overlaps(w, outs, args.margin) else judged).append((allowed, tot))
+        over = [a for a, _ in judged if a > STRICT_RATE * 1.05]
+        busy = [a for a, t in judged if t > STRICT_RATE]
+        row('strict "%s" %dr/s: allowed per 1 s window' % (kname(key), STRICT_RATE),
+            "%d windows judged (%d with demand > L): max %d, mean %.1f, > 1.05 x L: %d; "
+            "outage windows %d (max %d)"
+            % (len(judged), len(busy), max([a for a, _ in judged] or [0]),
+               sum(a for a, _ in judged) / max(1, len(judged)), len(over),
+               len(outage_w), max([a for a, _ in outage_w] or [0])),
+            not over and bool(busy))
 
     # hot keys
     margin = args.margin
