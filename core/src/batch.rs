@@ -87,10 +87,9 @@ pub struct Item {
     /// Whether every push into it was far from the limit (`Send::Hold`):
     /// only then may it be carried into a later window.
     pub quiet: bool,
-    /// Whether every push into it came from a node that has no count of the
-    /// window from Redis yet and sends most of the key's traffic: its
-    /// counter is probably new (a quiet one is then created with its TTL in
-    /// one command, `SET NX EX`, instead of `INCRBY` and `EXPIRE`).
+    /// Whether every push guessed the window's counter new
+    /// (`counter::counter_is_new`): a quiet one is then created with its
+    /// TTL in one command, `SET NX EX`, instead of `INCRBY` and `EXPIRE`.
     pub fresh: bool,
     /// When it is to be sent (ms; 0: at once). See `sync`.
     pub due: u64,
@@ -258,8 +257,8 @@ impl Batch {
     /// what is pending for the item (which then goes at the earlier of the
     /// two times); returns the earliest time it scheduled something for
     /// (ms; 0: at once), or `None` if the increments had to be dropped.
-    /// The key's tag is made
-    /// (and a long key digested) only when the item is new.
+    /// The key's tag is made (and a long key digested) only when the item
+    /// is new.
     ///
     /// Far from the limit (`Send::Hold`), the new item of a window takes
     /// over what the key still holds of an earlier window (at most
@@ -302,7 +301,7 @@ impl Batch {
         let mut earliest = due;
         // (nothing to carry in an empty batch: a hot key's new item after
         // each flush looks no further)
-        if send.room().is_some() && !self.items.is_empty() {
+        if !self.items.is_empty() {
             if let Some((old_id, held)) = self.held_before(&id) {
                 if may_carry(held, send) {
                     if let Some(old) = self.items.remove(&old_id) {
@@ -312,10 +311,13 @@ impl Batch {
                         tag = Some(old.tag);
                     }
                 } else if let Some(old) = self.items.get_mut(&old_id) {
-                    if old.due > 1 {
-                        old.due = 1;
-                        self.schedule(old_id, 1);
-                        earliest = 1;
+                    // not carried: with the next flush, or with this push
+                    // if it goes at once (the key is near its limit now)
+                    let at = due.min(1);
+                    if old.due > at {
+                        old.due = at;
+                        self.schedule(old_id, at);
+                        earliest = earliest.min(at);
                     }
                 }
             }

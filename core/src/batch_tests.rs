@@ -265,3 +265,14 @@ fn bounds_follow_the_zones_size() {
     assert_eq!((big.hold, big.bytes), (16 << 20, 32 << 20));
     assert!(big.items >= 300_000, "{}", big.items);
 }
+
+#[test]
+fn a_push_near_the_limit_sends_what_the_key_held_of_earlier_windows_with_it() {
+    let mut b = Batch::new(100, 1 << 20);
+    b.add(id(0, 1, 5), b"z", b"k", 1, 100, 3, Send::Hold(9_000, 10), false);
+    assert_eq!(b.add(id(0, 1, 6), b"z", b"k", 1, 100, 1, Send::Now, false), Some(0));
+    let (out, _) = b.drain_due(0, 100, 1 << 20);
+    let mut got: Vec<(u64, u32)> = out.iter().map(|(i, it)| (i.window, it.total())).collect();
+    got.sort_unstable();
+    assert_eq!(got, [(5, 3), (6, 1)], "both at once, each in its own window");
+}
