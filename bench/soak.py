@@ -243,30 +243,22 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
         with lock:
             results.append(acc)
 
-    def hot_thread():
+    def keyed_thread(cls, path, keys, slot, tally):
+        """Requests on `keys` one after another, alternating keys and
+        nodes; each answer's 1 s window (X-T) goes to `tally`."""
         acc = new_acc()
         conns = [Conn(p, acc) for p in ports]
         n = idx                                      # procs start on different keys
         try:
             while time.time() < t_end:
-                k = n % len(HOT_KEYS)
-                node = (n // len(HOT_KEYS)) % 2
-                st, xt = one(acc, conns[node], node, "hot", "/h", HOT_KEYS[k], idx * (nthreads + 2) + nthreads)
+                k = n % len(keys)
+                node = (n // len(keys)) % 2
+                st, xt = one(acc, conns[node], node, cls, path, keys[k], slot)
                 if st is not None:
                     try:
-                        w = int(float(xt))
+                        tally(acc, k, int(float(xt)), node, st, float(xt))
                     except (TypeError, ValueError):
-                        w = None
-                        acc["errors"][(node, "hot", "no X-T header")] += 1
-                    if w is not None:
-                        h = acc["hot"][(k, w)]
-                        h[1] += 1
-                        if st == 200:
-                            h[0] += 1
-                            h[2 + node] += 1
-                        # every hot answer: server time, key, node, allowed
-                        acc["hx_t"].append(float(xt))
-                        acc["hx_m"].append(k * 4 + node * 2 + (st == 200))
+                        acc["errors"][(node, cls, "no X-T header")] += 1
                 n += 1
                 if n % 256 == 0:
                     progress[idx] += 256
@@ -279,39 +271,28 @@ def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
         with lock:
             results.append(acc)
 
+    def hot_tally(acc, k, w, node, st, t):
+        h = acc["hot"][(k, w)]
+        h[1] += 1
+        if st == 200:
+            h[0] += 1
+            h[2 + node] += 1
+        # every hot answer: server time, key, node, allowed
+        acc["hx_t"].append(t)
+        acc["hx_m"].append(k * 4 + node * 2 + (st == 200))
+
+    def strict_tally(acc, k, w, node, st, t):
+        h = acc["strict"][(k, w)]
+        h[1] += 1
+        h[0] += st == 200
+
+    def hot_thread():
+        keyed_thread("hot", "/h", HOT_KEYS, idx * (nthreads + 2) + nthreads, hot_tally)
+
     def strict_thread():
-        # the hot thread's pace is enough for a strict key: its requests
-        # wait for Redis, so this thread sends one at a time, alternating
-        # keys and nodes; tallied per key and 1 s window (X-T)
-        acc = new_acc()
-        conns = [Conn(p, acc) for p in ports]
-        n = idx
-        try:
-            while time.time() < t_end:
-                k = n % len(STRICT_KEYS)
-                node = (n // len(STRICT_KEYS)) % 2
-                st, xt = one(acc, conns[node], node, "strict", "/s", STRICT_KEYS[k],
-                             idx * (nthreads + 2) + nthreads + 1)
-                if st is not None:
-                    try:
-                        w = int(float(xt))
-                    except (TypeError, ValueError):
-                        w = None
-                        acc["errors"][(node, "strict", "no X-T header")] += 1
-                    if w is not None:
-                        h = acc["strict"][(k, w)]
-                        h[1] += 1
-                        h[0] += st == 200
-                n += 1
-                if n % 256 == 0:
-                    progress[idx] += 256
-                    if os.getppid() != parent:
-                        break
-        finally:
-            for c in conns:
-                c.close()
-        with lock:
-            results.append(acc)
+        # strict requests wait for Redis: one at a time is this thread's
+        # pace, as the hot thread's
+        keyed_thread("strict", "/s", STRICT_KEYS, idx * (nthreads + 2) + nthreads + 1, strict_tally)
 
     try:
         delay = t_start - time.time()

@@ -324,7 +324,7 @@ pub fn decide(
                     let (u, share, _) = unsent[i];
                     sync::when(o.rate, x.after, u, share, now, hold_ms(mcf, o.zone))
                 })
-                .fold(Send::By(u64::MAX), Send::min);
+                .fold(Send::LATEST, Send::min);
             let fresh = unsent[i].2;
             queue(mcf, ch, &asks[i], s.id, said[i].check.window, limit, n, send, fresh);
         }

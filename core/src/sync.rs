@@ -61,6 +61,10 @@ pub enum Send {
 }
 
 impl Send {
+    /// Later than any other, with all the room there is: what `min` over
+    /// nothing gives (a fold over the limits of an entry starts here).
+    pub const LATEST: Send = Send::Hold(u64::MAX, u32::MAX);
+
     /// The earlier of two (held only if both are, with the smaller room).
     pub fn min(self, other: Send) -> Send {
         match (self, other) {
@@ -112,10 +116,8 @@ pub fn allowance(limit: u32, known: f64, share: u16) -> u32 {
 /// When a request just counted for `rate` goes to Redis: `after` is the
 /// key's estimate with it, `unsent` the node's increments of the key that
 /// Redis has not confirmed (this one included), `share` the node's share of
-/// the key (`Entry::share`), `window_start_ms` the start of its window,
-/// `hold_ms` the zone's `hold=`. Near the limit: at once. Past the
+/// the key (`Entry::share`), `hold_ms` the zone's `hold=`. Near the limit: at once. Past the
 /// allowance, or with `hold=0`: the next flush (`By(now)`).
-#[allow(clippy::too_many_arguments)]
 #[inline]
 pub fn when(
     rate: Rate,
@@ -236,5 +238,10 @@ mod tests {
         assert_eq!((Send::Now.due(), Send::By(0).due(), Send::Hold(8, 1).due()), (0, 1, 8));
         assert!(may_carry(3, Send::Hold(1, 3)) && !may_carry(4, Send::Hold(1, 3)));
         assert!(!may_carry(0, Send::By(1)) && !may_carry(0, Send::Now));
+        // the identity of `min`: a fold over one held limit stays held
+        for s in [Send::Hold(5, 2), Send::By(5), Send::Now] {
+            assert_eq!(Send::LATEST.min(s), s);
+            assert_eq!(s.min(Send::LATEST), s);
+        }
     }
 }

@@ -39,8 +39,6 @@ pub use state::Backend;
 /// Increments wait at least this long after a flush, so that a hot key
 /// costs one pipeline per interval however many requests it gets.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(2);
-/// How long the thread may spend sending what it holds when it is asked to
-/// stop (worker exit, reload).
 /// Items due this soon after the first one go with it (fewer, fuller
 /// pipelines; a little early is harmless).
 pub const DUE_SLACK_MS: u64 = 10;
@@ -50,6 +48,8 @@ pub const DUE_SLACK_MS: u64 = 10;
 pub const DUE_CHUNK: usize = 512;
 /// How often the thread publishes its waiting increments (metrics).
 const WAITING_EVERY: Duration = Duration::from_millis(100);
+/// How long the thread may spend sending what it holds when it is asked to
+/// stop (worker exit, reload).
 pub const STOP_FLUSH: Duration = Duration::from_secs(1);
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
