@@ -17,14 +17,18 @@
 //! | `stats` | a zone's figures in shared memory (atomics) |
 //! | `slots` | Redis Cluster slot → master map |
 //! | `strict` | strict mode: the script that decides in Redis, its arguments and answer |
+//! | `calls` | a strict link's calls: one out per key, answers in order |
+//! | `resp` | the Redis protocol for a strict link: commands, bounded reply parsing |
 
 pub mod batch;
+pub mod calls;
 pub mod counter;
 pub mod health;
 pub mod key;
 pub mod metrics;
 pub mod params;
 pub mod rate;
+pub mod resp;
 pub mod slots;
 pub mod stats;
 pub mod strict;

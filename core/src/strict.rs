@@ -10,6 +10,8 @@
 //! counter's TTL when it created it, and answers the counts and one flag per
 //! request. Requests of one key that wait together share one call.
 
+use crate::key::redis_key_for_tag;
+
 /// The script: `KEYS[1]` the current window's counter, `KEYS[2]` the
 /// previous one's; `ARGV` limit, period (ms), time into the window (ms),
 /// TTL (s), then one cost per request. Answers `{cur, prev, a1, a2, ...}`
@@ -80,6 +82,30 @@ pub fn args(limit: u32, period: u32, elapsed_ms: u64, costs: &[u32]) -> Vec<u64>
     a.extend([u64::from(limit), p, elapsed_ms.min(p), 2 * u64::from(period)]);
     a.extend(costs.iter().map(|&c| u64::from(c)));
     a
+}
+
+/// The script's call for a group of requests of one key, as the byte
+/// strings of the command: `EVALSHA <sha> 2`, its two keys (the current
+/// window `window` and the one before, under `prefix` and the key's hash
+/// `tag`) and its arguments. `now_ms` is when it is sent: the time into
+/// the window is worked out then.
+pub fn evalsha(
+    prefix: &[u8],
+    tag: &[u8],
+    period: u32,
+    window: u64,
+    limit: u32,
+    now_ms: u64,
+    costs: &[u32],
+) -> Vec<Vec<u8>> {
+    let p = u64::from(period);
+    let cur = redis_key_for_tag(prefix, tag, period, window * p);
+    let prev = redis_key_for_tag(prefix, tag, period, window.saturating_sub(1) * p);
+    let elapsed = now_ms.saturating_sub(window * p * 1000);
+    let mut out =
+        vec![b"EVALSHA".to_vec(), sha1_hex().as_bytes().to_vec(), b"2".to_vec(), cur, prev];
+    out.extend(args(limit, period, elapsed, costs).iter().map(|a| a.to_string().into_bytes()));
+    out
 }
 
 /// What Redis answered for a group.
@@ -240,5 +266,16 @@ mod tests {
         assert_eq!(parse_answer(&[7, 2, 2], 1), None);
         assert_eq!(parse_answer(&[-1, 2, 1], 1), None);
         assert_eq!(parse_answer(&[], 0), None);
+    }
+
+    #[test]
+    fn a_call_names_both_windows_and_the_time_into_the_current_one() {
+        let c = evalsha(b"rl:", b"z:k", 60, 100, 5, 6_000_250, &[1, 2]);
+        let text: Vec<String> = c.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
+        assert_eq!(text[..3], ["EVALSHA", sha1_hex(), "2"]);
+        assert_eq!(
+            text[3..],
+            ["rl:{z:k}:60:6000", "rl:{z:k}:60:5940", "5", "60000", "250", "120", "1", "2"]
+        );
     }
 }

@@ -2,6 +2,8 @@
 //! thread serves (`ZoneSpec`), and what it hands back (`Event`): Redis's
 //! counts, increments that stay local, log lines.
 
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use ratelimit_core::batch::ItemId;
@@ -23,6 +25,8 @@ pub struct ZoneSpec {
     pub sentinel: Option<String>,
     pub prefix: Vec<u8>,
     pub timeout: Duration,
+    /// A `strict` limit uses the zone (its workers may get strict links).
+    pub strict: bool,
     /// The zone's figures in shared memory (`None`: not mapped here).
     pub stats: Option<StatsRef>,
 }
@@ -61,6 +65,75 @@ pub struct StrictAsk {
     pub cost: u32,
 }
 
+/// The strict limits of one key and limit that wait together: one script
+/// call answers them all, in order.
+#[derive(Debug)]
+pub struct StrictGroup {
+    pub id: ItemId,
+    pub tag: Box<[u8]>,
+    pub period: u32,
+    pub limit: u32,
+    pub tickets: Vec<u64>,
+    pub costs: Vec<u32>,
+}
+
+impl StrictGroup {
+    /// A group with `a`'s key and limit, and none of its requests yet.
+    pub fn of(a: &StrictAsk) -> StrictGroup {
+        StrictGroup {
+            id: a.id,
+            tag: a.tag.clone(),
+            period: a.period,
+            limit: a.limit,
+            tickets: Vec::new(),
+            costs: Vec::new(),
+        }
+    }
+
+    pub fn add(&mut self, a: &StrictAsk) {
+        self.tickets.push(a.ticket);
+        self.costs.push(a.cost);
+    }
+
+    /// Asks grouped per key and limit, in the order they came.
+    pub fn group(asks: &[StrictAsk]) -> Vec<StrictGroup> {
+        let mut groups: Vec<StrictGroup> = Vec::new();
+        let mut at: HashMap<(ItemId, u32), usize> = HashMap::new();
+        for a in asks {
+            let i = *at.entry((a.id, a.limit)).or_insert_with(|| {
+                groups.push(StrictGroup::of(a));
+                groups.len() - 1
+            });
+            groups[i].add(a);
+        }
+        groups
+    }
+
+    /// Back to one ask per request (to be sent another way).
+    pub fn into_asks(self) -> impl Iterator<Item = StrictAsk> {
+        let StrictGroup { id, tag, period, limit, tickets, costs } = self;
+        tickets.into_iter().zip(costs).map(move |(ticket, cost)| StrictAsk {
+            ticket,
+            id,
+            tag: tag.clone(),
+            period,
+            limit,
+            cost,
+        })
+    }
+
+    /// The answer for its requests (`None`: no decision).
+    pub fn answered(self, answer: Option<Answer>) -> Event {
+        Event::Strict {
+            id: self.id,
+            period: self.period,
+            limit: self.limit,
+            tickets: self.tickets,
+            answer,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Level {
     Error,
@@ -97,5 +170,11 @@ pub enum Event {
         zone: u32,
         level: Level,
         message: String,
+    },
+    /// A connection to the zone's Redis for the worker's strict calls,
+    /// ready (authenticated, script loaded) and non-blocking.
+    Link {
+        zone: u32,
+        fd: OwnedFd,
     },
 }

@@ -142,7 +142,7 @@ pub fn connect(
     timeout: Duration,
 ) -> redis::RedisResult<Conn> {
     if let Some(name) = sentinel {
-        return Ok(Conn::Single(sentinel_master(urls, name, timeout)?));
+        return Ok(Conn::Single(sentinel_master(urls, name, timeout)?.0));
     }
     if cluster {
         let client = redis::cluster::ClusterClient::builder(urls.to_vec())
@@ -160,6 +160,19 @@ pub fn connect(
     } else {
         let url = urls.first().map(String::as_str).unwrap_or_default();
         Ok(Conn::Single(open(url.into_connection_info()?, timeout)?))
+    }
+}
+
+/// Where a single Redis is, with its settings: the URL's, or the master
+/// the sentinels name now (which is checked to be one).
+pub fn master_info(
+    urls: &[String],
+    sentinel: Option<&str>,
+    timeout: Duration,
+) -> redis::RedisResult<redis::ConnectionInfo> {
+    match sentinel {
+        Some(name) => Ok(sentinel_master(urls, name, timeout)?.1),
+        None => urls.first().map(String::as_str).unwrap_or_default().into_connection_info(),
     }
 }
 
@@ -196,7 +209,7 @@ fn sentinel_master(
     urls: &[String],
     name: &str,
     timeout: Duration,
-) -> redis::RedisResult<redis::Connection> {
+) -> redis::RedisResult<(redis::Connection, redis::ConnectionInfo)> {
     let base = urls.first().map(String::as_str).unwrap_or_default().into_connection_info()?;
     let mut last = RedisError::from((redis::ErrorKind::Io, "no sentinel answered"));
     for url in urls {
@@ -215,10 +228,11 @@ fn sentinel_master(
                 continue;
             }
         };
-        let opened = open(at(&base, host, port), timeout).and_then(|mut con| {
+        let info = at(&base, host, port);
+        let opened = open(info.clone(), timeout).and_then(|mut con| {
             let role: Vec<Value> = redis::cmd("ROLE").query(&mut con)?;
             match role.first() {
-                Some(Value::BulkString(r)) if r == b"master" => Ok(con),
+                Some(Value::BulkString(r)) if r == b"master" => Ok((con, info)),
                 _ => Err(RedisError::from((
                     redis::ErrorKind::Io,
                     "the server the sentinel named is not a master (yet)",

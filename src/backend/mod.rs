@@ -14,6 +14,7 @@ mod cluster;
 mod event;
 mod flush;
 mod io;
+mod link;
 mod refresh;
 mod state;
 mod strict;
@@ -21,7 +22,7 @@ mod zone;
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -33,7 +34,7 @@ use ratelimit_core::health;
 use ratelimit_core::params;
 use ratelimit_core::sync::Send;
 
-pub use event::{Event, Level, StatsRef, StrictAsk, ZoneSpec};
+pub use event::{Event, Level, StatsRef, StrictAsk, StrictGroup, ZoneSpec};
 pub use state::Backend;
 
 /// Increments wait at least this long after a flush, so that a hot key
@@ -52,6 +53,9 @@ const WAITING_EVERY: Duration = Duration::from_millis(100);
 /// stop (worker exit, reload).
 pub const STOP_FLUSH: Duration = Duration::from_secs(1);
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// How a worker's strict link failed (`Channel::link_lost`).
+const LINK_CLOSED: u8 = 1;
+const LINK_TIMED_OUT: u8 = 2;
 
 /// Counted requests of one key for the thread to send: `n` increments of
 /// the key (`namespace`, `key`) under a period, for the tightest limit.
@@ -85,6 +89,13 @@ pub struct Channel {
     strict: Mutex<Vec<StrictAsk>>,
     /// `strict` is not empty: the thread sends it at once.
     strict_pending: AtomicBool,
+    /// Per zone index: the worker wants a strict link (`link.rs`).
+    link_want: Vec<AtomicBool>,
+    /// Per zone index: the worker's strict link failed (`LINK_CLOSED` or
+    /// `LINK_TIMED_OUT`).
+    link_lost: Vec<AtomicU8>,
+    /// One of the two above is set.
+    link_pending: AtomicBool,
 }
 
 impl Channel {
@@ -103,6 +114,9 @@ impl Channel {
             done_cv: Condvar::new(),
             strict: Mutex::new(Vec::new()),
             strict_pending: AtomicBool::new(false),
+            link_want: (0..zones).map(|_| AtomicBool::new(false)).collect(),
+            link_lost: (0..zones).map(|_| AtomicU8::new(0)).collect(),
+            link_pending: AtomicBool::new(false),
         }
     }
 
@@ -158,6 +172,32 @@ impl Channel {
         self.wake.notify_one();
     }
 
+    /// Asks the thread for a strict link for a zone (made if the zone may
+    /// have one and its backend is up).
+    pub fn want_link(&self, zone: usize) {
+        if let Some(f) = self.link_want.get(zone) {
+            f.store(true, Ordering::Release);
+            self.wake_for_links();
+        }
+    }
+
+    /// The worker's strict link of a zone failed. No answer within the
+    /// zone's `timeout=` takes the backend down, as the thread's own
+    /// exchanges do (strict requests stop waiting for it); a link closed
+    /// or broken otherwise makes the thread check the backend at once.
+    pub fn link_lost(&self, zone: usize, timed_out: bool) {
+        if let Some(f) = self.link_lost.get(zone) {
+            f.fetch_max(if timed_out { LINK_TIMED_OUT } else { LINK_CLOSED }, Ordering::AcqRel);
+            self.wake_for_links();
+        }
+    }
+
+    fn wake_for_links(&self) {
+        self.link_pending.store(true, Ordering::Release);
+        let _b = self.batch.lock();
+        self.wake.notify_one();
+    }
+
     pub fn is_up(&self, zone: usize) -> bool {
         self.up.get(zone).is_none_or(|u| u.load(Ordering::Relaxed))
     }
@@ -202,6 +242,13 @@ impl Channel {
 /// calling thread while the new one is created, so that it starts with all
 /// of them blocked: nginx handles signals in the worker's main thread.
 pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<JoinHandle<()>> {
+    // strict links are made as soon as the thread runs
+    for z in zones.iter().filter(|z| link::eligible(z)) {
+        if let Some(f) = channel.link_want.get(z.index as usize) {
+            f.store(true, Ordering::Relaxed);
+            channel.link_pending.store(true, Ordering::Relaxed);
+        }
+    }
     let saved = block_signals();
     let spawned = std::thread::Builder::new()
         .name("redis_ratelimit".into())
@@ -279,7 +326,9 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                     let (items, deletes) = b.drain();
                     break (items, deletes, true);
                 }
-                if ch.strict_pending.load(Ordering::Acquire) {
+                if ch.strict_pending.load(Ordering::Acquire)
+                    || ch.link_pending.load(Ordering::Acquire)
+                {
                     break (Vec::new(), Vec::new(), false);
                 }
                 // what is due now (within the slack), or everything when
@@ -368,6 +417,24 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                 b.tick(&mut events);
             }
             show_health(ch, b);
+        }
+        let linked = ch.link_pending.swap(false, Ordering::AcqRel);
+        for b in backends.iter_mut() {
+            let zone = b.zone() as usize;
+            if linked {
+                let lost = ch.link_lost.get(zone).map_or(0, |f| f.swap(0, Ordering::AcqRel));
+                match lost {
+                    LINK_TIMED_OUT => b.link_timed_out(&mut events),
+                    LINK_CLOSED => b.check_now(&mut events),
+                    _ => {}
+                }
+                show_health(ch, b);
+                let want = ch.link_want.get(zone).is_some_and(|f| f.swap(false, Ordering::AcqRel));
+                if want || lost != 0 {
+                    b.want_link();
+                }
+            }
+            b.make_link(&mut events);
         }
         // A full queue drops increments (they stay counted on this node):
         // say so, rarely.

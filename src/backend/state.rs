@@ -87,6 +87,12 @@ pub struct Backend {
     pub(super) nodes: HashMap<String, Health>,
     /// This thread's share of the zone's waiting gauge, as last published.
     pub(super) waiting_published: u64,
+    /// The worker wants a strict link (`link.rs`).
+    pub(super) link_wanted: bool,
+    /// When one was last tried, and how long after a failed try the next
+    /// one waits.
+    pub(super) link_tried: Option<Instant>,
+    pub(super) link_backoff: Duration,
 }
 
 impl Backend {
@@ -122,6 +128,9 @@ impl Backend {
             topo_at: None,
             nodes: HashMap::new(),
             waiting_published: 0,
+            link_wanted: false,
+            link_tried: None,
+            link_backoff: Duration::from_secs(1),
         }
     }
 

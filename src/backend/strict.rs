@@ -13,84 +13,40 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use ratelimit_core::batch::ItemId;
 use ratelimit_core::key::redis_key_for_tag;
 use ratelimit_core::strict::{self, Answer, SCRIPT};
 use redis::{Cmd, Value};
 
-use super::event::{Event, StrictAsk, PIPELINE_ITEMS};
+use super::event::{Event, StrictAsk, StrictGroup, PIPELINE_ITEMS};
 use super::flush::unix_ms;
 use super::io::Reply;
 use super::state::Backend;
 
-/// The requests of one key and limit that wait together.
-struct Group {
-    id: ItemId,
-    tag: Box<[u8]>,
-    period: u32,
-    limit: u32,
-    tickets: Vec<u64>,
-    costs: Vec<u32>,
-}
-
-impl Group {
-    fn failed(self, events: &mut Vec<Event>) {
-        events.push(Event::Strict {
-            id: self.id,
-            period: self.period,
-            limit: self.limit,
-            tickets: self.tickets,
-            answer: None,
-        });
-    }
-}
-
 /// Sends every waiting strict ask to its zone's backend.
 pub(super) fn send_all(backends: &mut [Backend], asks: Vec<StrictAsk>, events: &mut Vec<Event>) {
-    // per key and limit, in the order they came
-    let mut groups: Vec<Group> = Vec::new();
-    let mut at: HashMap<(ItemId, u32), usize> = HashMap::new();
-    for a in asks {
-        match at.get(&(a.id, a.limit)) {
-            Some(&i) => {
-                groups[i].tickets.push(a.ticket);
-                groups[i].costs.push(a.cost);
-            }
-            None => {
-                at.insert((a.id, a.limit), groups.len());
-                groups.push(Group {
-                    id: a.id,
-                    tag: a.tag,
-                    period: a.period,
-                    limit: a.limit,
-                    tickets: vec![a.ticket],
-                    costs: vec![a.cost],
-                });
-            }
-        }
-    }
-    let mut by_zone: HashMap<u32, Vec<Group>> = HashMap::new();
+    let groups = StrictGroup::group(&asks);
+    let mut by_zone: HashMap<u32, Vec<StrictGroup>> = HashMap::new();
     for g in groups {
         by_zone.entry(g.id.zone).or_default().push(g);
     }
     for (zone, groups) in by_zone {
         match backends.iter_mut().find(|b| b.zone() == zone) {
             Some(b) => b.send_strict(groups, events),
-            None => groups.into_iter().for_each(|g| g.failed(events)),
+            None => groups.into_iter().for_each(|g| events.push(g.answered(None))),
         }
     }
 }
 
 impl Backend {
-    fn send_strict(&mut self, groups: Vec<Group>, events: &mut Vec<Event>) {
+    fn send_strict(&mut self, groups: Vec<StrictGroup>, events: &mut Vec<Event>) {
         if !self.health.is_up() || !self.ensure_conn(events) {
-            groups.into_iter().for_each(|g| g.failed(events));
+            groups.into_iter().for_each(|g| events.push(g.answered(None)));
             return;
         }
         if self.spec.cluster {
             self.read_topology(false);
         }
-        let mut by_node: HashMap<Option<String>, Vec<Group>> = HashMap::new();
+        let mut by_node: HashMap<Option<String>, Vec<StrictGroup>> = HashMap::new();
         for g in groups {
             let key = self.cur_key(&g);
             by_node.entry(self.node_of(&key)).or_default().push(g);
@@ -101,7 +57,7 @@ impl Backend {
                 let chunk = std::mem::replace(&mut groups, rest);
                 let now = Instant::now();
                 if !self.health.is_up() || !self.node_may_send(node.as_deref(), now) {
-                    chunk.into_iter().for_each(|g| g.failed(events));
+                    chunk.into_iter().for_each(|g| events.push(g.answered(None)));
                     continue;
                 }
                 self.strict_chunk(chunk, node.as_deref(), events);
@@ -109,36 +65,39 @@ impl Backend {
         }
     }
 
-    fn cur_key(&self, g: &Group) -> Vec<u8> {
+    fn cur_key(&self, g: &StrictGroup) -> Vec<u8> {
         let p = u64::from(g.period);
         redis_key_for_tag(&self.spec.prefix, &g.tag, g.period, g.id.window * p)
     }
 
     /// The `EVALSHA` for one group.
-    fn strict_cmd(&self, g: &Group, sha: &str, now_ms: u64) -> Cmd {
-        let p = u64::from(g.period);
-        let cur = self.cur_key(g);
-        let prev = redis_key_for_tag(
+    fn strict_cmd(&self, g: &StrictGroup, now_ms: u64) -> Cmd {
+        let args = strict::evalsha(
             &self.spec.prefix,
             &g.tag,
             g.period,
-            g.id.window.saturating_sub(1) * p,
+            g.id.window,
+            g.limit,
+            now_ms,
+            &g.costs,
         );
-        let elapsed = now_ms.saturating_sub(g.id.window * p * 1000);
         let mut c = redis::cmd("EVALSHA");
-        c.arg(sha).arg(2).arg(cur).arg(prev);
-        for a in strict::args(g.limit, g.period, elapsed, &g.costs) {
+        for a in args.iter().skip(1) {
             c.arg(a);
         }
         c
     }
 
-    fn strict_chunk(&mut self, groups: Vec<Group>, node: Option<&str>, events: &mut Vec<Event>) {
-        let sha = strict::sha1_hex();
+    fn strict_chunk(
+        &mut self,
+        groups: Vec<StrictGroup>,
+        node: Option<&str>,
+        events: &mut Vec<Event>,
+    ) {
         let now_ms = unix_ms();
-        let cmds: Vec<Cmd> = groups.iter().map(|g| self.strict_cmd(g, sha, now_ms)).collect();
+        let cmds: Vec<Cmd> = groups.iter().map(|g| self.strict_cmd(g, now_ms)).collect();
         let Some((mut replies, broken)) = self.exec_counted(&cmds, node) else {
-            groups.into_iter().for_each(|g| g.failed(events));
+            groups.into_iter().for_each(|g| events.push(g.answered(None)));
             return;
         };
         // calls the server did not know the script for: load it, call again
@@ -197,7 +156,7 @@ impl Backend {
     }
 
     /// Turns each group's reply into its answer.
-    fn answer(&mut self, groups: Vec<Group>, replies: Vec<Reply>, events: &mut Vec<Event>) {
+    fn answer(&mut self, groups: Vec<StrictGroup>, replies: Vec<Reply>, events: &mut Vec<Event>) {
         let mut replies = replies.into_iter();
         for g in groups {
             let answer = match replies.next().unwrap_or(Reply::NotSent) {
@@ -217,13 +176,7 @@ impl Backend {
                 }
                 Reply::Lost | Reply::NotSent => None,
             };
-            events.push(Event::Strict {
-                id: g.id,
-                period: g.period,
-                limit: g.limit,
-                tickets: g.tickets,
-                answer,
-            });
+            events.push(g.answered(answer));
         }
     }
 

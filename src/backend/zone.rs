@@ -32,6 +32,9 @@ impl Backend {
             if let Some(due) = self.watch.values().filter_map(|w| w.due).min() {
                 next = next.min(due);
             }
+            if let Some(due) = self.link_due() {
+                next = next.min(due);
+            }
         }
         next
     }
@@ -77,6 +80,25 @@ impl Backend {
         }
         if self.health.is_up() {
             self.refresh(events);
+        }
+    }
+
+    /// A check now, for an up backend (a worker's strict link broke).
+    pub fn check_now(&mut self, events: &mut Vec<Event>) {
+        if self.health.is_up() {
+            self.check(events);
+        }
+    }
+
+    /// A worker's strict link got no answer within `timeout=`: the backend
+    /// is down, as after a read timeout of the thread's own.
+    pub fn link_timed_out(&mut self, events: &mut Vec<Event>) {
+        if self.health.is_up() {
+            let e = redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no answer within timeout= on a strict link",
+            ));
+            self.transport_failed("sending to", &e, events);
         }
     }
 

@@ -10,6 +10,9 @@
 //! | `answer.rs` | how a decided request is answered: log line, state for the variables, headers, status |
 //! | `count.rs` | the log phase handler: counts `count_if=` limits after the response |
 //! | `strict.rs` | strict limits: the request waits for Redis's decision, the worker does not |
+//! | `waits.rs` | strict requests that wait, by ticket; answers wake them |
+//! | `reply.rs` | Redis's answers applied on the worker's thread (thread and links) |
+//! | `link.rs` | strict links: the worker's own connection for strict calls, on its event loop |
 //! | `metrics.rs` | `redis_ratelimit_metrics`: the figures page |
 //! | `vars.rs` | `$redis_ratelimit_*` variables |
 //! | `channel.rs` | the worker's channel to its Redis thread |
@@ -22,10 +25,13 @@ pub mod conf;
 pub mod count;
 pub mod directives;
 pub mod handler;
+pub mod link;
 pub mod metrics;
 pub mod module;
+pub mod reply;
 pub mod strict;
 pub mod time;
 pub mod vars;
+pub mod waits;
 pub mod worker;
 pub mod zone;

@@ -15,8 +15,6 @@
 //! client that closes while waiting leaves nothing behind, and a late answer
 //! finds no one.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::ptr;
 
@@ -36,35 +34,9 @@ use super::answer::{debug_log, finish};
 use super::conf::{LocConf, MainConf};
 use super::module::Module;
 use super::time::now_ms;
+use super::waits::{self, Verdict, Wait};
 use crate::backend::StrictAsk;
 use crate::engine::{self, Ask, Strict, Take};
-
-/// What Redis said for one strict limit of a waiting request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Verdict {
-    /// Not sent (backend down, no thread): `on_error` decides, no wait.
-    NotAsked,
-    Waiting,
-    Allowed,
-    Rejected,
-    /// No decision: the exchange failed or Redis refused the call.
-    Failed,
-}
-
-/// A suspended request, in its pool.
-struct Wait {
-    r: *mut ngx_http_request_t,
-    /// Its tickets are `base | i` for its strict limits `i`.
-    base: u64,
-    verdicts: [Verdict; 16],
-    waiting: u8,
-}
-
-thread_local! {
-    /// Waiting requests by ticket base (this worker's thread only).
-    static WAITS: RefCell<HashMap<u64, *mut Wait>> = RefCell::new(HashMap::new());
-    static NEXT: Cell<u64> = const { Cell::new(1) };
-}
 
 /// The request's wait, through the module's context slot (set while it
 /// waits and until the handler ran again).
@@ -136,11 +108,7 @@ pub(super) fn limit(
     }
 
     // wait
-    let base = NEXT.with(|n| {
-        let v = n.get();
-        n.set(v + 1);
-        v << 4
-    });
+    let base = waits::next_base();
     let mut sends = Vec::with_capacity(waiting);
     let mut verdicts = [Verdict::NotAsked; 16];
     let mut timeout = 0;
@@ -171,8 +139,8 @@ pub(super) fn limit(
         Wait { r: ptr::null_mut(), base, verdicts, waiting: sends.len() as u8 },
         timeout,
     )?;
-    WAITS.with(|m| m.borrow_mut().insert(base, wait));
-    ch.push_strict(sends);
+    waits::register(base, wait);
+    super::link::send(ch, sends);
     Ok(NGX_AGAIN as ngx_int_t)
 }
 
@@ -210,7 +178,7 @@ fn suspend(r: &mut ngx_http_request_t, wait: Wait, timeout_ms: u64) -> Result<*m
         }
         let w = (*c).data.cast::<Wait>();
         ptr::write(w, Wait { r, ..wait });
-        (*c).handler = Some(forget);
+        (*c).handler = Some(waits::forget);
         w
     };
     set_ctx(r, w);
@@ -231,49 +199,6 @@ fn suspend(r: &mut ngx_http_request_t, wait: Wait, timeout_ms: u64) -> Result<*m
         ngx_add_timer(wev, timeout_ms.max(1) as _);
     }
     Ok(w)
-}
-
-/// The pool cleanup of a wait: the request ended (answered, or its client
-/// went away): a late answer must not find it.
-unsafe extern "C" fn forget(data: *mut c_void) {
-    // SAFETY: `data` is the `Wait` written in `suspend`.
-    let base = unsafe { (*data.cast::<Wait>()).base };
-    WAITS.with(|m| m.borrow_mut().remove(&base));
-}
-
-/// Redis's answer for some tickets (`None`: no answer); a request with all
-/// its verdicts is woken. Worker thread only.
-pub fn resolve(tickets: &[u64], allowed: Option<&[bool]>) {
-    for (i, &t) in tickets.iter().enumerate() {
-        let Some(w) = WAITS.with(|m| m.borrow().get(&(t & !0xf)).copied()) else {
-            continue; // gone (closed, timed out)
-        };
-        // SAFETY: a wait in the map is alive (its cleanup removes it).
-        let wait = unsafe { &mut *w };
-        let k = (t & 0xf) as usize;
-        if wait.verdicts[k] != Verdict::Waiting {
-            continue;
-        }
-        wait.verdicts[k] = match allowed.and_then(|a| a.get(i)) {
-            Some(true) => Verdict::Allowed,
-            Some(false) => Verdict::Rejected,
-            None => Verdict::Failed,
-        };
-        wait.waiting = wait.waiting.saturating_sub(1);
-        if wait.waiting == 0 {
-            WAITS.with(|m| m.borrow_mut().remove(&wait.base));
-            // SAFETY: the request is alive while its wait is; its write
-            // event is posted to run `wake` in this event loop's turn.
-            unsafe {
-                let wev = (*(*wait.r).connection).write;
-                (*wev).set_delayed(0);
-                if (*wev).timer_set() != 0 {
-                    ngx_del_timer(wev);
-                }
-                ngx_post_event(wev, ptr::addr_of_mut!(ngx_posted_events));
-            }
-        }
-    }
 }
 
 /// The write event handler of a waiting request: answered (posted) or
@@ -297,7 +222,7 @@ unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
         }
         let w = ctx(r);
         if !w.is_null() {
-            WAITS.with(|m| m.borrow_mut().remove(&(*w).base));
+            waits::unregister((*w).base);
         }
         if ngx_handle_read_event((*c).read, 0) != NGX_OK as ngx_int_t {
             ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);

@@ -3,33 +3,25 @@
 //! request path, and applies the thread's answers to the zones on the
 //! worker's own thread when the notification pipe wakes the event loop.
 
-use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nginx_sys::{
     ngx_close_connection, ngx_connection_t, ngx_cycle_t, ngx_event_t, ngx_get_connection,
-    ngx_handle_read_event, ngx_int_t, ngx_log_t, ngx_uint_t, NGX_LOG_ALERT, NGX_LOG_ERR,
-    NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
+    ngx_handle_read_event, ngx_int_t, ngx_log_t, NGX_LOG_ALERT, NGX_LOG_WARN, NGX_OK,
 };
 use ngx::http::HttpModuleMainConf;
-use ngx::log::DebugMask;
 use ngx::{ngx_log_debug, ngx_log_error};
 use parking_lot::Mutex;
-use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter;
 use ratelimit_core::rate::Rate;
-use ratelimit_core::stats::Stats;
-use ratelimit_core::table::Entry;
 
-use super::conf::MainConf;
 use super::module::Module;
+use super::reply::{self, confirmed, main_conf, with_entry, zone_log};
 use super::time::now_ms;
-use crate::backend::{self, Channel, Event, Level, StatsRef, ZoneSpec};
+use crate::backend::{self, Channel, Event, StatsRef, ZoneSpec};
 
-static MAIN_CONF: AtomicPtr<MainConf> = AtomicPtr::new(ptr::null_mut());
 static HANDLE: Mutex<Option<Handle>> = Mutex::new(None);
 
 struct Handle {
@@ -88,6 +80,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
                 sentinel: b.sentinel.clone(),
                 prefix: p.prefix.clone(),
                 timeout: Duration::from_millis(p.timeout_ms),
+                strict: z.strict_at.is_some(),
                 stats: z.shared.as_ref().map(|s| StatsRef::new(s.stats())),
             })
         })
@@ -141,7 +134,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     let n = specs.len();
     match backend::spawn(channel.clone(), specs) {
         Ok(thread) => {
-            MAIN_CONF.store(ptr::from_mut(mcf), Ordering::Release);
+            reply::set_main_conf(mcf);
             super::channel::set(cycle, channel);
             *HANDLE.lock() = Some(Handle { thread, conn, write_fd: wfd, stop_wait });
             ngx_log_debug!(log, "redis_ratelimit: background thread started, {} Redis zone(s)", n);
@@ -169,6 +162,7 @@ pub unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
     };
     // SAFETY: nginx passes the worker's cycle.
     let log = unsafe { (*cycle).log };
+    super::link::close_all();
     if let Some(ch) = super::channel::any() {
         if ch.stop(h.stop_wait) {
             let _ = h.thread.join();
@@ -224,12 +218,9 @@ fn apply(log: *mut ngx_log_t) {
         drop(ch.take_events());
         return;
     }
-    let mcf = MAIN_CONF.load(Ordering::Acquire);
-    if mcf.is_null() {
+    let Some(mcf) = main_conf() else {
         return;
-    }
-    // SAFETY: the main configuration lives as long as this worker's cycle.
-    let mcf = unsafe { &*mcf };
+    };
     let now = now_ms();
     for event in ch.take_events() {
         match event {
@@ -237,88 +228,20 @@ fn apply(log: *mut ngx_log_t) {
                 confirmed(mcf, log, id, Rate { limit, period }, &confirmation, now);
             }
             Event::Strict { id, period, limit, tickets, answer } => {
-                if let Some(a) = &answer {
-                    // Redis's counts, as for a flush (nothing of ours in
-                    // flight: the script counted what it allowed)
-                    let c = counter::Confirmation {
-                        window: id.window,
-                        sent: 0,
-                        carried: 0,
-                        cur: a.cur,
-                        prev: Some(a.prev),
-                    };
-                    confirmed(mcf, log, id, Rate { limit, period }, &c, now);
-                }
-                super::strict::resolve(&tickets, answer.as_ref().map(|a| &a.allowed[..]));
+                reply::strict_answered(
+                    mcf,
+                    log,
+                    id,
+                    Rate { limit, period },
+                    &tickets,
+                    answer.as_ref(),
+                );
             }
             Event::KeepLocal { id, sent } => with_entry(mcf, id, |e| {
                 counter::keep_local(e, id.window, sent);
             }),
-            Event::Log { zone, level, message } => {
-                let Some(shared) = mcf.zones.get(zone as usize).and_then(|z| z.shared.as_ref())
-                else {
-                    continue;
-                };
-                let error = level == Level::Error;
-                let claimed = shared.lock().table.claim_log(error, now / 1000);
-                if claimed {
-                    let lvl = if error { NGX_LOG_ERR } else { NGX_LOG_NOTICE };
-                    ngx_log_error!(lvl as ngx_uint_t, log, "{}", message);
-                }
-            }
+            Event::Log { zone, level, message } => zone_log(mcf, log, zone, level, &message),
+            Event::Link { zone, fd } => super::link::attach(zone as usize, fd, log),
         }
-    }
-}
-
-/// Applies Redis's counts for an item (a flush's reply or a strict
-/// decision) to its entry, counting a breaker that the reply closed.
-fn confirmed(
-    mcf: &MainConf,
-    log: *mut ngx_log_t,
-    id: ItemId,
-    rate: Rate,
-    confirmation: &counter::Confirmation,
-    now: u64,
-) {
-    with_entry(mcf, id, |e| {
-        let armed = e.blocked_until_ms;
-        counter::confirm(e, confirmation, rate, now);
-        if armed <= now && e.blocked_until_ms > now {
-            if let Some(s) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref()) {
-                Stats::bump(&s.stats().breaker_trips);
-            }
-        }
-        ngx_log_debug!(
-            mask: DebugMask::Http,
-            log,
-            "redis_ratelimit: reply applied: zone {} key #{:016x} window {}: {} sent, count {}, previous {}",
-            id.zone,
-            id.entry[0],
-            confirmation.window,
-            confirmation.sent,
-            confirmation.cur,
-            confirmation.prev.map_or(-1, |p| p as i64)
-        );
-        if e.blocked_until_ms > now && e.blocked_until_ms != armed {
-            ngx_log_debug!(
-                mask: DebugMask::Http,
-                log,
-                "redis_ratelimit: breaker armed: zone {} key #{:016x} limited for {} ms",
-                id.zone,
-                id.entry[0],
-                e.blocked_until_ms - now
-            );
-        }
-    });
-}
-
-/// Runs `f` on the zone entry an item was for, if it is still there.
-fn with_entry(mcf: &MainConf, id: ItemId, f: impl FnOnce(&mut Entry)) {
-    let Some(shared) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref()) else {
-        return;
-    };
-    let mut locked = shared.lock();
-    if let Some(i) = locked.table.find(id.entry) {
-        f(locked.table.entry_mut(i));
     }
 }

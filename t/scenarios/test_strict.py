@@ -371,6 +371,9 @@ def test_http2_streams_wait_and_resume(h):
     h.check([c for c, _ in paused] == [200] * 3, "on_error=local answers 200: %s" % paused)
     h.check(all(0.19 <= t <= 0.3 for _, t in paused), "after timeout=200ms: %s" % paused)
     time.sleep(1.3)
+    # a stream that waits needs the backend known up again (a try after
+    # its backoff, which the pause may have doubled)
+    h.check(wait_for(lambda: zone_up(n, "s") is True, 6.0), "zone s is up again")
     r.cmd("CLIENT", "PAUSE", "600", "ALL")
     gone = curl_h2(n.port, ["/strict?k=" + h.key("gone")], timeout=0.1)
     time.sleep(0.8)

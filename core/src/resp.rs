@@ -1,0 +1,243 @@
+//! RESP2, the Redis protocol, as much of it as a strict link needs: a
+//! command written as an array of bulk strings, and replies read one at a
+//! time from a buffer that may hold part of one. Bounded: a reply deeper,
+//! longer or larger than any the module asks for is a protocol error (the
+//! link is then dropped), never a large allocation.
+
+/// Most elements of an array reply (the strict script answers 2 + one per
+/// waiting request of a key; a worker has at most a few thousand).
+pub const MAX_ARRAY: usize = 1 << 16;
+/// Largest bulk string (`SCRIPT LOAD` answers 40 bytes).
+pub const MAX_BULK: usize = 1 << 20;
+/// Largest status or error line.
+pub const MAX_LINE: usize = 64 << 10;
+/// Deepest nesting of arrays.
+pub const MAX_DEPTH: usize = 4;
+
+/// One reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Value {
+    /// `+OK`
+    Status(String),
+    /// `-ERR ...`: the whole text, code first.
+    Error(String),
+    Int(i64),
+    /// `$-1` is `None`.
+    Bulk(Option<Vec<u8>>),
+    /// `*-1` is `None`.
+    Array(Option<Vec<Value>>),
+}
+
+impl Value {
+    /// An error reply's code: its first word (`NOSCRIPT`, `READONLY` ...).
+    pub fn error_code(&self) -> Option<&str> {
+        match self {
+            Value::Error(t) => Some(t.split(' ').next().unwrap_or("")),
+            _ => None,
+        }
+    }
+
+    /// The integers of an array of integers.
+    pub fn ints(&self) -> Option<Vec<i64>> {
+        match self {
+            Value::Array(Some(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::Int(n) => Some(*n),
+                    _ => None,
+                })
+                .collect(),
+            _ => None,
+        }
+    }
+}
+
+/// The stream is not RESP2 within the bounds above.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProtocolError;
+
+/// Appends a command: an array of bulk strings.
+pub fn command<A: AsRef<[u8]>>(out: &mut Vec<u8>, args: &[A]) {
+    out.push(b'*');
+    out.extend_from_slice(args.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for a in args {
+        let a = a.as_ref();
+        out.push(b'$');
+        out.extend_from_slice(a.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Reads one reply from the start of `buf`: `Ok(None)` when `buf` holds
+/// only part of it, else the reply and the bytes it took.
+pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
+    let mut at = 0;
+    match value(buf, &mut at, 0)? {
+        Some(v) => Ok(Some((v, at))),
+        None => Ok(None),
+    }
+}
+
+/// A line without its CRLF, from `*at` (moved past it); `None`: not all
+/// of it is here yet.
+fn line<'a>(buf: &'a [u8], at: &mut usize) -> Result<Option<&'a [u8]>, ProtocolError> {
+    let rest = buf.get(*at..).unwrap_or_default();
+    let Some(end) = rest.iter().position(|&b| b == b'\n') else {
+        return if rest.len() > MAX_LINE { Err(ProtocolError) } else { Ok(None) };
+    };
+    if end == 0 || rest[end - 1] != b'\r' || end > MAX_LINE {
+        return Err(ProtocolError);
+    }
+    *at += end + 1;
+    Ok(Some(&rest[..end - 1]))
+}
+
+fn number(text: &[u8]) -> Result<i64, ProtocolError> {
+    std::str::from_utf8(text).ok().and_then(|s| s.parse().ok()).ok_or(ProtocolError)
+}
+
+/// A length: -1 (nil) or 0..=max.
+fn length(text: &[u8], max: usize) -> Result<Option<usize>, ProtocolError> {
+    match number(text)? {
+        -1 => Ok(None),
+        n if n >= 0 && (n as u64) <= max as u64 => Ok(Some(n as usize)),
+        _ => Err(ProtocolError),
+    }
+}
+
+fn value(buf: &[u8], at: &mut usize, depth: usize) -> Result<Option<Value>, ProtocolError> {
+    let start = *at;
+    let Some(head) = line(buf, at)? else {
+        return Ok(None);
+    };
+    let (&kind, text) = head.split_first().ok_or(ProtocolError)?;
+    let text_of = |t: &[u8]| String::from_utf8_lossy(t).into_owned();
+    let v = match kind {
+        b'+' => Value::Status(text_of(text)),
+        b'-' => Value::Error(text_of(text)),
+        b':' => Value::Int(number(text)?),
+        b'$' => match length(text, MAX_BULK)? {
+            None => Value::Bulk(None),
+            Some(n) => {
+                let end = *at + n;
+                if buf.len() < end + 2 {
+                    *at = start;
+                    return Ok(None);
+                }
+                if &buf[end..end + 2] != b"\r\n" {
+                    return Err(ProtocolError);
+                }
+                let b = buf[*at..end].to_vec();
+                *at = end + 2;
+                Value::Bulk(Some(b))
+            }
+        },
+        b'*' => match length(text, MAX_ARRAY)? {
+            None => Value::Array(None),
+            Some(n) => {
+                if depth >= MAX_DEPTH {
+                    return Err(ProtocolError);
+                }
+                // not more room than the bytes at hand can fill (3 each)
+                let mut items = Vec::with_capacity(n.min(buf.len().saturating_sub(*at) / 3));
+                for _ in 0..n {
+                    match value(buf, at, depth + 1)? {
+                        Some(v) => items.push(v),
+                        None => {
+                            *at = start;
+                            return Ok(None);
+                        }
+                    }
+                }
+                Value::Array(Some(items))
+            }
+        },
+        _ => return Err(ProtocolError),
+    };
+    Ok(Some(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_arrays_of_bulk_strings() {
+        let mut out = Vec::new();
+        command(&mut out, &[&b"EVALSHA"[..], b"ab", b""]);
+        assert_eq!(out, b"*3\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$0\r\n\r\n");
+    }
+
+    #[test]
+    fn every_reply_kind() {
+        let all = b"+OK\r\n-NOSCRIPT No matching script\r\n:-12\r\n$3\r\na\r\n\r\n$-1\r\n*2\r\n:1\r\n*1\r\n:2\r\n*-1\r\n";
+        let mut at = 0;
+        let mut got = Vec::new();
+        while let Some((v, n)) = parse(&all[at..]).unwrap() {
+            got.push(v);
+            at += n;
+        }
+        assert_eq!(at, all.len());
+        assert_eq!(
+            got,
+            [
+                Value::Status("OK".into()),
+                Value::Error("NOSCRIPT No matching script".into()),
+                Value::Int(-12),
+                Value::Bulk(Some(b"a\r\n".to_vec())),
+                Value::Bulk(None),
+                Value::Array(Some(vec![Value::Int(1), Value::Array(Some(vec![Value::Int(2)]))])),
+                Value::Array(None),
+            ]
+        );
+        assert_eq!(got[1].error_code(), Some("NOSCRIPT"));
+        assert_eq!(got[5].ints(), None);
+        assert_eq!(Value::Array(Some(vec![Value::Int(3), Value::Int(4)])).ints(), Some(vec![3, 4]));
+    }
+
+    #[test]
+    fn a_partial_reply_waits_for_the_rest() {
+        let whole = b"*3\r\n:7\r\n$2\r\nhi\r\n:0\r\n";
+        for cut in 0..whole.len() {
+            assert_eq!(parse(&whole[..cut]), Ok(None), "cut at {cut}");
+        }
+        let (v, n) = parse(whole).unwrap().unwrap();
+        assert_eq!(n, whole.len());
+        assert_eq!(
+            v,
+            Value::Array(Some(vec![
+                Value::Int(7),
+                Value::Bulk(Some(b"hi".to_vec())),
+                Value::Int(0)
+            ]))
+        );
+    }
+
+    #[test]
+    fn hostile_streams_are_errors_not_allocations() {
+        for bad in [
+            &b"?x\r\n"[..],
+            b"\r\n",
+            b":12a\r\n",
+            b"+OK\n",
+            b"$5\r\nabcdeXY",
+            b"$-2\r\n",
+            b"*-5\r\n",
+            b"$99999999999\r\n",
+            b"*4294967296\r\n",
+            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n",
+        ] {
+            assert_eq!(parse(bad), Err(ProtocolError), "{:?}", String::from_utf8_lossy(bad));
+        }
+        // a huge array announced, little sent: no allocation of its size,
+        // just a wait for more
+        assert_eq!(parse(b"*65536\r\n:1\r\n"), Ok(None));
+        // a line that never ends is bounded
+        let mut long = b"+".to_vec();
+        long.resize(MAX_LINE + 2, b'a');
+        assert_eq!(parse(&long), Err(ProtocolError));
+    }
+}

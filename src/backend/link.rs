@@ -1,0 +1,206 @@
+//! Strict links, the thread's part: a worker sends its strict requests'
+//! script calls down a connection of its own, on its event loop (no hand-off
+//! to this thread and back on the request's path: `src/nginx/link.rs`). The
+//! thread makes that connection, because making one blocks: it finds the
+//! server (the URL's, or the master the sentinels name), connects within the
+//! zone's `timeout=`, authenticates, selects the database and loads the
+//! script, then hands the socket over, non-blocking, as `Event::Link`.
+//!
+//! Only for a zone that a `strict` limit uses, on a single Redis (or one
+//! followed through Sentinel) reached over plain TCP or a Unix socket: a
+//! cluster (slots, redirections) and TLS stay with the thread, as do error
+//! replies and everything after a failure (the worker hands those back).
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use ratelimit_core::resp::{self, Value};
+use ratelimit_core::strict::{sha1_hex, SCRIPT};
+use redis::ConnectionAddr;
+
+use super::event::{Event, ZoneSpec};
+use super::io;
+use super::state::Backend;
+
+/// The name a link gives itself (`CLIENT SETNAME`).
+pub const LINK_NAME: &str = "ngx_redis_ratelimit_strict";
+
+/// A link try that failed is made again after this, doubling up to
+/// `RETRY_MAX` while tries fail.
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Whether a zone's strict calls may go down a worker's own connection.
+pub fn eligible(spec: &ZoneSpec) -> bool {
+    spec.strict
+        && !spec.cluster
+        && spec.urls.iter().all(|u| {
+            let u = u.to_ascii_lowercase();
+            !u.starts_with("rediss:") && !u.starts_with("valkeys:")
+        })
+}
+
+impl Backend {
+    /// The worker wants a link (at start, after its link failed, or a
+    /// strict request found none): made as soon as the backend is up and
+    /// the last failed try is long enough ago.
+    pub(super) fn want_link(&mut self) {
+        self.link_wanted = eligible(&self.spec);
+    }
+
+    /// When the thread must wake to try a link again, if one is wanted.
+    pub(super) fn link_due(&self) -> Option<Instant> {
+        (self.link_wanted && self.is_up())
+            .then(|| self.link_tried.map_or_else(Instant::now, |t| t + self.link_backoff))
+    }
+
+    /// Makes the link the worker wants, if it is due. A try that fails is
+    /// logged, the strict calls stay with the thread, and it is tried
+    /// again after a backoff.
+    pub(super) fn make_link(&mut self, events: &mut Vec<Event>) {
+        let now = Instant::now();
+        let due = self.link_wanted
+            && self.is_up()
+            && self.link_tried.is_none_or(|t| now >= t + self.link_backoff);
+        if !due {
+            return;
+        }
+        self.link_tried = Some(now);
+        match open(&self.spec) {
+            Ok(fd) => {
+                self.link_wanted = false;
+                self.link_backoff = RETRY_MIN;
+                events.push(Event::Link { zone: self.spec.index, fd });
+            }
+            Err(why) => {
+                self.link_backoff = (self.link_backoff * 2).min(RETRY_MAX);
+                let text = format!(
+                    "redis_ratelimit: zone \"{}\": a connection for strict requests to Redis {} failed: {}; they go through the background thread",
+                    self.spec.name,
+                    self.describe(),
+                    why
+                );
+                self.log_error(false, false, text, events);
+            }
+        }
+    }
+}
+
+/// Connects and prepares a link (blocking, each step within the zone's
+/// `timeout=`).
+fn open(spec: &ZoneSpec) -> Result<OwnedFd, String> {
+    let info = io::master_info(&spec.urls, spec.sentinel.as_deref(), spec.timeout)
+        .map_err(|e| e.to_string())?;
+    let settings = info.redis_settings();
+    let mut hello = Vec::new();
+    let mut expect = Vec::new();
+    if let Some(pass) = settings.password() {
+        match settings.username() {
+            Some(user) => resp::command(&mut hello, &["AUTH", user, pass]),
+            None => resp::command(&mut hello, &["AUTH", pass]),
+        }
+        expect.push("AUTH");
+    }
+    if settings.db() != 0 {
+        resp::command(&mut hello, &["SELECT", &settings.db().to_string()]);
+        expect.push("SELECT");
+    }
+    // named, for CLIENT LIST (a server that refuses the name is fine)
+    resp::command(&mut hello, &["CLIENT", "SETNAME", LINK_NAME]);
+    expect.push("CLIENT SETNAME");
+    resp::command(&mut hello, &["SCRIPT", "LOAD", SCRIPT]);
+    expect.push("SCRIPT LOAD");
+    let t = spec.timeout;
+    let fd: OwnedFd = match info.addr() {
+        ConnectionAddr::Tcp(host, port) => {
+            let s = tcp(host, *port, t)?;
+            s.set_nodelay(true).map_err(|e| e.to_string())?;
+            handshake(&s, &hello, &expect, t)?;
+            s.set_nonblocking(true).map_err(|e| e.to_string())?;
+            s.into()
+        }
+        ConnectionAddr::Unix(path) => {
+            let s = UnixStream::connect(path).map_err(|e| e.to_string())?;
+            handshake(&s, &hello, &expect, t)?;
+            s.set_nonblocking(true).map_err(|e| e.to_string())?;
+            s.into()
+        }
+        _ => return Err("strict links are plain TCP or Unix sockets".into()),
+    };
+    Ok(fd)
+}
+
+fn tcp(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {
+    let mut last = String::from("no address");
+    for a in (host, port).to_socket_addrs().map_err(|e| e.to_string())? {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(last)
+}
+
+/// A blocking stream with timeouts on both directions.
+trait Timed: Read + Write {
+    fn timeouts(&self, t: Duration) -> std::io::Result<()>;
+}
+
+impl Timed for &TcpStream {
+    fn timeouts(&self, t: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(t))?;
+        self.set_write_timeout(Some(t))
+    }
+}
+
+impl Timed for &UnixStream {
+    fn timeouts(&self, t: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(t))?;
+        self.set_write_timeout(Some(t))
+    }
+}
+
+/// Sends the commands that prepare the link and checks each reply: `+OK`
+/// for `AUTH` and `SELECT`, the script's SHA for `SCRIPT LOAD`.
+fn handshake<S>(mut s: S, hello: &[u8], expect: &[&str], timeout: Duration) -> Result<(), String>
+where
+    S: Timed,
+{
+    s.timeouts(timeout).map_err(|e| e.to_string())?;
+    s.write_all(hello).map_err(|e| e.to_string())?;
+    let mut input = Vec::new();
+    let mut buf = [0u8; 512];
+    for what in expect {
+        let v = loop {
+            match resp::parse(&input) {
+                Ok(Some((v, n))) => {
+                    input.drain(..n);
+                    break v;
+                }
+                Ok(None) => {}
+                Err(_) => return Err("not a Redis reply".into()),
+            }
+            let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("connection closed".into());
+            }
+            input.extend_from_slice(&buf[..n]);
+        };
+        let ok = match (&v, *what) {
+            (_, "CLIENT SETNAME") => true,
+            (Value::Bulk(Some(sha)), "SCRIPT LOAD") => sha.as_slice() == sha1_hex().as_bytes(),
+            (Value::Status(s), _) => s == "OK",
+            _ => false,
+        };
+        if !ok {
+            return Err(match v {
+                Value::Error(e) => format!("{what}: {e}"),
+                _ => format!("{what}: unexpected reply"),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,490 @@
+//! Strict links, the worker's part: the strict requests' script calls go
+//! down a connection of the worker's own, on its event loop, so that a
+//! strict request waits for one Redis round trip and nothing else (through
+//! the Redis thread it also waited for the thread to wake and for the
+//! answer to come back through the notification pipe). The thread makes
+//! the connection and hands it over ready (`backend/link.rs`); this file
+//! only writes `EVALSHA` calls and reads their answers, without blocking.
+//!
+//! - Requests of one key that wait together share one call; while a key's
+//!   call is out, its new requests wait for the answer and go together in
+//!   the next call. What waits is written once per turn of the event loop
+//!   (a posted event), so a burst costs one `send()`.
+//! - Each answer is applied as the thread's would be (`strict_answered`).
+//! - An error reply (the script unknown to the server, a counter that is
+//!   not an integer, a server that is not a master) means the call did not
+//!   count anything: it goes to the thread, which deals with it as it does
+//!   with its own calls (loads the script, logs, takes a backend down). A
+//!   reply saying the server does not serve the key also drops the link.
+//! - A failed link (closed, unreadable, no answer within `timeout=`) is
+//!   dropped: the calls that were out get no answer (they may have run:
+//!   `on_error` decides, as for a lost exchange of the thread), what had
+//!   not been written goes to the thread, the thread checks the backend at
+//!   once, and a new link is asked for at most once a second while strict
+//!   requests come.
+
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::os::fd::{IntoRawFd, OwnedFd};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use nginx_sys::{
+    ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_del_timer, ngx_event_t,
+    ngx_get_connection, ngx_handle_read_event, ngx_handle_write_event, ngx_int_t, ngx_log_t,
+    ngx_post_event, ngx_posted_events, NGX_OK,
+};
+use ratelimit_core::batch::ItemId;
+use ratelimit_core::calls::Calls;
+use ratelimit_core::rate::Rate;
+use ratelimit_core::resp::{self, Value};
+use ratelimit_core::stats::Stats;
+use ratelimit_core::strict;
+
+use super::conf::MainConf;
+use super::reply::{main_conf, strict_answered, zone_log};
+use super::time::now_ms;
+use crate::backend::{Channel, Level, StrictAsk, StrictGroup};
+
+/// A new link is asked for at most this often per zone.
+const ASK_EVERY: Duration = Duration::from_secs(1);
+/// Bytes read per `recv()`.
+const READ_CHUNK: usize = 16 << 10;
+/// Most bytes of replies kept unparsed (a reply larger than `resp`'s
+/// bounds is a protocol error long before this).
+const MAX_INPUT: usize = 4 << 20;
+/// Error replies saying the server does not serve the key (any more): the
+/// link is dropped after them.
+const LOST: [&str; 6] = ["READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "LOADING", "MOVED"];
+
+type Key = (ItemId, u32);
+
+/// A zone's link. It lives as long as the worker (its flush event may be
+/// posted); its connection comes and goes.
+struct Link {
+    zone: usize,
+    c: *mut ngx_connection_t,
+    timeout_ms: u64,
+    /// Posted to write what waits, once per turn of the event loop.
+    flush: ngx_event_t,
+    out: Vec<u8>,
+    written: usize,
+    input: Vec<u8>,
+    /// Requests not written yet, per key, and calls out.
+    calls: Calls<Key, StrictGroup>,
+    asked: Option<Instant>,
+}
+
+thread_local! {
+    /// Per zone index (this worker's thread only). Boxes never freed: a
+    /// posted event may point into one.
+    static LINKS: RefCell<Vec<Option<*mut Link>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The zone's link (made on first use).
+fn link(zone: usize) -> *mut Link {
+    LINKS.with(|l| {
+        let mut l = l.borrow_mut();
+        if l.len() <= zone {
+            l.resize(zone + 1, None);
+        }
+        *l[zone].get_or_insert_with(|| {
+            Box::into_raw(Box::new(Link {
+                zone,
+                c: ptr::null_mut(),
+                timeout_ms: 1000,
+                // SAFETY: an all-zero event is nginx's idle event (as
+                // `ngx_pcalloc` gives); its handler and data are set below.
+                flush: unsafe { std::mem::zeroed() },
+                out: Vec::new(),
+                written: 0,
+                input: Vec::new(),
+                calls: Calls::default(),
+                asked: None,
+            }))
+        })
+    })
+}
+
+/// Takes a connection the thread made for `zone`'s strict calls.
+pub fn attach(zone: usize, fd: OwnedFd, log: *mut ngx_log_t) {
+    let Some(mcf) = main_conf() else {
+        return;
+    };
+    let Some(timeout_ms) =
+        mcf.zones.get(zone).and_then(|z| z.params.as_ref()).map(|p| p.timeout_ms)
+    else {
+        return;
+    };
+    let l = link(zone);
+    // SAFETY: links live for the worker's life; this thread only.
+    let link = unsafe { &mut *l };
+    if !link.c.is_null() {
+        return; // one at a time (the new one is closed with `fd`)
+    }
+    let raw = fd.into_raw_fd();
+    // SAFETY: registers a connected, non-blocking socket with nginx's
+    // event loop, on the worker's thread, as `worker.rs` does its pipe.
+    unsafe {
+        let c = ngx_get_connection(raw, log);
+        if c.is_null() {
+            libc::close(raw);
+            return;
+        }
+        (*c).data = l.cast::<c_void>();
+        (*c).log = log;
+        let (rev, wev) = ((*c).read, (*c).write);
+        (*rev).handler = Some(on_read);
+        (*rev).log = log;
+        (*wev).handler = Some(on_write);
+        (*wev).log = log;
+        if ngx_handle_read_event(rev, 0) != NGX_OK as ngx_int_t {
+            ngx_close_connection(c);
+            return;
+        }
+        link.flush.handler = Some(on_flush);
+        link.flush.data = l.cast::<c_void>();
+        link.flush.log = log;
+        link.c = c;
+    }
+    link.timeout_ms = timeout_ms;
+}
+
+/// Sends strict requests' limits: down the zone's link when it has one,
+/// else through the thread (asking for a link).
+pub fn send(ch: &Channel, asks: Vec<StrictAsk>) {
+    let mut rest = Vec::new();
+    for a in asks {
+        let zone = a.id.zone as usize;
+        let l = link(zone);
+        // SAFETY: as in `attach`.
+        let link = unsafe { &mut *l };
+        if link.c.is_null() {
+            let now = Instant::now();
+            if link.asked.is_none_or(|t| now.duration_since(t) >= ASK_EVERY) {
+                link.asked = Some(now);
+                ch.want_link(zone);
+            }
+            rest.push(a);
+            continue;
+        }
+        link.calls.waiting((a.id, a.limit), || StrictGroup::of(&a)).add(&a);
+        link.post_flush();
+    }
+    if !rest.is_empty() {
+        ch.push_strict(rest);
+    }
+}
+
+/// Closes the links (worker exit).
+pub fn close_all() {
+    let all: Vec<*mut Link> = LINKS.with(|l| l.borrow().iter().flatten().copied().collect());
+    for l in all {
+        // SAFETY: as in `attach`.
+        let link = unsafe { &mut *l };
+        if !link.c.is_null() {
+            // SAFETY: the connection is ours, on this thread.
+            unsafe { ngx_close_connection(link.c) };
+            link.c = ptr::null_mut();
+        }
+    }
+}
+
+unsafe extern "C" fn on_flush(ev: *mut ngx_event_t) {
+    // SAFETY: the flush event's data is its link (`attach`).
+    let link = unsafe { &mut *(*ev).data.cast::<Link>() };
+    link.write_waiting();
+}
+
+unsafe extern "C" fn on_write(ev: *mut ngx_event_t) {
+    // SAFETY: nginx passes our connection's write event.
+    let link = unsafe { &mut *(*(*ev).data.cast::<ngx_connection_t>()).data.cast::<Link>() };
+    link.write_out();
+}
+
+unsafe extern "C" fn on_read(ev: *mut ngx_event_t) {
+    // SAFETY: nginx passes our connection's read event.
+    let (link, timedout) = unsafe {
+        let c = (*ev).data.cast::<ngx_connection_t>();
+        (&mut *(*c).data.cast::<Link>(), (*ev).timedout() != 0)
+    };
+    if timedout {
+        // SAFETY: as above.
+        unsafe { (*ev).set_timedout(0) };
+        link.fail("no answer within timeout=", true);
+        return;
+    }
+    link.read();
+}
+
+impl Link {
+    fn post_flush(&mut self) {
+        if self.flush.posted() == 0 {
+            // SAFETY: the event lives as long as the worker; posted events
+            // run in this turn of the event loop.
+            unsafe { ngx_post_event(&raw mut self.flush, ptr::addr_of_mut!(ngx_posted_events)) };
+        }
+    }
+
+    fn channel(&self) -> Option<&'static Channel> {
+        super::channel::channel().map(|c| &**c)
+    }
+
+    /// Writes a call for every key that waits and has none out.
+    fn write_waiting(&mut self) {
+        if self.c.is_null() {
+            let (_, waiting) = self.calls.drain();
+            let asks: Vec<StrictAsk> =
+                waiting.into_iter().flat_map(StrictGroup::into_asks).collect();
+            if let Some(ch) = self.channel().filter(|_| !asks.is_empty()) {
+                ch.push_strict(asks);
+            }
+            return;
+        }
+        let Some(mcf) = main_conf() else {
+            return;
+        };
+        let Some(prefix) =
+            mcf.zones.get(self.zone).and_then(|z| z.params.as_ref()).map(|p| &p.prefix)
+        else {
+            return;
+        };
+        let now = now_ms();
+        for g in self.calls.write(Instant::now()) {
+            let cmd =
+                strict::evalsha(prefix, &g.tag, g.period, g.id.window, g.limit, now, &g.costs);
+            resp::command(&mut self.out, &cmd);
+        }
+        self.arm();
+        self.write_out();
+    }
+
+    /// Writes what is buffered; the rest when the socket can take it.
+    fn write_out(&mut self) {
+        while self.written < self.out.len() && !self.c.is_null() {
+            let rest = &self.out[self.written..];
+            // SAFETY: writes from a live buffer to our socket; MSG_NOSIGNAL:
+            // a closed peer is an error, not a signal.
+            let n = unsafe {
+                libc::send((*self.c).fd, rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL)
+            };
+            if n > 0 {
+                self.written += n as usize;
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            if n < 0 && e.kind() == std::io::ErrorKind::WouldBlock {
+                // SAFETY: our connection's write event, on this thread.
+                let ok = unsafe {
+                    (*(*self.c).write).set_ready(0);
+                    ngx_handle_write_event((*self.c).write, 0) == NGX_OK as ngx_int_t
+                };
+                if !ok {
+                    self.fail("cannot wait to write", false);
+                }
+                return;
+            }
+            if n < 0 && e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            self.fail(&format!("send failed: {e}"), false);
+            return;
+        }
+        self.out.clear();
+        self.written = 0;
+    }
+
+    /// Reads what came and applies every whole answer.
+    fn read(&mut self) {
+        let mut buf = [0u8; READ_CHUNK];
+        loop {
+            if self.c.is_null() {
+                return;
+            }
+            // SAFETY: reads into a local buffer from our socket.
+            let n = unsafe { libc::recv((*self.c).fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n > 0 {
+                self.input.extend_from_slice(&buf[..n as usize]);
+                if self.input.len() > MAX_INPUT {
+                    self.fail("replies too large", false);
+                    return;
+                }
+                // a short read drained the socket (as nginx's own recv
+                // reads it with epoll): more data is a new event
+                if (n as usize) < buf.len() {
+                    break;
+                }
+                continue;
+            }
+            if n == 0 {
+                self.fail("connection closed by Redis", false);
+                return;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::WouldBlock => break,
+                std::io::ErrorKind::Interrupted => continue,
+                _ => {
+                    self.fail(&format!("recv failed: {e}"), false);
+                    return;
+                }
+            }
+        }
+        // SAFETY: our connection's read event: drained, wait for the next.
+        let ok = unsafe {
+            let rev = (*self.c).read;
+            (*rev).set_ready(0);
+            ngx_handle_read_event(rev, 0) == NGX_OK as ngx_int_t
+        };
+        let mut at = 0;
+        let mut lost = false;
+        loop {
+            match resp::parse(&self.input[at..]) {
+                Ok(Some((v, n))) => {
+                    at += n;
+                    let Some((g, sent_at)) = self.calls.answered() else {
+                        self.fail("a reply nobody asked for", false);
+                        return;
+                    };
+                    lost |= self.answer(g, sent_at, v);
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    self.fail("not a Redis reply", false);
+                    return;
+                }
+            }
+        }
+        self.input.drain(..at);
+        if lost || !ok {
+            self.fail("the server does not serve the key", false);
+            return;
+        }
+        self.arm();
+        if self.calls.has_waiting() {
+            self.post_flush();
+        }
+    }
+
+    /// Applies one answer; whether the link is to be dropped after it.
+    fn answer(&mut self, g: StrictGroup, sent_at: Instant, v: Value) -> bool {
+        let Some(mcf) = main_conf() else {
+            return false;
+        };
+        let log = self.log();
+        let stats = stats(mcf, self.zone);
+        if let Some(st) = stats {
+            st.pipeline(1, sent_at.elapsed().as_micros() as u64);
+        }
+        let rate = Rate { limit: g.limit, period: g.period };
+        if let Some(code) = v.error_code() {
+            // it did not run: the thread deals with it as with its own
+            let lost = LOST.contains(&code);
+            if let Some(ch) = self.channel() {
+                ch.push_strict(g.into_asks());
+            }
+            return lost;
+        }
+        let answer = v.ints().and_then(|ints| strict::parse_answer(&ints, g.tickets.len()));
+        match &answer {
+            Some(_) => {
+                if let Some(st) = stats {
+                    st.synced(now_ms());
+                }
+            }
+            None => {
+                if let Some(st) = stats {
+                    Stats::bump(&st.errors_reply);
+                }
+                let name = mcf.zones.get(self.zone).map_or("", |z| z.name.as_str());
+                let message = format!(
+                    "redis_ratelimit: zone \"{name}\": the strict script's answer is not what it should be"
+                );
+                zone_log(mcf, log, self.zone as u32, Level::Error, &message);
+            }
+        }
+        strict_answered(mcf, log, g.id, rate, &g.tickets, answer.as_ref());
+        false
+    }
+
+    /// The read timer runs while calls are out: no answer for `timeout=`
+    /// drops the link.
+    fn arm(&mut self) {
+        if self.c.is_null() {
+            return;
+        }
+        // SAFETY: our connection's read event, on this thread.
+        unsafe {
+            let rev = (*self.c).read;
+            if !self.calls.in_flight() {
+                if (*rev).timer_set() != 0 {
+                    ngx_del_timer(rev);
+                }
+            } else {
+                ngx_add_timer(rev, self.timeout_ms.max(1) as _);
+            }
+        }
+    }
+
+    fn log(&self) -> *mut ngx_log_t {
+        if self.c.is_null() {
+            self.flush.log
+        } else {
+            // SAFETY: our connection, on this thread.
+            unsafe { (*self.c).log }
+        }
+    }
+
+    /// Drops the connection: calls out get no answer, what waits goes to
+    /// the thread, which checks the backend.
+    fn fail(&mut self, why: &str, timed_out: bool) {
+        if self.c.is_null() {
+            return;
+        }
+        let log = self.log();
+        // SAFETY: our connection; nginx removes its events and timers.
+        unsafe { ngx_close_connection(self.c) };
+        self.c = ptr::null_mut();
+        self.out.clear();
+        self.written = 0;
+        self.input.clear();
+        let (flight, waiting) = self.calls.drain();
+        let waiting: Vec<StrictAsk> =
+            waiting.into_iter().flat_map(StrictGroup::into_asks).collect();
+        let ch = self.channel();
+        if let Some(ch) = ch {
+            if !waiting.is_empty() {
+                ch.push_strict(waiting);
+            }
+            ch.link_lost(self.zone, timed_out);
+        }
+        let Some(mcf) = main_conf().filter(|_| ch.is_some()) else {
+            for g in flight {
+                super::waits::resolve(&g.tickets, None);
+            }
+            return;
+        };
+        if let Some(st) = stats(mcf, self.zone) {
+            Stats::bump(&st.errors_transport);
+        }
+        for g in flight {
+            strict_answered(
+                mcf,
+                log,
+                g.id,
+                Rate { limit: g.limit, period: g.period },
+                &g.tickets,
+                None,
+            );
+        }
+        let name = mcf.zones.get(self.zone).map_or("", |z| z.name.as_str());
+        let message = format!(
+            "redis_ratelimit: zone \"{name}\": the strict link to Redis failed: {why}; strict requests go through the background thread until a new one is made"
+        );
+        zone_log(mcf, log, self.zone as u32, Level::Error, &message);
+    }
+}
+
+fn stats(mcf: &MainConf, zone: usize) -> Option<&Stats> {
+    mcf.zones.get(zone).and_then(|z| z.shared.as_ref()).map(|s| s.stats())
+}

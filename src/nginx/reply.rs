@@ -1,0 +1,133 @@
+//! Redis's answers applied on the worker's own thread: counts to a key's
+//! entry (a flush's reply or a strict decision, a breaker it closed),
+//! strict requests woken, log lines through the zone's log gate. Used for
+//! what the Redis thread hands back (`worker.rs`) and for what a strict
+//! link reads (`link.rs`).
+
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use nginx_sys::{ngx_log_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_NOTICE};
+use ngx::log::DebugMask;
+use ngx::{ngx_log_debug, ngx_log_error};
+use ratelimit_core::batch::ItemId;
+use ratelimit_core::counter;
+use ratelimit_core::rate::Rate;
+use ratelimit_core::stats::Stats;
+use ratelimit_core::strict::Answer;
+use ratelimit_core::table::Entry;
+
+use super::conf::MainConf;
+use super::time::now_ms;
+use crate::backend::Level;
+
+static MAIN_CONF: AtomicPtr<MainConf> = AtomicPtr::new(ptr::null_mut());
+
+/// Records this worker's main configuration (its thread started).
+pub(super) fn set_main_conf(mcf: &mut MainConf) {
+    MAIN_CONF.store(ptr::from_mut(mcf), Ordering::Release);
+}
+
+/// Redis's decision for strict requests of one key (`None`: none): its
+/// counts applied to the entry as for a flush (nothing of ours in flight:
+/// the script counted what it allowed), the requests woken.
+pub(super) fn strict_answered(
+    mcf: &MainConf,
+    log: *mut ngx_log_t,
+    id: ItemId,
+    rate: Rate,
+    tickets: &[u64],
+    answer: Option<&Answer>,
+) {
+    if let Some(a) = answer {
+        let c = counter::Confirmation {
+            window: id.window,
+            sent: 0,
+            carried: 0,
+            cur: a.cur,
+            prev: Some(a.prev),
+        };
+        confirmed(mcf, log, id, rate, &c, now_ms());
+    }
+    super::waits::resolve(tickets, answer.map(|a| &a.allowed[..]));
+}
+
+/// A line for the error log, at most one a second per zone over all
+/// workers (`claim_log`).
+pub(super) fn zone_log(
+    mcf: &MainConf,
+    log: *mut ngx_log_t,
+    zone: u32,
+    level: Level,
+    message: &str,
+) {
+    let Some(shared) = mcf.zones.get(zone as usize).and_then(|z| z.shared.as_ref()) else {
+        return;
+    };
+    let error = level == Level::Error;
+    let claimed = shared.lock().table.claim_log(error, now_ms() / 1000);
+    if claimed {
+        let lvl = if error { NGX_LOG_ERR } else { NGX_LOG_NOTICE };
+        ngx_log_error!(lvl as ngx_uint_t, log, "{}", message);
+    }
+}
+
+/// This worker's main configuration, once its thread started.
+pub(super) fn main_conf() -> Option<&'static MainConf> {
+    let mcf = MAIN_CONF.load(Ordering::Acquire);
+    // SAFETY: the main configuration lives as long as this worker's cycle.
+    (!mcf.is_null()).then(|| unsafe { &*mcf })
+}
+
+/// Applies Redis's counts for an item (a flush's reply or a strict
+/// decision) to its entry, counting a breaker that the reply closed.
+pub(super) fn confirmed(
+    mcf: &MainConf,
+    log: *mut ngx_log_t,
+    id: ItemId,
+    rate: Rate,
+    confirmation: &counter::Confirmation,
+    now: u64,
+) {
+    with_entry(mcf, id, |e| {
+        let armed = e.blocked_until_ms;
+        counter::confirm(e, confirmation, rate, now);
+        if armed <= now && e.blocked_until_ms > now {
+            if let Some(s) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref()) {
+                Stats::bump(&s.stats().breaker_trips);
+            }
+        }
+        ngx_log_debug!(
+            mask: DebugMask::Http,
+            log,
+            "redis_ratelimit: reply applied: zone {} key #{:016x} window {}: {} sent, count {}, previous {}",
+            id.zone,
+            id.entry[0],
+            confirmation.window,
+            confirmation.sent,
+            confirmation.cur,
+            confirmation.prev.map_or(-1, |p| p as i64)
+        );
+        if e.blocked_until_ms > now && e.blocked_until_ms != armed {
+            ngx_log_debug!(
+                mask: DebugMask::Http,
+                log,
+                "redis_ratelimit: breaker armed: zone {} key #{:016x} limited for {} ms",
+                id.zone,
+                id.entry[0],
+                e.blocked_until_ms - now
+            );
+        }
+    });
+}
+
+/// Runs `f` on the zone entry an item was for, if it is still there.
+pub(super) fn with_entry(mcf: &MainConf, id: ItemId, f: impl FnOnce(&mut Entry)) {
+    let Some(shared) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref()) else {
+        return;
+    };
+    let mut locked = shared.lock();
+    if let Some(i) = locked.table.find(id.entry) {
+        f(locked.table.entry_mut(i));
+    }
+}

@@ -1,0 +1,99 @@
+//! Strict requests that wait, by ticket: a map of this worker's waiting
+//! requests (the worker's thread only), and how Redis's answers wake them.
+//! `strict.rs` suspends a request and registers its wait here; an answer
+//! (from the thread, or from the worker's own link) resolves tickets; the
+//! wait's pool cleanup takes it out, so a late answer finds no one.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::ptr;
+
+use nginx_sys::{ngx_del_timer, ngx_http_request_t, ngx_post_event, ngx_posted_events};
+
+/// What Redis said for one strict limit of a waiting request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// Not sent (backend down, no thread): `on_error` decides, no wait.
+    NotAsked,
+    Waiting,
+    Allowed,
+    Rejected,
+    /// No decision: the exchange failed or Redis refused the call.
+    Failed,
+}
+
+/// A suspended request, in its pool.
+pub(super) struct Wait {
+    pub(super) r: *mut ngx_http_request_t,
+    /// Its tickets are `base | i` for its strict limits `i`.
+    pub(super) base: u64,
+    pub(super) verdicts: [Verdict; 16],
+    pub(super) waiting: u8,
+}
+
+thread_local! {
+    /// Waiting requests by ticket base (this worker's thread only).
+    static WAITS: RefCell<HashMap<u64, *mut Wait>> = RefCell::new(HashMap::new());
+    static NEXT: Cell<u64> = const { Cell::new(1) };
+}
+
+/// The pool cleanup of a wait: the request ended (answered, or its client
+/// went away): a late answer must not find it.
+pub(super) unsafe extern "C" fn forget(data: *mut c_void) {
+    // SAFETY: `data` is the `Wait` written in `suspend`.
+    let base = unsafe { (*data.cast::<Wait>()).base };
+    WAITS.with(|m| m.borrow_mut().remove(&base));
+}
+
+/// Redis's answer for some tickets (`None`: no answer); a request with all
+/// its verdicts is woken. Worker thread only.
+pub fn resolve(tickets: &[u64], allowed: Option<&[bool]>) {
+    for (i, &t) in tickets.iter().enumerate() {
+        let Some(w) = WAITS.with(|m| m.borrow().get(&(t & !0xf)).copied()) else {
+            continue; // gone (closed, timed out)
+        };
+        // SAFETY: a wait in the map is alive (its cleanup removes it).
+        let wait = unsafe { &mut *w };
+        let k = (t & 0xf) as usize;
+        if wait.verdicts[k] != Verdict::Waiting {
+            continue;
+        }
+        wait.verdicts[k] = match allowed.and_then(|a| a.get(i)) {
+            Some(true) => Verdict::Allowed,
+            Some(false) => Verdict::Rejected,
+            None => Verdict::Failed,
+        };
+        wait.waiting = wait.waiting.saturating_sub(1);
+        if wait.waiting == 0 {
+            WAITS.with(|m| m.borrow_mut().remove(&wait.base));
+            // SAFETY: the request is alive while its wait is; its write
+            // event is posted to run `wake` in this event loop's turn.
+            unsafe {
+                let wev = (*(*wait.r).connection).write;
+                (*wev).set_delayed(0);
+                if (*wev).timer_set() != 0 {
+                    ngx_del_timer(wev);
+                }
+                ngx_post_event(wev, ptr::addr_of_mut!(ngx_posted_events));
+            }
+        }
+    }
+}
+
+/// A fresh ticket base for a request's strict limits (`base | i`).
+pub(super) fn next_base() -> u64 {
+    NEXT.with(|n| {
+        let v = n.get();
+        n.set(v + 1);
+        v << 4
+    })
+}
+
+pub(super) fn register(base: u64, wait: *mut Wait) {
+    WAITS.with(|m| m.borrow_mut().insert(base, wait));
+}
+
+pub(super) fn unregister(base: u64) {
+    WAITS.with(|m| m.borrow_mut().remove(&base));
+}

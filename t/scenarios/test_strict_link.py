@@ -1,0 +1,136 @@
+"""Strict links: a worker sends its strict requests' script calls down a
+connection of its own, on its event loop (no hand-off to the Redis thread
+on the request's path). The link is named in CLIENT LIST; a link killed
+under traffic loses and doubles nothing (the thread takes the calls, a new
+link follows); a server that forgot the script (SCRIPT FLUSH) answers
+NOSCRIPT, and those calls go through the thread, which loads it again.
+"""
+
+import json
+import time
+
+from harness import wait_for
+
+LINK_NAME = "ngx_redis_ratelimit_strict"
+
+HTTP = """
+    redis_ratelimit_zone $arg_k zone=s:1m redis=%s timeout=1s;
+    redis_ratelimit_zone $arg_k zone=b:1m redis=%s;
+"""
+SERVER = """
+        location = /strict { redis_ratelimit s 100r/m strict; }
+        location = /one    { redis_ratelimit s 5r/m strict; }
+        location = /bg     { redis_ratelimit b 100r/m; }
+        location = /metrics { redis_ratelimit_metrics; }
+"""
+FILES = {"strict": "ok\n", "one": "ok\n", "bg": "ok\n"}
+
+
+def clients(r):
+    """CLIENT LIST as a list of {field: value}."""
+    out = []
+    for line in r.cmd("CLIENT", "LIST").splitlines():
+        out.append(dict(kv.split("=", 1) for kv in line.split() if "=" in kv))
+    return out
+
+
+def links(r):
+    return [c for c in clients(r) if c.get("name") == LINK_NAME]
+
+
+def calls(r, cmd):
+    return int(r.commandstats().get(cmd, {}).get("calls", 0))
+
+
+def strict_figures(n):
+    return json.loads(n.request("/metrics?format=json")[2])["zones"]["s"]["redis"]["strict"]
+
+
+def count(r, key):
+    return sum(int(r.cmd("GET", k) or 0) for k in r.keys("rl:{s:%s}:60:*" % key))
+
+
+def test_strict_calls_go_down_the_workers_own_link(h):
+    """Two workers, one strict zone and one background zone: one link per
+    worker for the strict zone (none for the other), and every EVALSHA runs
+    on a link, none on the threads' connections."""
+    r = h.redis()
+    n = h.nginx(HTTP % (r.url, r.url), SERVER, workers=2, files=FILES)
+    h.check(wait_for(lambda: len(links(r)) == 2, 3.0), "one link per worker: %s" % links(r))
+    h.wait_minute_room(10)
+    before = calls(r, "evalsha")
+    sts = n.burst(["/strict?k=" + h.key("l%d" % i) for i in range(40)], threads=8, timeout=5.0)
+    n.get("/bg?k=" + h.key("bg"))
+    evalsha = calls(r, "evalsha") - before
+    by_name = {}
+    for c in clients(r):
+        if c.get("cmd") == "evalsha":
+            by_name[c.get("name", "")] = by_name.get(c.get("name", ""), 0) + 1
+    h.note("40 strict requests on 40 keys: %d x 200, %d EVALSHA; clients whose last command "
+           "was EVALSHA, by name: %s; links: %d" % (sts.count(200), evalsha, by_name, len(links(r))))
+    h.check(sts == [200] * 40, "all pass: %s" % sts)
+    h.check(evalsha == 40, "one script call per key: %d" % evalsha)
+    h.check(set(by_name) == {LINK_NAME}, "EVALSHA ran on the links only: %s" % by_name)
+    h.check(len(links(r)) == 2, "still one link per worker")
+    h.check(strict_figures(n)["timeouts"] == 0, "no strict request was decided by on_error")
+
+
+def test_a_link_killed_under_traffic_loses_and_doubles_nothing(h):
+    """The link is killed (CLIENT KILL) between requests of a key: every
+    request is still decided by Redis (none by on_error), Redis counts
+    each exactly once, and a new link follows within a few seconds."""
+    r = h.redis()
+    n = h.nginx(HTTP % (r.url, r.url), SERVER, files=FILES)
+    h.check(wait_for(lambda: len(links(r)) == 1, 3.0), "a link: %s" % links(r))
+    h.wait_minute_room(15)
+    k = h.key("killed")
+    first = [n.get("/strict?k=" + k)[0] for _ in range(20)]
+    old = links(r)[0]["id"]
+    r.cmd("CLIENT", "KILL", "ID", old)
+    then = [n.get("/strict?k=" + k)[0] for _ in range(20)]
+    back = wait_for(lambda: len(links(r)) == 1 and links(r)[0]["id"] != old, 4.0)
+    before = calls(r, "evalsha")
+    last = [n.get("/strict?k=" + k)[0] for _ in range(5)]
+    on_link = [c for c in links(r) if c.get("cmd") == "evalsha"]
+    in_redis = count(r, k)
+    log = n.error_log_text()
+    h.note("20 requests, link killed, 20 more, %s; then 5 (%d EVALSHA, on the new link: %s); "
+           "Redis counts %d; strict figures %s"
+           % ("a new link" if back else "NO new link", calls(r, "evalsha") - before,
+              bool(on_link), in_redis, strict_figures(n)))
+    h.check(first + then + last == [200] * 45, "all 45 pass: %s" % (first + then + last))
+    h.check(in_redis == 45, "Redis counts each request once: %d" % in_redis)
+    h.check(strict_figures(n)["timeouts"] == 0, "none was decided by on_error")
+    h.check(back, "a new link within 4 s")
+    h.check(bool(on_link), "the new link carries the calls")
+    h.check("strict link to Redis failed: connection closed" in log, "the lost link is logged")
+    h.check("[alert]" not in log and "panicked" not in log, "no worker crashed")
+
+
+def test_a_server_that_forgot_the_script_answers_through_the_thread(h):
+    """SCRIPT FLUSH: the link's EVALSHA gets NOSCRIPT (it did not run); the
+    call goes to the thread, which loads the script and calls again, so
+    the decision stays exact (5r/m: 5 pass, 2 do not) and no request is
+    decided by on_error; the link keeps working after."""
+    r = h.redis()
+    n = h.nginx(HTTP % (r.url, r.url), SERVER, files=FILES)
+    h.check(wait_for(lambda: len(links(r)) == 1, 3.0), "a link")
+    h.wait_minute_room(10)
+    loads = calls(r, "script|load")
+    r.cmd("SCRIPT", "FLUSH")
+    k = h.key("flushed")
+    got = [n.get("/one?k=" + k)[0] for _ in range(7)]
+    loaded = calls(r, "script|load") - loads
+    link_id = links(r)[0]["id"] if links(r) else None
+    before = calls(r, "evalsha")
+    more = [n.get("/strict?k=" + h.key("after%d" % i))[0] for i in range(3)]
+    after = [c for c in links(r) if c.get("cmd") == "evalsha"]
+    h.note("after SCRIPT FLUSH, 7 requests on 5r/m: %s; SCRIPT LOAD %d time(s); then 3 more: %s "
+           "(%d EVALSHA, last on the link: %s); Redis counts %d"
+           % (got, loaded, more, calls(r, "evalsha") - before, bool(after), count(r, k)))
+    h.check(got == [200] * 5 + [429] * 2, "exact: %s" % got)
+    h.check(count(r, k) == 5, "Redis counts 5")
+    h.check(loaded >= 1, "the thread loaded the script again")
+    h.check(strict_figures(n)["timeouts"] == 0, "none was decided by on_error")
+    h.check(more == [200] * 3 and bool(after) and links(r)[0]["id"] == link_id,
+            "the same link goes on: %s" % more)
