@@ -5,19 +5,24 @@
 //! every request of the key that waited meanwhile).
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::Hash;
+use std::hash::{BuildHasherDefault, Hash};
 use std::time::Instant;
+
+use crate::batch::ItemHasher;
+
+/// Keys are keyed hashes already: one multiply per word (`ItemHasher`).
+type Fast = BuildHasherDefault<ItemHasher>;
 
 #[derive(Debug)]
 pub struct Calls<K, G> {
-    waiting: HashMap<K, G>,
-    busy: HashSet<K>,
+    waiting: HashMap<K, G, Fast>,
+    busy: HashSet<K, Fast>,
     flight: VecDeque<(K, G, Instant)>,
 }
 
 impl<K: Hash + Eq + Copy, G> Default for Calls<K, G> {
     fn default() -> Self {
-        Calls { waiting: HashMap::new(), busy: HashSet::new(), flight: VecDeque::new() }
+        Calls { waiting: HashMap::default(), busy: HashSet::default(), flight: VecDeque::new() }
     }
 }
 

@@ -58,17 +58,41 @@ pub struct ProtocolError;
 
 /// Appends a command: an array of bulk strings.
 pub fn command<A: AsRef<[u8]>>(out: &mut Vec<u8>, args: &[A]) {
-    out.push(b'*');
-    out.extend_from_slice(args.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
+    array(out, args.len());
     for a in args {
-        let a = a.as_ref();
-        out.push(b'$');
-        out.extend_from_slice(a.len().to_string().as_bytes());
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
+        bulk(out, a.as_ref());
     }
+}
+
+/// Appends an array's header (`*n`).
+pub fn array(out: &mut Vec<u8>, n: usize) {
+    out.push(b'*');
+    push_u64(out, n as u64);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a bulk string.
+pub fn bulk(out: &mut Vec<u8>, b: &[u8]) {
+    out.push(b'$');
+    push_u64(out, b.len() as u64);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(b);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `n` in decimal.
+pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// Reads one reply from the start of `buf`: `Ok(None)` when `buf` holds
@@ -169,6 +193,11 @@ mod tests {
         let mut out = Vec::new();
         command(&mut out, &[&b"EVALSHA"[..], b"ab", b""]);
         assert_eq!(out, b"*3\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$0\r\n\r\n");
+        for n in [0, 7, 10, 99, 1234567890, u64::MAX] {
+            let mut d = Vec::new();
+            push_u64(&mut d, n);
+            assert_eq!(d, n.to_string().as_bytes());
+        }
     }
 
     #[test]

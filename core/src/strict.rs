@@ -11,6 +11,7 @@
 //! request. Requests of one key that wait together share one call.
 
 use crate::key::redis_key_for_tag;
+use crate::resp;
 
 /// The script: `KEYS[1]` the current window's counter, `KEYS[2]` the
 /// previous one's; `ARGV` limit, period (ms), time into the window (ms),
@@ -106,6 +107,45 @@ pub fn evalsha(
         vec![b"EVALSHA".to_vec(), sha1_hex().as_bytes().to_vec(), b"2".to_vec(), cur, prev];
     out.extend(args(limit, period, elapsed, costs).iter().map(|a| a.to_string().into_bytes()));
     out
+}
+
+/// The same call as `evalsha`, written straight into `out` as a RESP
+/// command (a strict link's request path: no allocation per argument).
+#[allow(clippy::too_many_arguments)]
+pub fn write_evalsha(
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+    prefix: &[u8],
+    tag: &[u8],
+    period: u32,
+    window: u64,
+    limit: u32,
+    now_ms: u64,
+    costs: &[u32],
+) {
+    let p = u64::from(period);
+    resp::array(out, 9 + costs.len());
+    resp::bulk(out, b"EVALSHA");
+    resp::bulk(out, sha1_hex().as_bytes());
+    resp::bulk(out, b"2");
+    for w in [window, window.saturating_sub(1)] {
+        scratch.clear();
+        scratch.extend_from_slice(prefix);
+        scratch.push(b'{');
+        scratch.extend_from_slice(tag);
+        scratch.extend_from_slice(b"}:");
+        resp::push_u64(scratch, p);
+        scratch.push(b':');
+        resp::push_u64(scratch, w * p);
+        resp::bulk(out, scratch);
+    }
+    let elapsed = now_ms.saturating_sub(window * p * 1000);
+    let a = [u64::from(limit), p * 1000, elapsed.min(p * 1000), 2 * p];
+    for n in a.into_iter().chain(costs.iter().map(|&c| u64::from(c))) {
+        scratch.clear();
+        resp::push_u64(scratch, n);
+        resp::bulk(out, scratch);
+    }
 }
 
 /// What Redis answered for a group.
@@ -266,6 +306,20 @@ mod tests {
         assert_eq!(parse_answer(&[7, 2, 2], 1), None);
         assert_eq!(parse_answer(&[-1, 2, 1], 1), None);
         assert_eq!(parse_answer(&[], 0), None);
+    }
+
+    #[test]
+    fn the_written_call_is_the_same_command() {
+        for (window, now, costs) in
+            [(100, 6_000_250, &[1u32, 2][..]), (0, 5, &[7][..]), (3, 999_999, &[][..])]
+        {
+            let mut out = Vec::new();
+            let mut scratch = Vec::new();
+            write_evalsha(&mut out, &mut scratch, b"rl:", b"z:k", 60, window, 5, now, costs);
+            let mut want = Vec::new();
+            resp::command(&mut want, &evalsha(b"rl:", b"z:k", 60, window, 5, now, costs));
+            assert_eq!(out, want);
+        }
     }
 
     #[test]

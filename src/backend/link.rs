@@ -18,6 +18,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use ratelimit_core::resp::{self, Value};
+use ratelimit_core::stats::Stats;
 use ratelimit_core::strict::{sha1_hex, SCRIPT};
 use redis::ConnectionAddr;
 
@@ -73,6 +74,9 @@ impl Backend {
             Ok(fd) => {
                 self.link_wanted = false;
                 self.link_backoff = RETRY_MIN;
+                if let Some(st) = self.stats() {
+                    Stats::bump(&st.connects);
+                }
                 events.push(Event::Link { zone: self.spec.index, fd });
             }
             Err(why) => {

@@ -17,11 +17,9 @@
 //!   with its own calls (loads the script, logs, takes a backend down). A
 //!   reply saying the server does not serve the key also drops the link.
 //! - A failed link (closed, unreadable, no answer within `timeout=`) is
-//!   dropped: the calls that were out get no answer (they may have run:
-//!   `on_error` decides, as for a lost exchange of the thread), what had
-//!   not been written goes to the thread, the thread checks the backend at
-//!   once, and a new link is asked for at most once a second while strict
-//!   requests come.
+//!   dropped: calls out get no answer (they may have run: `on_error`
+//!   decides), calls not written go to the thread, which checks the
+//!   backend and makes a new link after a backoff.
 
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -250,10 +248,19 @@ impl Link {
             return;
         };
         let now = now_ms();
+        let mut scratch = Vec::with_capacity(128);
         for g in self.calls.write(Instant::now()) {
-            let cmd =
-                strict::evalsha(prefix, &g.tag, g.period, g.id.window, g.limit, now, &g.costs);
-            resp::command(&mut self.out, &cmd);
+            strict::write_evalsha(
+                &mut self.out,
+                &mut scratch,
+                prefix,
+                &g.tag,
+                g.period,
+                g.id.window,
+                g.limit,
+                now,
+                &g.costs,
+            );
         }
         self.arm();
         self.write_out();
@@ -296,22 +303,26 @@ impl Link {
 
     /// Reads what came and applies every whole answer.
     fn read(&mut self) {
-        let mut buf = [0u8; READ_CHUNK];
         loop {
             if self.c.is_null() {
                 return;
             }
-            // SAFETY: reads into a local buffer from our socket.
-            let n = unsafe { libc::recv((*self.c).fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+            self.input.reserve(READ_CHUNK);
+            let room = self.input.spare_capacity_mut();
+            // SAFETY: reads into the vector's spare capacity from our
+            // socket; only the bytes recv() wrote are kept (`set_len`).
+            let n = unsafe { libc::recv((*self.c).fd, room.as_mut_ptr().cast(), room.len(), 0) };
             if n > 0 {
-                self.input.extend_from_slice(&buf[..n as usize]);
+                let short = (n as usize) < room.len();
+                // SAFETY: recv() initialised `n` bytes after the length.
+                unsafe { self.input.set_len(self.input.len() + n as usize) };
                 if self.input.len() > MAX_INPUT {
                     self.fail("replies too large", false);
                     return;
                 }
                 // a short read drained the socket (as nginx's own recv
                 // reads it with epoll): more data is a new event
-                if (n as usize) < buf.len() {
+                if short {
                     break;
                 }
                 continue;
@@ -426,13 +437,9 @@ impl Link {
         }
     }
 
+    /// The log its connection was attached with.
     fn log(&self) -> *mut ngx_log_t {
-        if self.c.is_null() {
-            self.flush.log
-        } else {
-            // SAFETY: our connection, on this thread.
-            unsafe { (*self.c).log }
-        }
+        self.flush.log
     }
 
     /// Drops the connection: calls out get no answer, what waits goes to

@@ -7,9 +7,11 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::hash::BuildHasherDefault;
 use std::ptr;
 
 use nginx_sys::{ngx_del_timer, ngx_http_request_t, ngx_post_event, ngx_posted_events};
+use ratelimit_core::batch::ItemHasher;
 
 /// What Redis said for one strict limit of a waiting request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +36,9 @@ pub(super) struct Wait {
 
 thread_local! {
     /// Waiting requests by ticket base (this worker's thread only).
-    static WAITS: RefCell<HashMap<u64, *mut Wait>> = RefCell::new(HashMap::new());
+    /// Tickets are sequential: one multiply per key (`ItemHasher`).
+    static WAITS: RefCell<HashMap<u64, *mut Wait, BuildHasherDefault<ItemHasher>>> =
+        RefCell::new(HashMap::default());
     static NEXT: Cell<u64> = const { Cell::new(1) };
 }
 
