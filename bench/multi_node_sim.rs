@@ -77,7 +77,7 @@ enum Ev {
     /// A node's message reaches Redis.
     AtRedis(usize, Msg),
     /// Redis's reply reaches the node.
-    Reply(usize, u64, Confirmation),
+    Reply(usize, u64, Confirmation, bool),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -117,6 +117,9 @@ struct Node {
     /// When the last reply was applied (ms), and for which window.
     view_ms: u64,
     view_window: u64,
+    /// The window whose counter this node's `SET NX` created: its previous
+    /// window is the node's own count, not read while the key is quiet.
+    own: Option<u64>,
 }
 
 struct Scenario {
@@ -283,6 +286,7 @@ impl<'a> Sim<'a> {
         };
         let refresh = near && !n.refresh_due;
         let gap = n.gap;
+        let own = n.own;
         if refresh {
             n.refresh_due = true;
         }
@@ -293,7 +297,7 @@ impl<'a> Sim<'a> {
                 n: h.n,
                 carried: h.carried,
                 create,
-                get_prev: second && w == cur_w,
+                get_prev: second && w == cur_w && !(own == Some(w) && h.quiet),
             };
             self.out.cmds += 1 + u64::from(msg.get_prev);
             self.at(t_us + self.s.rtt_us / 2, Ev::AtRedis(i, msg));
@@ -333,7 +337,8 @@ impl<'a> Sim<'a> {
             None
         };
         let conf = Confirmation { window: m.window, sent: m.n, carried: m.carried, cur, prev };
-        self.at(t_us + back, Ev::Reply(i, t_us, conf));
+        let created = m.create && !existed;
+        self.at(t_us + back, Ev::Reply(i, t_us, conf, created));
     }
 
     fn run(mut self) -> Outcome {
@@ -378,10 +383,13 @@ impl<'a> Sim<'a> {
                 Ev::Flush(i) => self.flush(i, t),
                 Ev::Refresh(i) => self.refresh(i, t),
                 Ev::AtRedis(i, m) => self.at_redis(i, m, t),
-                Ev::Reply(i, _sent_at, c) => {
+                Ev::Reply(i, _sent_at, c, created) => {
                     let now = t / 1000;
                     let n = &mut self.nodes[i];
                     confirm(&mut n.e, &c, s.rate, now);
+                    if created {
+                        n.own = Some(c.window);
+                    }
                     if c.window >= n.view_window {
                         n.view_window = c.window;
                         n.view_ms = now;

@@ -127,13 +127,15 @@ impl Backend {
             }
             // The previous window is read from a key's second flush in a
             // window (a key seen once costs one command), again once its
-            // count is final, and by refreshes until then.
+            // count is final, and by refreshes until then; not while a
+            // quiet key's previous count is this node's own.
             let settled = now_ms >= id.window * p * 1000 + prev_settle_ms(item.period);
             let want_prev = match self.prev.get(id) {
                 None => {
                     self.prev.insert(*id, Prev { period: item.period, ..Prev::default() });
                     item.total() == 0
                 }
+                Some(s) if s.own && item.quiet => false,
                 Some(s) => s.value.is_none() || (!s.settled && settled),
             };
             let prev = want_prev.then(|| {
@@ -201,6 +203,12 @@ impl Backend {
                 if let Reply::Value(v) = reply {
                     match v {
                         Value::Okay => {
+                            // the guess held: nobody else counted this window
+                            // yet, and the last reply of the previous one
+                            // grew by this node's counts alone
+                            if let Some(p) = self.prev.get_mut(id) {
+                                p.own = true;
+                            }
                             let cur = u64::from(item.total());
                             self.confirmed(*id, item, cur, prev, now, now_ms, events);
                         }
@@ -331,7 +339,8 @@ impl Backend {
         let value = count(v)?;
         let p = u64::from(item.period);
         let settled = now_ms >= id.window * p * 1000 + prev_settle_ms(item.period);
-        self.prev.insert(*id, Prev { period: item.period, value: Some(value), settled });
+        self.prev
+            .insert(*id, Prev { period: item.period, value: Some(value), settled, own: false });
         Some(value)
     }
 

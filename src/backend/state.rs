@@ -38,6 +38,10 @@ pub(super) struct Prev {
     pub(super) value: Option<u64>,
     /// Read after the settle time: it will not change any more.
     pub(super) settled: bool,
+    /// This node made the previous window's count alone: its `SET NX`
+    /// created this window's counter (`Item::fresh`). Not read then while
+    /// the key stays quiet: the node's own count of it is the count.
+    pub(super) own: bool,
 }
 
 /// A counter whose TTL is to be set (again): its tag and period.
