@@ -104,14 +104,18 @@ if command -v redis-server >/dev/null; then
         --dir "$work" > "$work/redis.log" 2>&1 &
     redis_pid=$!
     sed -e "s|^    server {|    redis_ratelimit_zone \$binary_remote_addr zone=r:10m redis=redis://127.0.0.1:$rport;\n    server {|" \
-        -e 's|^    }$|        location = /redis-hot { root html; try_files /b =404; redis_ratelimit r 1000000000r/s; }\n        location = /strict { root html; try_files /b =404; redis_ratelimit r 1000000000r/s strict; }\n    }|' \
+        -e 's|^    }$|        location = /redis-hot { root html; try_files /b =404; redis_ratelimit r 1000000000r/s; }\n    }|' \
         "$work/conf/nginx.conf" > "$work/conf/redis.conf"
+    # the same with a strict location: a configuration of its own (a zone a
+    # strict limit uses gets a strict link per worker)
+    sed -e 's|^    }$|        location = /strict { root html; try_files /b =404; redis_ratelimit r 1000000000r/s strict; }\n    }|' \
+        "$work/conf/redis.conf" > "$work/conf/strict.conf"
     hot=$(per_request /redis-hot redis.conf)
     echo "| /redis-hot (one key through Redis, all threads; redis.conf) | $hot | $(( hot - base )) |"
     # a strict request waits for its script call (the worker's strict link:
     # sent and read on the event loop)
-    strict=$(per_request /strict redis.conf)
-    echo "| /strict (one key, each request waits for Redis's decision, all threads; redis.conf) | $strict | $(( strict - base )) |"
+    strict=$(per_request /strict strict.conf)
+    echo "| /strict (one key, each request waits for Redis's decision, all threads; strict.conf) | $strict | $(( strict - base )) |"
 fi
 fixed=$(per_request /embedded map.conf)
 mapped=$(per_request /embedded-map map.conf)

@@ -124,12 +124,19 @@ pub fn redis_tag(namespace: &[u8], key: &[u8]) -> Box<[u8]> {
 /// windows of one key on one cluster slot.
 pub fn redis_key_for_tag(prefix: &[u8], tag: &[u8], period: u32, window_start: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + tag.len() + 32);
+    write_key_for_tag(&mut out, prefix, tag, period, window_start);
+    out
+}
+
+/// The same name, appended to `out`.
+pub fn write_key_for_tag(out: &mut Vec<u8>, prefix: &[u8], tag: &[u8], period: u32, start: u64) {
     out.extend_from_slice(prefix);
     out.push(b'{');
     out.extend_from_slice(tag);
-    out.push(b'}');
-    out.extend_from_slice(format!(":{period}:{window_start}").as_bytes());
-    out
+    out.extend_from_slice(b"}:");
+    crate::resp::push_u64(out, u64::from(period));
+    out.push(b':');
+    crate::resp::push_u64(out, start);
 }
 
 /// `<prefix>{<namespace>:<key>}:<period>:<window start>` (the format the

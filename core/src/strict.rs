@@ -10,7 +10,7 @@
 //! counter's TTL when it created it, and answers the counts and one flag per
 //! request. Requests of one key that wait together share one call.
 
-use crate::key::redis_key_for_tag;
+use crate::key::write_key_for_tag;
 use crate::resp;
 
 /// The script: `KEYS[1]` the current window's counter, `KEYS[2]` the
@@ -85,66 +85,54 @@ pub fn args(limit: u32, period: u32, elapsed_ms: u64, costs: &[u32]) -> Vec<u64>
     a
 }
 
-/// The script's call for a group of requests of one key, as the byte
-/// strings of the command: `EVALSHA <sha> 2`, its two keys (the current
-/// window `window` and the one before, under `prefix` and the key's hash
-/// `tag`) and its arguments. `now_ms` is when it is sent: the time into
-/// the window is worked out then.
-pub fn evalsha(
-    prefix: &[u8],
-    tag: &[u8],
-    period: u32,
-    window: u64,
-    limit: u32,
-    now_ms: u64,
-    costs: &[u32],
-) -> Vec<Vec<u8>> {
-    let p = u64::from(period);
-    let cur = redis_key_for_tag(prefix, tag, period, window * p);
-    let prev = redis_key_for_tag(prefix, tag, period, window.saturating_sub(1) * p);
-    let elapsed = now_ms.saturating_sub(window * p * 1000);
-    let mut out =
-        vec![b"EVALSHA".to_vec(), sha1_hex().as_bytes().to_vec(), b"2".to_vec(), cur, prev];
-    out.extend(args(limit, period, elapsed, costs).iter().map(|a| a.to_string().into_bytes()));
-    out
+/// One call of the script for a group of requests of one key: `EVALSHA
+/// <sha> 2`, its two keys (the current window `window` and the one
+/// before, under `prefix` and the key's hash `tag`) and its arguments.
+/// `now_ms` is when it is sent: the time into the window is worked out
+/// then.
+#[derive(Clone, Copy, Debug)]
+pub struct Call<'a> {
+    pub prefix: &'a [u8],
+    pub tag: &'a [u8],
+    pub period: u32,
+    pub window: u64,
+    pub limit: u32,
+    pub now_ms: u64,
+    pub costs: &'a [u32],
 }
 
-/// The same call as `evalsha`, written straight into `out` as a RESP
-/// command (a strict link's request path: no allocation per argument).
-#[allow(clippy::too_many_arguments)]
-pub fn write_evalsha(
-    out: &mut Vec<u8>,
-    scratch: &mut Vec<u8>,
-    prefix: &[u8],
-    tag: &[u8],
-    period: u32,
-    window: u64,
-    limit: u32,
-    now_ms: u64,
-    costs: &[u32],
-) {
-    let p = u64::from(period);
-    resp::array(out, 9 + costs.len());
-    resp::bulk(out, b"EVALSHA");
-    resp::bulk(out, sha1_hex().as_bytes());
-    resp::bulk(out, b"2");
-    for w in [window, window.saturating_sub(1)] {
-        scratch.clear();
-        scratch.extend_from_slice(prefix);
-        scratch.push(b'{');
-        scratch.extend_from_slice(tag);
-        scratch.extend_from_slice(b"}:");
-        resp::push_u64(scratch, p);
-        scratch.push(b':');
-        resp::push_u64(scratch, w * p);
-        resp::bulk(out, scratch);
+impl Call<'_> {
+    /// Its words, each built in `scratch` and handed to `f`.
+    fn each(&self, scratch: &mut Vec<u8>, mut f: impl FnMut(&[u8])) {
+        let p = u64::from(self.period);
+        f(b"EVALSHA");
+        f(sha1_hex().as_bytes());
+        f(b"2");
+        for w in [self.window, self.window.saturating_sub(1)] {
+            scratch.clear();
+            write_key_for_tag(scratch, self.prefix, self.tag, self.period, w * p);
+            f(scratch);
+        }
+        let elapsed = self.now_ms.saturating_sub(self.window * p * 1000);
+        for n in args(self.limit, self.period, elapsed, self.costs) {
+            scratch.clear();
+            resp::push_u64(scratch, n);
+            f(scratch);
+        }
     }
-    let elapsed = now_ms.saturating_sub(window * p * 1000);
-    let a = [u64::from(limit), p * 1000, elapsed.min(p * 1000), 2 * p];
-    for n in a.into_iter().chain(costs.iter().map(|&c| u64::from(c))) {
-        scratch.clear();
-        resp::push_u64(scratch, n);
-        resp::bulk(out, scratch);
+
+    /// The command's words (for a `redis::Cmd`).
+    pub fn words(&self) -> Vec<Vec<u8>> {
+        let mut out = Vec::with_capacity(9 + self.costs.len());
+        self.each(&mut Vec::new(), |w| out.push(w.to_vec()));
+        out
+    }
+
+    /// The command written as RESP at the end of `out` (a strict link's
+    /// request path: no allocation per word).
+    pub fn write(&self, out: &mut Vec<u8>, scratch: &mut Vec<u8>) {
+        resp::array(out, 9 + self.costs.len());
+        self.each(scratch, |w| resp::bulk(out, w));
     }
 }
 
@@ -309,27 +297,30 @@ mod tests {
     }
 
     #[test]
-    fn the_written_call_is_the_same_command() {
-        for (window, now, costs) in
-            [(100, 6_000_250, &[1u32, 2][..]), (0, 5, &[7][..]), (3, 999_999, &[][..])]
-        {
-            let mut out = Vec::new();
-            let mut scratch = Vec::new();
-            write_evalsha(&mut out, &mut scratch, b"rl:", b"z:k", 60, window, 5, now, costs);
-            let mut want = Vec::new();
-            resp::command(&mut want, &evalsha(b"rl:", b"z:k", 60, window, 5, now, costs));
-            assert_eq!(out, want);
-        }
-    }
-
-    #[test]
     fn a_call_names_both_windows_and_the_time_into_the_current_one() {
-        let c = evalsha(b"rl:", b"z:k", 60, 100, 5, 6_000_250, &[1, 2]);
-        let text: Vec<String> = c.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
+        let costs = [1, 2];
+        let c = Call {
+            prefix: b"rl:",
+            tag: b"z:k",
+            period: 60,
+            window: 100,
+            limit: 5,
+            now_ms: 6_000_250,
+            costs: &costs,
+        };
+        let words = c.words();
+        let text: Vec<String> =
+            words.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
         assert_eq!(text[..3], ["EVALSHA", sha1_hex(), "2"]);
         assert_eq!(
             text[3..],
             ["rl:{z:k}:60:6000", "rl:{z:k}:60:5940", "5", "60000", "250", "120", "1", "2"]
         );
+        let (mut out, mut scratch, mut want) = (Vec::new(), Vec::new(), Vec::new());
+        c.write(&mut out, &mut scratch);
+        resp::command(&mut want, &words);
+        assert_eq!(out, want);
+        let first = Call { window: 0, now_ms: 5, costs: &[], ..c };
+        assert_eq!(first.words()[4], b"rl:{z:k}:60:0");
     }
 }

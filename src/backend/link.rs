@@ -62,11 +62,11 @@ impl Backend {
     /// logged, the strict calls stay with the thread, and it is tried
     /// again after a backoff.
     pub(super) fn make_link(&mut self, events: &mut Vec<Event>) {
+        if !self.link_wanted || !self.is_up() {
+            return;
+        }
         let now = Instant::now();
-        let due = self.link_wanted
-            && self.is_up()
-            && self.link_tried.is_none_or(|t| now >= t + self.link_backoff);
-        if !due {
+        if self.link_tried.is_some_and(|t| now < t + self.link_backoff) {
             return;
         }
         self.link_tried = Some(now);

@@ -72,18 +72,18 @@ impl Backend {
 
     /// The `EVALSHA` for one group.
     fn strict_cmd(&self, g: &StrictGroup, now_ms: u64) -> Cmd {
-        let args = strict::evalsha(
-            &self.spec.prefix,
-            &g.tag,
-            g.period,
-            g.id.window,
-            g.limit,
+        let call = strict::Call {
+            prefix: &self.spec.prefix,
+            tag: &g.tag,
+            period: g.period,
+            window: g.id.window,
+            limit: g.limit,
             now_ms,
-            &g.costs,
-        );
+            costs: &g.costs,
+        };
         let mut c = redis::cmd("EVALSHA");
-        for a in args.iter().skip(1) {
-            c.arg(a);
+        for w in call.words().iter().skip(1) {
+            c.arg(w);
         }
         c
     }

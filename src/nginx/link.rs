@@ -250,17 +250,16 @@ impl Link {
         let now = now_ms();
         let mut scratch = Vec::with_capacity(128);
         for g in self.calls.write(Instant::now()) {
-            strict::write_evalsha(
-                &mut self.out,
-                &mut scratch,
+            let call = strict::Call {
                 prefix,
-                &g.tag,
-                g.period,
-                g.id.window,
-                g.limit,
-                now,
-                &g.costs,
-            );
+                tag: &g.tag,
+                period: g.period,
+                window: g.id.window,
+                limit: g.limit,
+                now_ms: now,
+                costs: &g.costs,
+            };
+            call.write(&mut self.out, &mut scratch);
         }
         self.arm();
         self.write_out();
