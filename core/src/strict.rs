@@ -77,12 +77,16 @@ pub fn sha1_hex() -> &'static str {
 /// The arguments after the two keys: limit, period in ms, time into the
 /// window in ms, TTL in seconds (two periods: the window is read as the
 /// previous one during the next), one cost per request.
-pub fn args(limit: u32, period: u32, elapsed_ms: u64, costs: &[u32]) -> Vec<u64> {
+pub fn args(
+    limit: u32,
+    period: u32,
+    elapsed_ms: u64,
+    costs: &[u32],
+) -> impl Iterator<Item = u64> + '_ {
     let p = u64::from(period) * 1000;
-    let mut a = Vec::with_capacity(4 + costs.len());
-    a.extend([u64::from(limit), p, elapsed_ms.min(p), 2 * u64::from(period)]);
-    a.extend(costs.iter().map(|&c| u64::from(c)));
-    a
+    [u64::from(limit), p, elapsed_ms.min(p), 2 * u64::from(period)]
+        .into_iter()
+        .chain(costs.iter().map(|&c| u64::from(c)))
 }
 
 /// One call of the script for a group of requests of one key: `EVALSHA
@@ -286,8 +290,11 @@ mod tests {
 
     #[test]
     fn args_and_answers() {
-        assert_eq!(args(100, 60, 1500, &[1, 3]), [100, 60_000, 1500, 120, 1, 3]);
-        assert_eq!(args(5, 1, 99_999, &[1]), [5, 1000, 1000, 2, 1]);
+        assert_eq!(
+            args(100, 60, 1500, &[1, 3]).collect::<Vec<_>>(),
+            [100, 60_000, 1500, 120, 1, 3]
+        );
+        assert_eq!(args(5, 1, 99_999, &[1]).collect::<Vec<_>>(), [5, 1000, 1000, 2, 1]);
         let a = parse_answer(&[7, 2, 1, 0], 2).unwrap();
         assert_eq!(a, Answer { cur: 7, prev: 2, allowed: vec![true, false] });
         assert_eq!(parse_answer(&[7, 2, 1], 2), None);
