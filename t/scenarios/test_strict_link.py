@@ -3,13 +3,17 @@ connection of its own, on its event loop (no hand-off to the Redis thread
 on the request's path). The link is named in CLIENT LIST; a link killed
 under traffic loses and doubles nothing (the thread takes the calls, a new
 link follows); a server that forgot the script (SCRIPT FLUSH) answers
-NOSCRIPT, and those calls go through the thread, which loads it again.
+NOSCRIPT, and those calls go through the thread, which loads it again; a
+server that answers with bytes that are not RESP gets the link dropped.
 """
 
+import hashlib
 import json
+import socket
+import threading
 import time
 
-from harness import wait_for
+from harness import HOST, wait_for
 
 LINK_NAME = "ngx_redis_ratelimit_strict"
 
@@ -134,3 +138,99 @@ def test_a_server_that_forgot_the_script_answers_through_the_thread(h):
     h.check(strict_figures(n)["timeouts"] == 0, "none was decided by on_error")
     h.check(more == [200] * 3 and bool(after) and links(r)[0]["id"] == link_id,
             "the same link goes on: %s" % more)
+
+
+class FakeRedis:
+    """A loopback server that speaks enough RESP for the module's
+    handshakes (PING, CLIENT, SELECT, AUTH: OK; SCRIPT LOAD: the script's
+    SHA1) and answers every EVALSHA with bytes that are not RESP at all."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((HOST, 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.names = 0
+        self.evalsha = 0
+        self.conns = []
+        self.stop = False
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while not self.stop:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+
+    def serve(self, c):
+        f = c.makefile("rb")
+        try:
+            while True:
+                head = f.readline()
+                if not head.startswith(b"*"):
+                    return
+                words = []
+                for _ in range(int(head[1:])):
+                    n = int(f.readline()[1:])
+                    words.append(f.read(n + 2)[:-2])
+                cmd = words[0].upper()
+                if cmd == b"SCRIPT":
+                    sha = hashlib.sha1(words[2]).hexdigest().encode()
+                    c.sendall(b"$40\r\n" + sha + b"\r\n")
+                elif cmd == b"EVALSHA":
+                    self.evalsha += 1
+                    c.sendall(b"?this is not RESP\r\n")
+                elif cmd == b"PING":
+                    c.sendall(b"+PONG\r\n")
+                else:
+                    if cmd == b"CLIENT" and words[1].upper() == b"SETNAME":
+                        self.names += 1
+                    c.sendall(b"+OK\r\n")
+        except (OSError, ValueError, IndexError):
+            return
+        finally:
+            c.close()
+
+    def close(self):
+        self.stop = True
+        self.sock.close()
+        for c in self.conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+def test_a_link_that_reads_garbage_is_dropped(h):
+    """A server that answers EVALSHA with bytes that are not RESP: the link
+    is dropped at once (its request decided by on_error=deny, no wait for
+    timeout=), the worker goes on serving, the failure is logged, and a new
+    link is made after the backoff."""
+    fake = FakeRedis()
+    try:
+        url = "redis://%s:%d" % (HOST, fake.port)
+        http = ("    redis_ratelimit_zone $arg_k zone=s:1m redis=%s timeout=1s on_error=deny;\n"
+                "    redis_ratelimit_zone $arg_k zone=b:1m redis=%s;\n" % (url, url))
+        n = h.nginx(http, SERVER, files=FILES)
+        h.check(wait_for(lambda: fake.names >= 1, 3.0), "a link was made: %d" % fake.names)
+        t0 = time.monotonic()
+        st = n.get("/strict?k=" + h.key("garbage"))[0]
+        el = time.monotonic() - t0
+        bg = n.get("/bg?k=" + h.key("bg"))[0]
+        again = wait_for(lambda: fake.names >= 2, 5.0)
+        log = n.error_log_text()
+        h.note("a strict request on a link that reads garbage: %s in %.0f ms; a background "
+               "request then: %s; links made: %d; EVALSHA seen: %d"
+               % (st, el * 1000, bg, fake.names, fake.evalsha))
+        h.check(st == 429 and el < 0.5, "decided by on_error=deny at once: %s in %.0f ms" % (st, el * 1000))
+        h.check(bg == 200, "the worker goes on serving")
+        h.check("strict link to Redis failed: not a Redis reply" in log, "the failure is logged")
+        h.check(again, "a new link after the backoff: %d made" % fake.names)
+        h.check("[alert]" not in log and "signal 11" not in log and "panicked" not in log,
+                "no worker crashed")
+    finally:
+        fake.close()
