@@ -39,8 +39,7 @@ use ratelimit_core::resp::{self, Value};
 use ratelimit_core::stats::Stats;
 use ratelimit_core::strict;
 
-use super::conf::MainConf;
-use super::reply::{main_conf, strict_answered, zone_log};
+use super::reply::{main_conf, strict_answered, zone_log, zone_stats};
 use super::time::now_ms;
 use crate::backend::{Channel, Level, StrictAsk, StrictGroup};
 
@@ -347,7 +346,7 @@ impl Link {
             ngx_handle_read_event(rev, 0) == NGX_OK as ngx_int_t
         };
         let mut at = 0;
-        let mut lost = false;
+        let mut lost: Option<String> = None;
         loop {
             match resp::parse(&self.input[at..]) {
                 Ok(Some((v, n))) => {
@@ -356,7 +355,9 @@ impl Link {
                         self.fail("a reply nobody asked for", false);
                         return;
                     };
-                    lost |= self.answer(g, sent_at, v);
+                    if let Some(why) = self.answer(g, sent_at, v) {
+                        lost.get_or_insert(why);
+                    }
                 }
                 Ok(None) => break,
                 Err(_) => {
@@ -366,8 +367,12 @@ impl Link {
             }
         }
         self.input.drain(..at);
-        if lost || !ok {
-            self.fail("the server does not serve the key", false);
+        if !ok {
+            self.fail("cannot wait to read", false);
+            return;
+        }
+        if let Some(why) = lost {
+            self.fail(&format!("the server does not serve the key ({why})"), false);
             return;
         }
         self.arm();
@@ -376,24 +381,23 @@ impl Link {
         }
     }
 
-    /// Applies one answer; whether the link is to be dropped after it.
-    fn answer(&mut self, g: StrictGroup, sent_at: Instant, v: Value) -> bool {
-        let Some(mcf) = main_conf() else {
-            return false;
-        };
+    /// Applies one answer; the error reply that drops the link, if it is
+    /// one.
+    fn answer(&mut self, g: StrictGroup, sent_at: Instant, v: Value) -> Option<String> {
+        let mcf = main_conf()?;
         let log = self.log();
-        let stats = stats(mcf, self.zone);
+        let stats = zone_stats(mcf, self.zone);
         if let Some(st) = stats {
             st.pipeline(1, sent_at.elapsed().as_micros() as u64);
         }
         let rate = Rate { limit: g.limit, period: g.period };
-        if let Some(code) = v.error_code() {
+        if let Value::Error(text) = &v {
             // it did not run: the thread deals with it as with its own
-            let lost = LOST.contains(&code);
             if let Some(ch) = self.channel() {
                 ch.push_strict(g.into_asks());
             }
-            return lost;
+            let lost = LOST.contains(&v.error_code().unwrap_or_default());
+            return lost.then(|| text.chars().take(200).collect());
         }
         let answer = v.ints().and_then(|ints| strict::parse_answer(&ints, g.tickets.len()));
         match &answer {
@@ -414,7 +418,7 @@ impl Link {
             }
         }
         strict_answered(mcf, log, g.id, rate, &g.tickets, answer.as_ref());
-        false
+        None
     }
 
     /// The read timer runs while calls are out: no answer for `timeout=`
@@ -470,7 +474,7 @@ impl Link {
             }
             return;
         };
-        if let Some(st) = stats(mcf, self.zone) {
+        if let Some(st) = zone_stats(mcf, self.zone) {
             Stats::bump(&st.errors_transport);
         }
         for g in flight {
@@ -489,8 +493,4 @@ impl Link {
         );
         zone_log(mcf, log, self.zone as u32, Level::Error, &message);
     }
-}
-
-fn stats(mcf: &MainConf, zone: usize) -> Option<&Stats> {
-    mcf.zones.get(zone).and_then(|z| z.shared.as_ref()).map(|s| s.stats())
 }

@@ -72,6 +72,11 @@ pub(super) fn zone_log(
     }
 }
 
+/// A zone's figures in shared memory, if it is mapped here.
+pub(super) fn zone_stats(mcf: &MainConf, zone: usize) -> Option<&Stats> {
+    mcf.zones.get(zone).and_then(|z| z.shared.as_ref()).map(|s| s.stats())
+}
+
 /// This worker's main configuration, once its thread started.
 pub(super) fn main_conf() -> Option<&'static MainConf> {
     let mcf = MAIN_CONF.load(Ordering::Acquire);

@@ -234,3 +234,44 @@ def test_a_link_that_reads_garbage_is_dropped(h):
                 "no worker crashed")
     finally:
         fake.close()
+
+
+def test_a_master_that_became_a_replica_drops_the_link(h):
+    """The link's server becomes a replica (REPLICAOF): the script's write
+    is refused with READONLY. The call did not count anything: it goes to
+    the thread, which refuses it too and logs it (on_error=deny: 429); the
+    link is dropped, not used again while the server does not serve. Once
+    it is a master again, a new link carries exact decisions."""
+    other = h.redis()
+    r = h.redis()
+    http = ("    redis_ratelimit_zone $arg_k zone=s:1m redis=%s timeout=1s on_error=deny;\n"
+            "    redis_ratelimit_zone $arg_k zone=b:1m redis=%s;\n" % (r.url, r.url))
+    n = h.nginx(http, SERVER, files=FILES)
+    h.check(wait_for(lambda: len(links(r)) == 1, 3.0), "a link")
+    h.wait_minute_room(15)
+    first = links(r)[0]["id"]
+    r.cmd("REPLICAOF", HOST, str(other.port))
+    t0 = time.monotonic()
+    st = n.get("/one?k=" + h.key("ro"))[0]
+    el = time.monotonic() - t0
+    log = n.error_log_text()
+    dropped = wait_for(lambda: all(c["id"] != first for c in links(r)), 2.0)
+    r.cmd("REPLICAOF", "NO", "ONE")
+    back = wait_for(lambda: len(links(r)) == 1, 8.0)
+    k = h.key("master-again")
+    got = [n.get("/one?k=" + k)[0] for _ in range(7)]
+    on_link = [c for c in links(r) if c.get("cmd") == "evalsha"]
+    h.note("a replica now: %s in %.0f ms, the link dropped: %s; a master again: a new link %s, "
+           "7 requests on 5r/m: %s (on the link: %s)" % (st, el * 1000, dropped, back, got, bool(on_link)))
+    h.check(st == 429 and el < 0.5, "refused, decided by on_error=deny at once: %s in %.0f ms" % (st, el * 1000))
+    h.check("READONLY" in log, "the refusal is logged, with its reason")
+    h.check("strict link to Redis failed: the server does not serve the key (READONLY" in log,
+            "the link is dropped and that is logged")
+    h.check(dropped, "the old link is gone")
+    h.check(back and got == [200] * 5 + [429] * 2 and bool(on_link),
+            "exact again on a new link: %s" % got)
+    h.check("[alert]" not in log and "signal 11" not in log and "panicked" not in log,
+            "no worker crashed")
+
+
+test_a_master_that_became_a_replica_drops_the_link.timeout = 40
