@@ -31,6 +31,20 @@ pub struct ZoneSpec {
     pub stats: Option<StatsRef>,
 }
 
+impl ZoneSpec {
+    /// Whether the zone's strict calls may go down a worker's own
+    /// connection (`link.rs`): a strict limit uses it, on a single Redis
+    /// or through Sentinel, without TLS.
+    pub fn may_link(&self) -> bool {
+        self.strict
+            && !self.cluster
+            && self.urls.iter().all(|u| {
+                let u = u.to_ascii_lowercase();
+                !u.starts_with("rediss:") && !u.starts_with("valkeys:")
+            })
+    }
+}
+
 /// A zone's figures in shared memory, for its Redis thread to count in.
 #[derive(Clone, Copy, Debug)]
 pub struct StatsRef(*const Stats);

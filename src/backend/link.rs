@@ -34,22 +34,12 @@ pub const LINK_NAME: &str = "ngx_redis_ratelimit_strict";
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// Whether a zone's strict calls may go down a worker's own connection.
-pub fn eligible(spec: &ZoneSpec) -> bool {
-    spec.strict
-        && !spec.cluster
-        && spec.urls.iter().all(|u| {
-            let u = u.to_ascii_lowercase();
-            !u.starts_with("rediss:") && !u.starts_with("valkeys:")
-        })
-}
-
 impl Backend {
-    /// The worker wants a link (at start, after its link failed, or a
-    /// strict request found none): made as soon as the backend is up and
-    /// the last failed try is long enough ago.
+    /// The worker wants a link (after its link failed, or when it could
+    /// not take the one it was handed): made as soon as the backend is up
+    /// and the last failed try is long enough ago.
     pub(super) fn want_link(&mut self) {
-        self.link_wanted = eligible(&self.spec);
+        self.link_wanted = self.spec.may_link();
     }
 
     /// When the thread must wake to try a link again, if one is wanted.

@@ -172,8 +172,8 @@ impl Channel {
         self.wake.notify_one();
     }
 
-    /// Asks the thread for a strict link for a zone (made if the zone may
-    /// have one and its backend is up).
+    /// Asks the thread for a strict link for a zone again (the worker could
+    /// not take the one it was handed).
     pub fn want_link(&self, zone: usize) {
         if let Some(f) = self.link_want.get(zone) {
             f.store(true, Ordering::Release);
@@ -186,6 +186,13 @@ impl Channel {
     /// exchanges do (strict requests stop waiting for it); a link closed
     /// or broken otherwise makes the thread check the backend at once.
     pub fn link_lost(&self, zone: usize, timed_out: bool) {
+        if timed_out {
+            // down for the worker at once: the thread may be busy (a check
+            // of its own hanging on the same server) before it hears of it
+            if let Some(up) = self.up.get(zone) {
+                up.store(false, Ordering::Relaxed);
+            }
+        }
         if let Some(f) = self.link_lost.get(zone) {
             f.fetch_max(if timed_out { LINK_TIMED_OUT } else { LINK_CLOSED }, Ordering::AcqRel);
             self.wake_for_links();
@@ -242,13 +249,6 @@ impl Channel {
 /// calling thread while the new one is created, so that it starts with all
 /// of them blocked: nginx handles signals in the worker's main thread.
 pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<JoinHandle<()>> {
-    // strict links are made as soon as the thread runs
-    for z in zones.iter().filter(|z| link::eligible(z)) {
-        if let Some(f) = channel.link_want.get(z.index as usize) {
-            f.store(true, Ordering::Relaxed);
-            channel.link_pending.store(true, Ordering::Relaxed);
-        }
-    }
     let saved = block_signals();
     let spawned = std::thread::Builder::new()
         .name("redis_ratelimit".into())

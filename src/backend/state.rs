@@ -101,6 +101,7 @@ pub struct Backend {
 
 impl Backend {
     pub fn new(spec: ZoneSpec, now: Instant) -> Backend {
+        let may_link = spec.may_link();
         let mut secrets: Vec<String> = Vec::new();
         for u in &spec.urls {
             if let Ok(ci) = u.as_str().into_connection_info() {
@@ -132,7 +133,8 @@ impl Backend {
             topo_at: None,
             nodes: HashMap::new(),
             waiting_published: 0,
-            link_wanted: false,
+            // a zone that may have links gets one as soon as it is up
+            link_wanted: may_link,
             link_tried: None,
             link_backoff: Duration::from_secs(1),
         }

@@ -25,7 +25,7 @@ use std::cell::RefCell;
 use std::ffi::c_void;
 use std::os::fd::{IntoRawFd, OwnedFd};
 use std::ptr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nginx_sys::{
     ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_del_timer, ngx_event_t,
@@ -43,8 +43,6 @@ use super::reply::{main_conf, strict_answered, zone_log, zone_stats};
 use super::time::now_ms;
 use crate::backend::{Channel, Level, StrictAsk, StrictGroup};
 
-/// A new link is asked for at most this often per zone.
-const ASK_EVERY: Duration = Duration::from_secs(1);
 /// Bytes read per `recv()`.
 const READ_CHUNK: usize = 16 << 10;
 /// Most bytes of replies kept unparsed (a reply larger than `resp`'s
@@ -69,7 +67,6 @@ struct Link {
     input: Vec<u8>,
     /// Requests not written yet, per key, and calls out.
     calls: Calls<Key, StrictGroup>,
-    asked: Option<Instant>,
 }
 
 thread_local! {
@@ -91,33 +88,41 @@ fn link(zone: usize) -> *mut Link {
                 c: ptr::null_mut(),
                 timeout_ms: 1000,
                 // SAFETY: an all-zero event is nginx's idle event (as
-                // `ngx_pcalloc` gives); its handler and data are set below.
+                // `ngx_pcalloc` gives); `take` sets its handler and data.
                 flush: unsafe { std::mem::zeroed() },
                 out: Vec::new(),
                 written: 0,
                 input: Vec::new(),
                 calls: Calls::default(),
-                asked: None,
             }))
         })
     })
 }
 
-/// Takes a connection the thread made for `zone`'s strict calls.
+/// Takes a connection the thread made for `zone`'s strict calls (one that
+/// cannot be taken is closed, and the thread asked for another).
 pub fn attach(zone: usize, fd: OwnedFd, log: *mut ngx_log_t) {
+    if !take(zone, fd, log) {
+        if let Some(ch) = super::channel::channel() {
+            ch.want_link(zone);
+        }
+    }
+}
+
+fn take(zone: usize, fd: OwnedFd, log: *mut ngx_log_t) -> bool {
     let Some(mcf) = main_conf() else {
-        return;
+        return false;
     };
     let Some(timeout_ms) =
         mcf.zones.get(zone).and_then(|z| z.params.as_ref()).map(|p| p.timeout_ms)
     else {
-        return;
+        return false;
     };
     let l = link(zone);
     // SAFETY: links live for the worker's life; this thread only.
     let link = unsafe { &mut *l };
     if !link.c.is_null() {
-        return; // one at a time (the new one is closed with `fd`)
+        return true; // one at a time (the new one is closed with `fd`)
     }
     let raw = fd.into_raw_fd();
     // SAFETY: registers a connected, non-blocking socket with nginx's
@@ -126,7 +131,7 @@ pub fn attach(zone: usize, fd: OwnedFd, log: *mut ngx_log_t) {
         let c = ngx_get_connection(raw, log);
         if c.is_null() {
             libc::close(raw);
-            return;
+            return false;
         }
         (*c).data = l.cast::<c_void>();
         (*c).log = log;
@@ -137,7 +142,7 @@ pub fn attach(zone: usize, fd: OwnedFd, log: *mut ngx_log_t) {
         (*wev).log = log;
         if ngx_handle_read_event(rev, 0) != NGX_OK as ngx_int_t {
             ngx_close_connection(c);
-            return;
+            return false;
         }
         link.flush.handler = Some(on_flush);
         link.flush.data = l.cast::<c_void>();
@@ -145,23 +150,17 @@ pub fn attach(zone: usize, fd: OwnedFd, log: *mut ngx_log_t) {
         link.c = c;
     }
     link.timeout_ms = timeout_ms;
+    true
 }
 
 /// Sends strict requests' limits: down the zone's link when it has one,
-/// else through the thread (asking for a link).
+/// else through the thread.
 pub fn send(ch: &Channel, asks: Vec<StrictAsk>) {
     let mut rest = Vec::new();
     for a in asks {
-        let zone = a.id.zone as usize;
-        let l = link(zone);
-        // SAFETY: as in `attach`.
-        let link = unsafe { &mut *l };
+        // SAFETY: as in `take`.
+        let link = unsafe { &mut *link(a.id.zone as usize) };
         if link.c.is_null() {
-            let now = Instant::now();
-            if link.asked.is_none_or(|t| now.duration_since(t) >= ASK_EVERY) {
-                link.asked = Some(now);
-                ch.want_link(zone);
-            }
             rest.push(a);
             continue;
         }
@@ -177,7 +176,7 @@ pub fn send(ch: &Channel, asks: Vec<StrictAsk>) {
 pub fn close_all() {
     let all: Vec<*mut Link> = LINKS.with(|l| l.borrow().iter().flatten().copied().collect());
     for l in all {
-        // SAFETY: as in `attach`.
+        // SAFETY: as in `take`.
         let link = unsafe { &mut *l };
         if !link.c.is_null() {
             // SAFETY: the connection is ours, on this thread.
@@ -188,7 +187,7 @@ pub fn close_all() {
 }
 
 unsafe extern "C" fn on_flush(ev: *mut ngx_event_t) {
-    // SAFETY: the flush event's data is its link (`attach`).
+    // SAFETY: the flush event's data is its link (`take`).
     let link = unsafe { &mut *(*ev).data.cast::<Link>() };
     link.write_waiting();
 }
@@ -260,7 +259,7 @@ impl Link {
             };
             call.write(&mut self.out, &mut scratch);
         }
-        self.arm();
+        self.arm(false);
         self.write_out();
     }
 
@@ -375,7 +374,7 @@ impl Link {
             self.fail(&format!("the server does not serve the key ({why})"), false);
             return;
         }
-        self.arm();
+        self.arm(at > 0);
         if self.calls.has_waiting() {
             self.post_flush();
         }
@@ -421,9 +420,11 @@ impl Link {
         None
     }
 
-    /// The read timer runs while calls are out: no answer for `timeout=`
-    /// drops the link.
-    fn arm(&mut self) {
+    /// The read timer runs while calls are out: `timeout=` without an
+    /// answer drops the link. An answer (`answered`) starts it again; more
+    /// calls written do not put it off (a server that hangs under steady
+    /// strict traffic is found within `timeout=`).
+    fn arm(&mut self, answered: bool) {
         if self.c.is_null() {
             return;
         }
@@ -434,7 +435,7 @@ impl Link {
                 if (*rev).timer_set() != 0 {
                     ngx_del_timer(rev);
                 }
-            } else {
+            } else if answered || (*rev).timer_set() == 0 {
                 ngx_add_timer(rev, self.timeout_ms.max(1) as _);
             }
         }

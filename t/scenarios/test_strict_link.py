@@ -275,3 +275,51 @@ def test_a_master_that_became_a_replica_drops_the_link(h):
 
 
 test_a_master_that_became_a_replica_drops_the_link.timeout = 40
+
+
+def test_a_hung_server_under_steady_strict_traffic_is_found_within_the_timeout(h):
+    """Redis paused while four clients keep sending strict requests, a new
+    call written every ~350 ms (nginx moves a timer that is set again only
+    by more than 300 ms): the calls written after the first do not put
+    the link's timer off, so the link times out timeout=1s after the first
+    unanswered call, the backend is down, and the requests after that are
+    decided by on_error at once instead of each waiting timeout=."""
+    r = h.redis()
+    http = ("    redis_ratelimit_zone $arg_k zone=s:1m redis=%s timeout=1s on_error=allow;\n"
+            "    redis_ratelimit_zone $arg_k zone=b:1m redis=%s;\n" % (r.url, r.url))
+    n = h.nginx(http, SERVER, files=FILES)
+    h.check(wait_for(lambda: len(links(r)) == 1, 3.0), "a link")
+    times = []
+    stop = threading.Event()
+
+    def client(i):
+        time.sleep(0.35 * i)
+        j = 0
+        while not stop.is_set():
+            t0 = time.monotonic()
+            st = n.get("/strict?k=" + h.key("hung%d-%d" % (i, j)), timeout=5.0)[0]
+            times.append((t0, time.monotonic() - t0, st))
+            j += 1
+            time.sleep(0.05)
+
+    r.cmd("CLIENT", "PAUSE", "3000", "ALL")
+    start = time.monotonic()
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    time.sleep(2.5)
+    stop.set()
+    for t in ts:
+        t.join(10)
+    during = [(t0 - start, el, st) for t0, el, st in times if t0 - start < 2.5]
+    slow = [x for x in during if x[1] >= 0.9]
+    log = n.error_log_text()
+    h.note("%d strict requests during the pause, %d of them waited timeout=1s: %s"
+           % (len(during), len(slow), [("%.2f s" % t, "%.0f ms" % (el * 1000)) for t, el, _ in slow]))
+    h.check(all(st == 200 for _, _, st in during), "on_error=allow answers every one")
+    h.check(len(during) >= 20, "traffic went on: %d requests" % len(during))
+    h.check(len(slow) <= 2, "only the first call's request waited timeout=: %d" % len(slow))
+    h.check("strict link to Redis failed: no answer within timeout=" in log, "the link timed out")
+
+
+test_a_hung_server_under_steady_strict_traffic_is_found_within_the_timeout.timeout = 40
