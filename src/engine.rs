@@ -17,7 +17,7 @@ use nginx_sys::ngx_log_t;
 use ngx::log::DebugMask;
 use ngx::ngx_log_debug;
 use ratelimit_core::batch::ItemId;
-use ratelimit_core::counter;
+use ratelimit_core::counter::{self, Fresh};
 use ratelimit_core::params::OnError;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
@@ -277,11 +277,11 @@ pub fn decide(
             }
         }
     }
-    let mut unsent: SmallVec<[(u32, u16, bool); 4]> = SmallVec::new();
+    let mut unsent: SmallVec<[(u32, u16, Fresh); 4]> = SmallVec::new();
     for ((a, s), out) in asks.iter().zip(&slots).zip(said.iter_mut()) {
         let e = guards[s.guard].table.entry(s.entry);
         out.after = counter::estimate(e, a.rate, now);
-        unsent.push((e.inflight, e.share, counter::counter_is_new(e)));
+        unsent.push((e.inflight, e.share, counter::fresh(e)));
     }
     drop(guards);
     for ((a, s), x) in asks.iter().zip(&slots).zip(&said) {
@@ -349,7 +349,7 @@ fn decide_one(
     let send = take.counts(allowed) && count(&mut locked, entry, mode, a.cost);
     let e = locked.table.entry(entry);
     said.after = counter::estimate(e, a.rate, now);
-    let (unsent, share, fresh) = (e.inflight, e.share, counter::counter_is_new(e));
+    let (unsent, share, fresh) = (e.inflight, e.share, counter::fresh(e));
     drop(locked);
     trace(log, mcf, a, id, mode, &said);
     let left = said.after.remaining(a.rate.limit);
@@ -462,7 +462,7 @@ fn queue(
     limit: u32,
     n: u32,
     send: Send,
-    fresh: bool,
+    fresh: Fresh,
 ) {
     let item = ItemId { zone: a.zone as u32, entry: id, window };
     let period = a.rate.period;

@@ -10,6 +10,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::counter::Fresh;
 use crate::key::redis_tag;
 use crate::sync::{may_carry, Send};
 
@@ -87,10 +88,11 @@ pub struct Item {
     /// Whether every push into it was far from the limit (`Send::Hold`):
     /// only then may it be carried into a later window.
     pub quiet: bool,
-    /// Whether every push guessed the window's counter new
-    /// (`counter::counter_is_new`): a quiet one is then created with its
-    /// TTL in one command, `SET NX EX`, instead of `INCRBY` and `EXPIRE`.
-    pub fresh: bool,
+    /// What the pushes knew of the window's counter, the least sure of
+    /// them (`counter::fresh`): a quiet item whose counter is probably new
+    /// creates it with its TTL in one command, `SET NX EX`, instead of
+    /// `INCRBY` and `EXPIRE`.
+    pub fresh: Fresh,
     /// When it is to be sent (ms; 0: at once). See `sync`.
     pub due: u64,
 }
@@ -278,14 +280,14 @@ impl Batch {
         limit: u32,
         n: u32,
         send: Send,
-        fresh: bool,
+        fresh: Fresh,
     ) -> Option<u64> {
         let mut due = send.due();
         if let Some(item) = self.items.get_mut(&id) {
             item.n = item.n.saturating_add(n);
             item.limit = item.limit.min(limit);
             item.quiet &= send.room().is_some();
-            item.fresh &= fresh;
+            item.fresh = item.fresh.min(fresh);
             if item.carried > 0 && !may_carry(item.carried, send) {
                 // what it carries no longer fits: with the next flush
                 due = due.min(1);

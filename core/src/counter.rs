@@ -168,6 +168,33 @@ pub fn counter_is_new(e: &Entry) -> bool {
     e.cur == 0 && e.alone != 0 && e.share >= u16::MAX / 4 * 3
 }
 
+/// What a node knows of a window's Redis counter when it queues an
+/// increment of the key (`batch::Item::fresh`). Ordered from the least
+/// sure: the pushes of one item merge by `min`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fresh {
+    /// Redis counted the window already, or others count the key too.
+    No,
+    /// No count of the key from Redis yet (first contact): whether the
+    /// node makes the counter is guessed from how the zone's first counts
+    /// went lately (`sync::FirstCounts`).
+    Unseen,
+    /// The node made the key's last count alone (`counter_is_new`).
+    Alone,
+}
+
+/// `Fresh` for an entry about to be queued.
+#[inline]
+pub fn fresh(e: &Entry) -> Fresh {
+    if counter_is_new(e) {
+        Fresh::Alone
+    } else if e.share == 0 && e.cur == 0 {
+        Fresh::Unseen
+    } else {
+        Fresh::No
+    }
+}
+
 /// Counts an allowed request: locally final without a backend, in flight
 /// until Redis confirms it with one.
 #[inline]

@@ -38,6 +38,7 @@
 //! there in full (a key's estimate on other nodes is then too high by at
 //! most what was carried, within the allowance), never too low.
 
+use crate::counter::Fresh;
 use crate::rate::Rate;
 use crate::window::Estimate;
 
@@ -139,9 +140,85 @@ pub fn when(
     Send::Hold(now_ms.saturating_add(hold_ms), room - unsent)
 }
 
+/// How a zone's quiet first counts make their Redis counters, learnt from
+/// what they found. A key this node has no count of from Redis yet
+/// (`Fresh::Unseen`, first contact: most keys of real traffic) may be the
+/// first of its window anywhere, or another node may have counted it
+/// already. `SET NX EX` costs one command in the first case and two in the
+/// second (`SET`, then `INCRBY`, one round trip later); `INCRBY` costs two
+/// in the first (then `EXPIRE`) and one in the second. So first counts go
+/// as `SET NX EX` while at least half of the recent ones made their
+/// counter: behind a load balancer that sends a client to one node they
+/// all do, behind one that spreads a client over many nodes most do not.
+/// Whichever command a first count went as, its reply says whether it made
+/// the counter, so the rule keeps learning both ways.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FirstCounts {
+    /// Made minus found, within ±`FIRST_COUNTS_SPAN`.
+    score: i8,
+}
+
+/// How far `FirstCounts` remembers: this many first counts one way undo
+/// as many the other way.
+pub const FIRST_COUNTS_SPAN: i8 = 8;
+
+impl FirstCounts {
+    /// Whether a quiet item that knows `fresh` of its window's counter
+    /// makes it with `SET NX EX`.
+    #[inline]
+    pub fn create(&self, fresh: Fresh) -> bool {
+        match fresh {
+            Fresh::Alone => true,
+            Fresh::Unseen => self.score >= 0,
+            Fresh::No => false,
+        }
+    }
+
+    /// A first count's reply: it made the window's counter (`made`), or
+    /// found it made by another.
+    #[inline]
+    pub fn learn(&mut self, made: bool) {
+        self.score = if made {
+            (self.score + 1).min(FIRST_COUNTS_SPAN)
+        } else {
+            (self.score - 1).max(-FIRST_COUNTS_SPAN)
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_counts_follow_what_most_of_them_found() {
+        let mut f = FirstCounts::default();
+        assert!(f.create(Fresh::Unseen), "a zone starts by guessing its keys new");
+        assert!(f.create(Fresh::Alone));
+        assert!(!f.create(Fresh::No));
+        // another node made the counters: after one miss, INCRBY
+        f.learn(false);
+        assert!(!f.create(Fresh::Unseen));
+        assert!(f.create(Fresh::Alone), "a node alone on a key still guesses");
+        // half and half: SET NX EX again (it costs no more)
+        f.learn(true);
+        assert!(f.create(Fresh::Unseen));
+        // a long run one way is undone by as long a run the other way, not more
+        for _ in 0..100 {
+            f.learn(false);
+        }
+        for _ in 0..FIRST_COUNTS_SPAN - 1 {
+            f.learn(true);
+        }
+        assert!(!f.create(Fresh::Unseen));
+        f.learn(true);
+        assert!(f.create(Fresh::Unseen));
+        for _ in 0..100 {
+            f.learn(true);
+        }
+        f.learn(false);
+        assert!(f.create(Fresh::Unseen), "one miss after many made: still SET NX EX");
+    }
 
     fn est(prev: u32, cur: u32, elapsed_ms: u64, p: u64) -> Estimate {
         Estimate::new(prev, cur, elapsed_ms, p)

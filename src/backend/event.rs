@@ -27,6 +27,9 @@ pub struct ZoneSpec {
     pub timeout: Duration,
     /// A `strict` limit uses the zone (its workers may get strict links).
     pub strict: bool,
+    /// The zone's shared memory: how many keys the operator expects it to
+    /// hold (bounds what the thread remembers per key).
+    pub bytes: usize,
     /// The zone's figures in shared memory (`None`: not mapped here).
     pub stats: Option<StatsRef>,
 }

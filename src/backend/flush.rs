@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use ratelimit_core::batch::{Item, ItemId};
-use ratelimit_core::counter::Confirmation;
+use ratelimit_core::counter::{Confirmation, Fresh};
 use ratelimit_core::key::redis_key_for_tag;
 use redis::{Cmd, Value};
 
@@ -29,8 +29,15 @@ use super::io::Reply;
 use super::refresh::{near_limit, refresh_due};
 use super::state::{Backend, Prev, TtlFix, Watch, TTL_FIX_MAX, WATCH_MAX};
 
-/// Most (key, window) states remembered for reading previous windows.
+/// Most (key, window) states remembered for reading previous windows, at
+/// least; more for a larger zone, up to as many bytes as its shared memory
+/// (whose size says how many keys the operator expects). Past it they are
+/// all forgotten: each key's next count reads its previous window a flush
+/// later than it would have.
 const PREV_MAX: usize = 1 << 16;
+/// What one remembered state takes: its id and `Prev` in the map's slot,
+/// with the map's spare room.
+const PREV_BYTES: usize = 80;
 
 /// How long into a window the previous window's count may still grow (late
 /// flushes of other workers and nodes): a tenth of the period, at most 2 s.
@@ -97,10 +104,17 @@ impl Backend {
     }
 
     /// The commands for `items`, and where each item's replies will be.
-    fn plan(&mut self, items: &[(ItemId, Item)], now_ms: u64) -> (Vec<Cmd>, Vec<Slots>) {
+    /// `again`: the second try of counts a `SET NX` found made, whose
+    /// previous windows were read (or not) with the first.
+    fn plan(
+        &mut self,
+        items: &[(ItemId, Item)],
+        now_ms: u64,
+        again: bool,
+    ) -> (Vec<Cmd>, Vec<Slots>) {
         let mut cmds = Vec::with_capacity(items.len() * 2);
         let mut slots = Vec::with_capacity(items.len());
-        if self.prev.len() > PREV_MAX {
+        if self.prev.len() > (self.spec.bytes / PREV_BYTES).max(PREV_MAX) {
             self.prev.clear();
         }
         for (id, item) in items {
@@ -111,7 +125,10 @@ impl Backend {
             // a quiet key's counter this node probably creates: with its
             // TTL, in one command (not on a cluster, whose partial failures
             // hide what a command answered)
-            let create = item.fresh && item.quiet && item.total() > 0 && !self.spec.cluster;
+            let create = self.first.create(item.fresh)
+                && item.quiet
+                && item.total() > 0
+                && !self.spec.cluster;
             if create {
                 let mut c = redis::cmd("SET");
                 c.arg(&cur_key).arg(item.total()).arg("EX").arg(2 * p).arg("NX");
@@ -130,14 +147,15 @@ impl Backend {
             // count is final, and by refreshes until then; not while a
             // quiet key's previous count is this node's own.
             let settled = now_ms >= id.window * p * 1000 + prev_settle_ms(item.period);
-            let want_prev = match self.prev.get(id) {
-                None => {
-                    self.prev.insert(*id, Prev { period: item.period, ..Prev::default() });
-                    item.total() == 0
-                }
-                Some(s) if s.own && item.quiet => false,
-                Some(s) => s.value.is_none() || (!s.settled && settled),
-            };
+            let want_prev = !again
+                && match self.prev.get(id) {
+                    None => {
+                        self.prev.insert(*id, Prev { period: item.period, ..Prev::default() });
+                        item.total() == 0
+                    }
+                    Some(s) if s.own && item.quiet => false,
+                    Some(s) => s.value.is_none() || (!s.settled && settled),
+                };
             let prev = want_prev.then(|| {
                 let key = redis_key_for_tag(
                     &self.spec.prefix,
@@ -162,8 +180,20 @@ impl Backend {
         deadline: Option<Instant>,
         events: &mut Vec<Event>,
     ) {
+        self.exchange(items, node, deadline, false, events);
+    }
+
+    /// `send_chunk`; `again` as for `plan`.
+    fn exchange(
+        &mut self,
+        items: &[(ItemId, Item)],
+        node: Option<&str>,
+        deadline: Option<Instant>,
+        again: bool,
+        events: &mut Vec<Event>,
+    ) {
         let now_ms = unix_ms();
-        let (cmds, slots) = self.plan(items, now_ms);
+        let (cmds, slots) = self.plan(items, now_ms, again);
         let Some(conn) = self.conn.as_mut() else {
             self.keep_for_retry(items);
             return;
@@ -199,20 +229,29 @@ impl Backend {
                 .and_then(|i| replies.get(i))
                 .and_then(|r| self.read_prev(id, item, r, now_ms));
             let reply = replies.get(s.cur).unwrap_or(&Reply::NotSent);
+            let first = item.fresh == Fresh::Unseen && item.total() > 0;
             if s.create {
                 if let Reply::Value(v) = reply {
                     match v {
                         Value::Okay => {
                             // the guess held: nobody else counted this window
-                            // yet, and the last reply of the previous one
+                            // yet; and for a key this node made the last
+                            // count of alone, the previous window's count
                             // grew by this node's counts alone
-                            if let Some(p) = self.prev.get_mut(id) {
+                            if first {
+                                self.first.learn(true);
+                            } else if let Some(p) = self.prev.get_mut(id) {
                                 p.own = true;
                             }
                             let cur = u64::from(item.total());
                             self.confirmed(*id, item, cur, prev, now, now_ms, events);
                         }
-                        Value::Nil => existed.push((*id, Item { fresh: false, ..item.clone() })),
+                        Value::Nil => {
+                            if first {
+                                self.first.learn(false);
+                            }
+                            existed.push((*id, Item { fresh: Fresh::No, ..item.clone() }));
+                        }
                         _ => {
                             let key = self.key_name(id, item);
                             self.refused(&key, "unexpected reply to SET", events);
@@ -225,8 +264,13 @@ impl Backend {
             match reply {
                 Reply::Value(v) => match count(v) {
                     Some(cur) => {
-                        if item.total() > 0 && cur == u64::from(item.total()) {
+                        let made = cur == u64::from(item.total());
+                        if item.total() > 0 && made {
                             created.push((*id, item.tag.clone(), item.period));
+                        }
+                        if first {
+                            // what a `SET NX EX` would have found
+                            self.first.learn(made);
                         }
                         self.confirmed(*id, item, cur, prev, now, now_ms, events);
                     }
@@ -285,7 +329,7 @@ impl Backend {
         }
         if !existed.is_empty() {
             // a wrong guess costs one more exchange, with `INCRBY`s only
-            self.send_chunk(&existed, node, deadline, events);
+            self.exchange(&existed, node, deadline, true, events);
         }
     }
 

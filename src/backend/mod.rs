@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use ratelimit_core::batch::{Batch, Bounds, Delete, ItemId};
+use ratelimit_core::counter::Fresh;
 use ratelimit_core::health;
 use ratelimit_core::params;
 use ratelimit_core::sync::Send;
@@ -65,8 +66,9 @@ pub struct Increment<'a> {
     pub period: u32,
     pub limit: u32,
     pub n: u32,
-    /// The key's counter for this window is probably new (`Item::fresh`).
-    pub fresh: bool,
+    /// What the node knows of the key's counter for this window
+    /// (`Item::fresh`).
+    pub fresh: Fresh,
 }
 
 /// What a worker and its thread share.

@@ -4,7 +4,7 @@
 //! a budget of Redis commands per second per zone and worker.
 
 use ratelimit_core::batch::Item;
-use ratelimit_core::counter::Confirmation;
+use ratelimit_core::counter::{Confirmation, Fresh};
 use std::time::{Duration, Instant};
 
 use super::event::Event;
@@ -51,7 +51,7 @@ impl Backend {
                     n: 0,
                     carried: 0,
                     quiet: false,
-                    fresh: false,
+                    fresh: Fresh::No,
                     due: 0,
                 },
             ));

@@ -12,6 +12,7 @@ use ratelimit_core::batch::{Item, ItemMap};
 use ratelimit_core::health::{Budget, Health, LogGate};
 use ratelimit_core::slots::Topology;
 use ratelimit_core::stats::Stats;
+use ratelimit_core::sync::FirstCounts;
 use redis::IntoConnectionInfo;
 
 use super::event::{StatsRef, ZoneSpec};
@@ -97,6 +98,8 @@ pub struct Backend {
     /// one waits.
     pub(super) link_tried: Option<Instant>,
     pub(super) link_backoff: Duration,
+    /// How this zone's first counts make their counters lately.
+    pub(super) first: FirstCounts,
 }
 
 impl Backend {
@@ -137,6 +140,7 @@ impl Backend {
             link_wanted: may_link,
             link_tried: None,
             link_backoff: Duration::from_secs(1),
+            first: FirstCounts::default(),
         }
     }
 

@@ -81,6 +81,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
                 prefix: p.prefix.clone(),
                 timeout: Duration::from_millis(p.timeout_ms),
                 strict: z.strict_at.is_some(),
+                bytes: p.size,
                 stats: z.shared.as_ref().map(|s| StatsRef::new(s.stats())),
             })
         })
