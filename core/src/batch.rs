@@ -102,6 +102,13 @@ pub struct Item {
 pub const ITEM_OVERHEAD: usize = 96;
 
 impl Item {
+    /// Whether no push into it was near the limit (`Send::Now`): a wrong
+    /// guess that its counter is new may then cost its count a round trip.
+    #[inline]
+    pub fn far(&self) -> bool {
+        self.due != 0
+    }
+
     /// What its `INCRBY` adds: its own increments and the carried ones.
     #[inline]
     pub fn total(&self) -> u32 {

@@ -122,11 +122,11 @@ impl Backend {
             let cur_key =
                 redis_key_for_tag(&self.spec.prefix, &item.tag, item.period, id.window * p);
             let cur = cmds.len();
-            // a quiet key's counter this node probably creates: with its
-            // TTL, in one command (not on a cluster, whose partial failures
-            // hide what a command answered)
+            // a counter this node probably creates, of a key far from its
+            // limit: with its TTL, in one command (not on a cluster, whose
+            // partial failures hide what a command answered)
             let create = self.first.create(item.fresh)
-                && item.quiet
+                && item.far()
                 && item.total() > 0
                 && !self.spec.cluster;
             if create {
