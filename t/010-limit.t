@@ -557,3 +557,30 @@ my $s = time % 60; sleep(61 - $s) if $s > 55;
 [401, 401, 429, 429, 401, 429]
 --- response_headers eval
 ["X-Left: 2", "X-Left: 1", "X-Left: 0", "X-Left: 0", "", ""]
+
+
+
+=== TEST 25: a key of one variable is read by its index, a key of text and variables as a complex value (the text is part of the key: "1:2:" is one key however a and b split it); an empty one-variable key is not limited
+--- http_config
+    redis_ratelimit_zone $arg_k zone=one:1m;
+    redis_ratelimit_zone $arg_a:$arg_b zone=two:1m;
+    redis_ratelimit_zone ${arg_c} zone=braced:1m;
+--- config
+    location = /one { redis_ratelimit one 1r/d; }
+    location = /two { redis_ratelimit two 1r/d; }
+    location = /braced { redis_ratelimit braced 1r/d; }
+--- user_files
+>>> one
+ok
+>>> two
+ok
+>>> braced
+ok
+--- request eval
+["GET /one?k=x", "GET /one?k=x", "GET /one?k=y", "GET /one",
+ "GET /two?a=1&b=2", "GET /two?a=1&b=2", "GET /two?a=1&b=3", "GET /two?a=1:2", "GET /two?a=1&b=2:", "GET /two", "GET /two",
+ "GET /braced?c=x", "GET /braced?c=x", "GET /braced", "GET /braced"]
+--- error_code eval
+[200, 429, 200, 200,
+ 200, 429, 200, 200, 429, 200, 429,
+ 200, 429, 200, 200]

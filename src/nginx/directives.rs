@@ -153,7 +153,7 @@ pub extern "C" fn cmd_zone(
         }
     }
 
-    let Some(key) = compile(cf, args[1]) else {
+    let Some(key) = source(cf, args[1]) else {
         return NGX_CONF_ERROR;
     };
 
@@ -325,7 +325,7 @@ pub extern "C" fn cmd_limit(
                 declared: false,
                 used_at: position(cf),
                 params: None,
-                key: ptr::null_mut(),
+                key: Source::Complex(ptr::null_mut()),
                 cycle: ptr::null_mut(),
                 shared: None,
                 strict_at: None,

@@ -266,7 +266,7 @@ pub(super) fn key<'r>(
     zone: usize,
 ) -> Result<&'r [u8], ()> {
     let zone = mcf.zones.get(zone).ok_or(())?;
-    eval(r, zone.key)
+    read(r, zone.key)
 }
 
 /// Counts a request whose key for `zone` was empty (`not_limited`).
