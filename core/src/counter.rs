@@ -175,21 +175,26 @@ pub fn counter_is_new(e: &Entry) -> bool {
 pub enum Fresh {
     /// Redis counted the window already, or others count the key too.
     No,
-    /// No count of the key from Redis yet (first contact): whether the
-    /// node makes the counter is guessed from how the zone's first counts
-    /// went lately (`sync::FirstCounts`).
-    Unseen,
-    /// The node made the key's last count alone (`counter_is_new`).
+    /// Probably new, not known: no count of the key from Redis yet (first
+    /// contact), or the last one grew by this node's increments alone
+    /// while its share is still being learnt (a key seen again a while
+    /// later). Whether the node makes the counter is guessed from how the
+    /// zone's such counts went lately (`sync::FirstCounts`).
+    Maybe,
+    /// The node made the key's last count alone and sends three quarters
+    /// or more of its traffic (`counter_is_new`).
     Alone,
 }
 
 /// `Fresh` for an entry about to be queued.
 #[inline]
 pub fn fresh(e: &Entry) -> Fresh {
-    if counter_is_new(e) {
+    if e.cur != 0 {
+        Fresh::No
+    } else if counter_is_new(e) {
         Fresh::Alone
-    } else if e.share == 0 && e.cur == 0 {
-        Fresh::Unseen
+    } else if e.share == 0 || e.alone != 0 {
+        Fresh::Maybe
     } else {
         Fresh::No
     }

@@ -451,3 +451,25 @@ fn a_counter_is_new_to_a_node_that_was_alone_in_the_last_count() {
     roll(&mut e, T0 + 2000, 1000);
     assert!(!counter_is_new(&e));
 }
+
+#[test]
+fn what_a_node_knows_of_a_windows_counter() {
+    let big = Rate { limit: 1000, period: 1 };
+    let mut e = fresh();
+    assert_eq!(super::fresh(&e), Fresh::Maybe, "first contact");
+    let w = roll(&mut e, T0, 1000);
+    count_cost(&mut e, true, 2);
+    confirm(&mut e, &Confirmation { window: w, sent: 2, carried: 0, cur: 2, prev: None }, big, T0);
+    assert_eq!(super::fresh(&e), Fresh::No, "the window's counter exists");
+    roll(&mut e, T0 + 1000, 1000);
+    assert!(e.share < u16::MAX / 4 * 3, "a share half learnt after one reply: {}", e.share);
+    assert_eq!(super::fresh(&e), Fresh::Maybe, "its last count its own, the share not learnt yet");
+    e.share = u16::MAX;
+    assert_eq!(super::fresh(&e), Fresh::Alone);
+    // another node counted too
+    count_cost(&mut e, true, 1);
+    let c = Confirmation { window: w + 1, sent: 1, carried: 0, cur: 5, prev: None };
+    confirm(&mut e, &c, big, T0 + 1001);
+    roll(&mut e, T0 + 2000, 1000);
+    assert_eq!(super::fresh(&e), Fresh::No, "others count the key");
+}

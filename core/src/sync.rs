@@ -140,11 +140,12 @@ pub fn when(
     Send::Hold(now_ms.saturating_add(hold_ms), room - unsent)
 }
 
-/// How a zone's quiet first counts make their Redis counters, learnt from
-/// what they found. A key this node has no count of from Redis yet
-/// (`Fresh::Unseen`, first contact: most keys of real traffic) may be the
-/// first of its window anywhere, or another node may have counted it
-/// already. `SET NX EX` costs one command in the first case and two in the
+/// How a zone's first counts of keys whose counters are probably new make
+/// them, learnt from what they found. A key this node has no count of
+/// from Redis yet (`Fresh::Maybe`: first contact, most keys of real
+/// traffic; or one seen again whose last count was this node's alone) may
+/// be the first of its window anywhere, or another node may have counted
+/// it already. `SET NX EX` costs one command in the first case and two in the
 /// second (`SET`, then `INCRBY`, one round trip later); `INCRBY` costs two
 /// in the first (then `EXPIRE`) and one in the second. So first counts go
 /// as `SET NX EX` while at least half of the recent ones made their
@@ -169,7 +170,7 @@ impl FirstCounts {
     pub fn create(&self, fresh: Fresh) -> bool {
         match fresh {
             Fresh::Alone => true,
-            Fresh::Unseen => self.score >= 0,
+            Fresh::Maybe => self.score >= 0,
             Fresh::No => false,
         }
     }
@@ -193,16 +194,16 @@ mod tests {
     #[test]
     fn first_counts_follow_what_most_of_them_found() {
         let mut f = FirstCounts::default();
-        assert!(f.create(Fresh::Unseen), "a zone starts by guessing its keys new");
+        assert!(f.create(Fresh::Maybe), "a zone starts by guessing its keys new");
         assert!(f.create(Fresh::Alone));
         assert!(!f.create(Fresh::No));
         // another node made the counters: after one miss, INCRBY
         f.learn(false);
-        assert!(!f.create(Fresh::Unseen));
+        assert!(!f.create(Fresh::Maybe));
         assert!(f.create(Fresh::Alone), "a node alone on a key still guesses");
         // half and half: SET NX EX again (it costs no more)
         f.learn(true);
-        assert!(f.create(Fresh::Unseen));
+        assert!(f.create(Fresh::Maybe));
         // a long run one way is undone by as long a run the other way, not more
         for _ in 0..100 {
             f.learn(false);
@@ -210,14 +211,14 @@ mod tests {
         for _ in 0..FIRST_COUNTS_SPAN - 1 {
             f.learn(true);
         }
-        assert!(!f.create(Fresh::Unseen));
+        assert!(!f.create(Fresh::Maybe));
         f.learn(true);
-        assert!(f.create(Fresh::Unseen));
+        assert!(f.create(Fresh::Maybe));
         for _ in 0..100 {
             f.learn(true);
         }
         f.learn(false);
-        assert!(f.create(Fresh::Unseen), "one miss after many made: still SET NX EX");
+        assert!(f.create(Fresh::Maybe), "one miss after many made: still SET NX EX");
     }
 
     fn est(prev: u32, cur: u32, elapsed_ms: u64, p: u64) -> Estimate {

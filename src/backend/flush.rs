@@ -229,7 +229,7 @@ impl Backend {
                 .and_then(|i| replies.get(i))
                 .and_then(|r| self.read_prev(id, item, r, now_ms));
             let reply = replies.get(s.cur).unwrap_or(&Reply::NotSent);
-            let first = item.fresh == Fresh::Unseen && item.total() > 0;
+            let first = item.fresh == Fresh::Maybe && item.total() > 0;
             if s.create {
                 if let Reply::Value(v) = reply {
                     match v {

@@ -278,11 +278,12 @@ def test_a_quiet_counter_the_node_makes_alone_is_one_set_nx_ex(h):
     gets = calls(r, "get") - get0
     h.note("%d requests in %d counters: %d SET NX EX, %d INCRBY, %d EXPIRE, %d GET of a previous "
            "window; TTLs %s" % (sent, len(seen), sets, incr, exp, gets, sorted(ttls.values())))
-    # a window whose counter SET NX made: the previous one was this node's
-    # own count, not read again while the key stays quiet (but for the
-    # key's first counter: the window before it may be others' counts)
-    h.check(gets <= len(seen) - sets + 1, "no previous-window GET after a SET NX EX but the first: "
-            "%d GET, %d SET, %d counters" % (gets, sets, len(seen)))
+    # a window whose counter SET NX made once the node knows the key is
+    # its own: the previous one was this node's own count, not read again
+    # while the key stays quiet (the first windows, before its share is
+    # learnt from a few replies, read it: others may have counted there)
+    h.check(gets <= 3 and gets < len(seen), "no previous-window GET once the key is known to be the "
+            "node's own: %d GET, %d SET, %d counters" % (gets, sets, len(seen)))
     h.check(landed, "every count lands: %d of %d" % (sum(seen.values()), sent))
     h.check(sets >= 2, "windows' counters made by SET NX EX: %d" % sets)
     h.check(exp + sets <= len(seen), "no EXPIRE after a SET NX EX: %d EXPIRE, %d SET, %d counters"
