@@ -125,7 +125,8 @@ impl Backend {
             // a counter this node probably creates, of a key far from its
             // limit: with its TTL, in one command (not on a cluster, whose
             // partial failures hide what a command answered)
-            let create = self.first.create(item.fresh)
+            let create = !self.set_refused
+                && self.first.create(item.fresh)
                 && item.far()
                 && item.total() > 0
                 && !self.spec.cluster;
@@ -259,6 +260,18 @@ impl Backend {
                         }
                     }
                     continue;
+                }
+            }
+            if s.create {
+                if let Reply::Refused { code, .. } = reply {
+                    if code == "NOPERM" {
+                        // a user allowed INCRBY but not SET (an ACL written
+                        // for the counting commands of older versions): the
+                        // count goes as INCRBY, and so do all from now on
+                        self.set_refused = true;
+                        existed.push((*id, Item { fresh: Fresh::No, ..item.clone() }));
+                        continue;
+                    }
                 }
             }
             match reply {

@@ -100,6 +100,9 @@ pub struct Backend {
     pub(super) link_backoff: Duration,
     /// How this zone's first counts make their counters lately.
     pub(super) first: FirstCounts,
+    /// Redis refused `SET` to this user (`NOPERM`): counters are made by
+    /// `INCRBY` only.
+    pub(super) set_refused: bool,
 }
 
 impl Backend {
@@ -141,6 +144,7 @@ impl Backend {
             link_tried: None,
             link_backoff: Duration::from_secs(1),
             first: FirstCounts::default(),
+            set_refused: false,
         }
     }
 

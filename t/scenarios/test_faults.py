@@ -348,15 +348,47 @@ def test_oom_noeviction(h):
 
 
 def test_acl_noperm(h):
-    """User rl without INCRBY: requests 200, bounded commands/connections,
+    """User rl without the commands that count (INCRBY, and SET, which
+    makes a new key's counter): requests 200, bounded commands/connections,
     NOPERM logged at most ~1/s."""
     r = h.redis()
-    r.cmd("ACL", "SETUSER", "rl", "on", ">pw", "~*", "+@all", "-incrby")
+    r.cmd("ACL", "SETUSER", "rl", "on", ">pw", "~*", "+@all", "-incrby", "-set")
     ng = h.nginx(zone("z", "redis://rl:pw@%s:%d" % (HOST, r.port), "on_error=deny"),
                  loc("/t", "redis_ratelimit z 100r/h;"))
     _refused_case(h, r, ng, "NOPERM", r"noperm|no permission")
     leaks = [l for l in ng.error_log_text().splitlines() if ":pw@" in l]
     h.expect(not leaks, "the password appears in error.log: %s" % leaks[:1])
+
+
+def test_acl_without_set(h):
+    """User rl allowed INCRBY but not SET (an ACL written for the counting
+    commands of older versions): the first SET NX EX of a new key is
+    refused, its count goes as INCRBY, and so do all later counts; every
+    count lands and every counter gets its TTL."""
+    r = h.redis()
+    r.cmd("ACL", "SETUSER", "rl", "on", ">pw", "~*", "+@all", "-set")
+    ng = h.nginx(zone("z", "redis://rl:pw@%s:%d" % (HOST, r.port)),
+                 loc("/t", "redis_ratelimit z 100r/h;"))
+    keys = ["s%d-%s" % (i, h.uid) for i in range(20)]
+    for k in keys:
+        h.expect(ng.get("/t?k=" + k)[0] == 200, "a request far below its limit")
+        time.sleep(0.05)
+
+    def cs():
+        return r.info_commandstats()
+
+    landed = wait_for(lambda: sum(int(r.cmd("GET", c) or 0) for c in r.keys("rl:*")) == 20, 5.0, 0.05)
+    st = cs()
+    # a command the ACL refuses is not among its calls: count the refusals
+    sets = int(st.get("set", {}).get("calls", 0)) + int(st.get("set", {}).get("rejected_calls", 0))
+    incr = int(st.get("incrby", {}).get("calls", 0))
+    exp = int(st.get("expire", {}).get("calls", 0))
+    ttls = [int(r.cmd("TTL", c)) for c in r.keys("rl:*")]
+    h.note("20 new keys: %d SET (refused), %d INCRBY, %d EXPIRE; TTLs %s" % (sets, incr, exp, sorted(set(ttls))))
+    h.expect(landed, "every count lands through INCRBY")
+    h.expect(sets == 1, "after one SET refused, no more SET: %d" % sets)
+    h.expect(incr == 20 and exp == 20, "one INCRBY and one EXPIRE per new counter: %d, %d" % (incr, exp))
+    h.expect(all(0 < t <= 7200 for t in ttls), "every counter expires: %s" % ttls)
 
 
 def test_readonly_replica(h):
