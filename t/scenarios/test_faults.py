@@ -391,6 +391,31 @@ def test_acl_without_set(h):
     h.expect(all(0 < t <= 7200 for t in ttls), "every counter expires: %s" % ttls)
 
 
+def test_acl_as_the_readme_writes_it(h):
+    """The README's ACL for the module's Redis user (its example, verbatim):
+    background counts of new and known keys and strict decisions over the
+    worker's link all run without a single NOPERM."""
+    r = h.redis()
+    r.cmd("ACL", "SETUSER", "rl", "on", ">secret", "~rl:*", "+incrby", "+set", "+expire", "+get",
+          "+ping", "+del", "+evalsha", "+script|load", "+client|setname", "+mget")
+    ng = h.nginx(zone("z", "redis://rl:secret@%s:%d" % (HOST, r.port)),
+                 loc("/t", "redis_ratelimit z 100r/h;") + loc("/s", "redis_ratelimit z 5r/h strict;"),
+                 files={"t": "ok\n", "s": "ok\n"})
+    statuses = []
+    for rnd in range(3):
+        for i in range(5):
+            statuses.append(ng.get("/t?k=acl%d-%s" % (i, h.uid))[0])
+        time.sleep(0.2)
+    strict = [ng.get("/s?k=st-%s" % h.uid)[0] for _ in range(7)]
+    landed = wait_for(lambda: sum(int(r.cmd("GET", c) or 0) for c in r.keys("rl:*")) == 15 + 5, 5.0, 0.05)
+    errs = r.cmd("INFO", "errorstats")
+    h.note("background %s, strict %s; errorstats %s" % (statuses, strict, errs.split()[1:]))
+    h.expect(statuses == [200] * 15, "background requests far below the limit pass: %s" % statuses)
+    h.expect(strict == [200] * 5 + [429] * 2, "strict 5r/h: exactly 5 pass: %s" % strict)
+    h.expect(landed, "every count lands in Redis")
+    h.expect("NOPERM" not in errs, "a command the README's ACL does not allow: %s" % errs)
+
+
 def test_readonly_replica(h):
     """Zone pointed at a replica: INCRBY gets READONLY; requests 200, bounded
     commands/connections, the log names READONLY."""
