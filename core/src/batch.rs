@@ -89,9 +89,9 @@ pub struct Item {
     /// only then may it be carried into a later window.
     pub quiet: bool,
     /// What the pushes knew of the window's counter, the least sure of
-    /// them (`counter::fresh`): a quiet item whose counter is probably new
-    /// creates it with its TTL in one command, `SET NX EX`, instead of
-    /// `INCRBY` and `EXPIRE`.
+    /// them (`counter::fresh`): an item far from its limit (`far`) whose
+    /// counter is probably new creates it with its TTL in one command,
+    /// `SET NX EX`, instead of `INCRBY` and `EXPIRE`.
     pub fresh: Fresh,
     /// When it is to be sent (ms; 0: at once). See `sync`.
     pub due: u64,

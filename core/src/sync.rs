@@ -164,8 +164,8 @@ pub struct FirstCounts {
 pub const FIRST_COUNTS_SPAN: i8 = 8;
 
 impl FirstCounts {
-    /// Whether a quiet item that knows `fresh` of its window's counter
-    /// makes it with `SET NX EX`.
+    /// Whether an item far from its limit (`batch::Item::far`) that knows
+    /// `fresh` of its window's counter makes it with `SET NX EX`.
     #[inline]
     pub fn create(&self, fresh: Fresh) -> bool {
         match fresh {

@@ -232,46 +232,43 @@ impl Backend {
             let reply = replies.get(s.cur).unwrap_or(&Reply::NotSent);
             let first = item.fresh == Fresh::Maybe && item.total() > 0;
             if s.create {
-                if let Reply::Value(v) = reply {
-                    match v {
-                        Value::Okay => {
-                            // the guess held: nobody else counted this window
-                            // yet; and for a key this node made the last
-                            // count of alone, the previous window's count
-                            // grew by this node's counts alone
-                            if first {
-                                self.first.learn(true);
-                            } else if let Some(p) = self.prev.get_mut(id) {
-                                p.own = true;
-                            }
-                            let cur = u64::from(item.total());
-                            self.confirmed(*id, item, cur, prev, now, now_ms, events);
+                match reply {
+                    Reply::Value(Value::Okay) => {
+                        // the guess held: nobody else counted this window
+                        // yet; and for a key this node made the last count
+                        // of alone, the previous window's count grew by
+                        // this node's counts alone
+                        if first {
+                            self.first.learn(true);
+                        } else if let Some(p) = self.prev.get_mut(id) {
+                            p.own = true;
                         }
-                        Value::Nil => {
-                            if first {
-                                self.first.learn(false);
-                            }
-                            existed.push((*id, Item { fresh: Fresh::No, ..item.clone() }));
-                        }
-                        _ => {
-                            let key = self.key_name(id, item);
-                            self.refused(&key, "unexpected reply to SET", events);
-                            keep_local(*id, item, events);
-                        }
+                        let cur = u64::from(item.total());
+                        self.confirmed(*id, item, cur, prev, now, now_ms, events);
+                        continue;
                     }
-                    continue;
-                }
-            }
-            if s.create {
-                if let Reply::Refused { code, .. } = reply {
-                    if code == "NOPERM" {
-                        // a user allowed INCRBY but not SET (an ACL written
-                        // for the counting commands of older versions): the
-                        // count goes as INCRBY, and so do all from now on
+                    Reply::Value(Value::Nil) => {
+                        if first {
+                            self.first.learn(false);
+                        }
+                        existed.push((*id, Item { fresh: Fresh::No, ..item.clone() }));
+                        continue;
+                    }
+                    Reply::Value(_) => {
+                        let key = self.key_name(id, item);
+                        self.refused(&key, "unexpected reply to SET", events);
+                        keep_local(*id, item, events);
+                        continue;
+                    }
+                    // a user allowed INCRBY but not SET (an ACL written for
+                    // the counting commands of older versions): the count
+                    // goes as INCRBY, and so do all from now on
+                    Reply::Refused { code, .. } if code == "NOPERM" => {
                         self.set_refused = true;
                         existed.push((*id, Item { fresh: Fresh::No, ..item.clone() }));
                         continue;
                     }
+                    _ => {}
                 }
             }
             match reply {
