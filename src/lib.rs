@@ -8,7 +8,7 @@
 //! |---|---|
 //! | `core/` (crate `ratelimit-core`) | pure logic: rates, window math, counters, the shared table layout, keys, batches, zone parameters, backoff; unit-tested, no nginx |
 //! | `src/nginx/` | nginx glue: configuration and directives, shared memory zones, the preaccess handler, variables, the worker's side of the Redis thread, debug logging |
-//! | `src/engine.rs` | the one decision for a request's limits, used by the handler and the Lua ABI |
+//! | `src/engine/` | the one decision for a request's limits, used by the handler and the Lua ABI |
 //! | `src/backend/` | the Redis I/O thread (one per worker): pipelines, replies, backoff, cluster routing; never calls nginx |
 //! | `src/lua/` | the C ABI that `lua/resty/redis_ratelimit.lua` binds to through LuaJIT's FFI |
 

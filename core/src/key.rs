@@ -64,29 +64,63 @@ impl IdHasher {
         ])
     }
 
+    /// The hash of (namespace, period, key).
     #[inline]
     pub fn id(&self, namespace: &[u8], period: u32, key: &[u8]) -> [u64; 2] {
+        self.id_in(self.namespace(namespace), period, key)
+    }
+
+    /// The first part of every id under `namespace`: its length and bytes
+    /// folded into both lanes. A zone hashes its own name once, not on every
+    /// request (`id_in`).
+    #[inline]
+    pub fn namespace(&self, namespace: &[u8]) -> Namespace {
         let [s0, s1, s2, s3] = self.0;
-        let lens = (namespace.len() as u64) | (key.len() as u64) << 24 | u64::from(period) << 40;
-        let mut a = mum(s0 ^ lens, s2);
-        let mut b = mum(s1 ^ lens, s3);
-        for part in [namespace, key] {
-            let mut chunks = part.chunks_exact(8);
-            for c in &mut chunks {
-                let w = word8(c);
-                a = mum(a ^ w, s2);
-                b = mum(b ^ w, s3);
-            }
-            let rest = chunks.remainder();
-            if !rest.is_empty() {
-                let w = tail(rest);
-                a = mum(a ^ w, s2);
-                b = mum(b ^ w, s3);
-            }
-        }
+        let len = namespace.len() as u64;
+        let mut lanes = [mum(s0 ^ len, s2), mum(s1 ^ len, s3)];
+        self.absorb(&mut lanes, namespace);
+        Namespace(lanes)
+    }
+
+    /// The hash of (namespace, period, key), the namespace hashed already:
+    /// the period and the key's length, then its bytes, then a final mix
+    /// per lane.
+    #[inline(always)]
+    pub fn id_in(&self, namespace: Namespace, period: u32, key: &[u8]) -> [u64; 2] {
+        let [s0, s1, s2, s3] = self.0;
+        let lens = (key.len() as u64) | u64::from(period) << 40;
+        let [a, b] = namespace.0;
+        let mut lanes = [mum(a ^ lens, s2), mum(b ^ lens, s3)];
+        self.absorb(&mut lanes, key);
+        let [a, b] = lanes;
         [mum(a ^ s1, s0 ^ s3), mum(b ^ s0, s1 ^ s2)]
     }
+
+    /// Folds `bytes` into both lanes, 8 at a time, the last 1 to 7 as one
+    /// word.
+    #[inline(always)]
+    fn absorb(&self, lanes: &mut [u64; 2], bytes: &[u8]) {
+        let [_, _, s2, s3] = self.0;
+        let [mut a, mut b] = *lanes;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let w = word8(c);
+            a = mum(a ^ w, s2);
+            b = mum(b ^ w, s3);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let w = tail(rest);
+            a = mum(a ^ w, s2);
+            b = mum(b ^ w, s3);
+        }
+        *lanes = [a, b];
+    }
 }
+
+/// A namespace as hashed by one zone's `IdHasher::namespace`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Namespace([u64; 2]);
 
 /// The key bytes as they appear inside a Redis key name: as given, or
 /// `sha256:<hex>` when longer than `MAX_KEY_BYTES`.
@@ -184,6 +218,20 @@ mod tests {
         // zero padding of a short word does not hide a trailing zero byte
         assert_ne!(entry_id(s, b"z", 1, b"ab"), entry_id(s, b"z", 1, b"ab\0"));
         assert_ne!(entry_id(s, b"z", 1, b""), entry_id(s, b"z", 1, b"\0"));
+    }
+
+    #[test]
+    fn a_namespace_hashed_once_gives_the_same_ids() {
+        let h = IdHasher::new([5, 6]);
+        let login = h.namespace(b"login");
+        assert_eq!(login, h.namespace(b"login"));
+        assert_ne!(login, h.namespace(b"logi"));
+        assert_ne!(login, IdHasher::new([5, 7]).namespace(b"login"));
+        for key in [&b""[..], b"k", b"1.2.3.4", b"a key of more than eight bytes"] {
+            for period in [1, 60, 86_400] {
+                assert_eq!(h.id_in(login, period, key), h.id(b"login", period, key));
+            }
+        }
     }
 
     #[test]

@@ -79,6 +79,14 @@ impl Estimate {
         ((cap - self.scaled).div_ceil(self.period_ms)).min(u64::from(u32::MAX)) as u32
     }
 
+    /// The estimate once `n` more requests are counted in the current
+    /// window (what `new` gives with `cur + n`, without computing it again).
+    #[inline]
+    pub fn plus(&self, n: u32) -> Estimate {
+        let scaled = self.scaled.saturating_add(u64::from(n).saturating_mul(self.period_ms));
+        Estimate { scaled, period_ms: self.period_ms }
+    }
+
     /// The estimate as a number of requests (for logs and Lua's `measure`).
     #[inline]
     pub fn value(&self) -> f64 {
@@ -182,6 +190,16 @@ mod tests {
         assert_eq!(Estimate::new(0, 10, 0, p).remaining(10), 0);
         assert_eq!(Estimate::new(0, 11, 0, p).remaining(10), 0);
         assert_eq!(Estimate::new(0, 0, 0, p).remaining(10), 10);
+    }
+
+    #[test]
+    fn plus_counts_more_in_the_current_window() {
+        for (prev, cur, elapsed, n) in [(4, 3, 900, 1), (10, 0, 30_000, 5), (0, 0, 0, 0)] {
+            let p = if elapsed > 1000 { 60_000 } else { 1000 };
+            let before = Estimate::new(prev, cur, elapsed, p);
+            assert_eq!(before.plus(n), Estimate::new(prev, cur + n, elapsed, p));
+        }
+        assert_eq!(Estimate::new(0, 9, 0, 1000).plus(1).remaining(10), 0);
     }
 
     #[test]

@@ -198,7 +198,8 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     let Call { mcf, index, ns, key, .. } = call;
     let rate = Rate { limit, period };
     let how = if take == TAKE_ALWAYS { Take::Always } else { Take::IfAllowed };
-    let ask = Ask { zone: index, namespace: ns, key, rate, cost, strict: Strict::No };
+    let ask =
+        Ask { zone: index, namespace: ns, zone_named: false, key, rate, cost, strict: Strict::No };
     let now = now_ms();
     // SAFETY: `ngx_cycle` is the running cycle (checked by `Call::new`).
     let log = unsafe { (*ngx_cycle).log };

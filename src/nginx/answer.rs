@@ -14,7 +14,7 @@ use nginx_sys::{
 use ngx::http::Request;
 use ngx::ngx_log_error;
 use ratelimit_core::stats::Outcome;
-use ratelimit_core::window::seconds_until;
+use ratelimit_core::window::{seconds_until, Estimate};
 
 use super::conf::{LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF};
 use crate::engine::{Ask, Decision};
@@ -25,11 +25,23 @@ use crate::engine::{Ask, Decision};
 /// must neither run twice nor forget its answer.
 pub struct RequestState {
     pub outcome: Outcome,
-    pub remaining: u32,
+    /// The tightest limit's estimate after the request, and its L (0 when
+    /// rejected): `$redis_ratelimit_remaining` works the number out only
+    /// when a configuration reads it.
+    pub after: Estimate,
+    pub limit: u32,
     /// The location whose `count_if=` limits the log phase counts (null:
     /// none). Its configuration lives as long as the cycle, which outlives
     /// the request.
     pub deferred: *const LocConf,
+}
+
+impl RequestState {
+    /// Requests left under the tightest limit, after this one (0 when
+    /// rejected).
+    pub fn remaining(&self) -> u32 {
+        self.after.remaining(self.limit)
+    }
 }
 
 /// Marks our cleanup entry. Exported so that it has exactly one address:
@@ -63,6 +75,7 @@ struct Recorded {
     state: RequestState,
 }
 
+#[inline(always)]
 fn record(r: &ngx_http_request_t, st: RequestState) -> bool {
     // SAFETY: allocates from the main request's pool (aligned for pointers,
     // as nginx's own cleanup entries are) and links the entry into its
@@ -128,7 +141,10 @@ fn count_outcome(mcf: &MainConf, limits: &[Ask<'_>], rejecting: usize, outcome: 
 }
 
 /// What every decided request ends with: the log line of a rejection, the
-/// recorded state (for the variables), the headers, and the status.
+/// recorded state (for the variables), the headers, and the status. A
+/// request let through without headers takes the short way: its zone's
+/// figure and the recorded state.
+#[inline(always)]
 pub(super) fn finish(
     r: &mut ngx_http_request_t,
     mcf: &MainConf,
@@ -138,43 +154,81 @@ pub(super) fn finish(
     d: &Decision,
 ) -> Result<ngx_int_t, ()> {
     let rejected = !d.allowed;
-    let remaining = d.remaining;
-    let retry_at = if rejected { d.retry_at_ms.max(now) } else { now };
-    let tightest = &limits[d.tightest];
-    let said = &d.said;
     let dry_run = lcf.dry_run == 1;
     let outcome = match (rejected, dry_run) {
         (false, _) => Outcome::Passed,
         (true, false) => Outcome::Rejected,
         (true, true) => Outcome::RejectedDryRun,
     };
-
-    count_outcome(mcf, limits, tightest.zone, outcome);
-
-    if rejected {
-        let zone = &mcf.zones[tightest.zone];
-        let level = lcf.log_level;
-        ngx_log_error!(
-            level as ngx_uint_t,
-            request_log(r),
-            "limiting requests{}, estimate: {:.3} of {} by zone \"{}\"",
-            if dry_run { ", dry run" } else { "" },
-            said.check.estimate.value(),
-            tightest.rate,
-            zone.name
-        );
-    }
-
-    let deferred = match lcf.limits.as_deref() {
-        Some(l) if mcf.count_if && !rejected && l.iter().any(|l| l.count_if.is_some()) => {
-            lcf as *const LocConf
+    let tightest = limits.get(d.tightest).ok_or(())?;
+    match limits {
+        [one] => {
+            if let Some(s) = mcf.zones.get(one.zone).and_then(|z| z.shared.as_ref()) {
+                s.stats().add(outcome);
+            }
         }
-        _ => ptr::null(),
-    };
-    if !record(r, RequestState { outcome, remaining, deferred }) {
+        _ => count_outcome(mcf, limits, tightest.zone, outcome),
+    }
+    if rejected {
+        log_rejection(r, mcf, lcf, tightest, d);
+    }
+    let deferred = if mcf.count_if && !rejected { deferred(lcf) } else { ptr::null() };
+    let st = RequestState { outcome, after: d.said.after, limit: d.limit, deferred };
+    if !record(r, st) {
         return Err(());
     }
+    if lcf.headers == HEADERS_OFF && !rejected {
+        return Ok(NGX_DECLINED as ngx_int_t);
+    }
+    headers(r, mcf, lcf, now, limits, d)
+}
 
+/// The location, if any of its limits is counted after the response
+/// (`count_if=`).
+fn deferred(lcf: &LocConf) -> *const LocConf {
+    match lcf.limits.as_deref() {
+        Some(l) if l.iter().any(|l| l.count_if.is_some()) => lcf as *const LocConf,
+        _ => ptr::null(),
+    }
+}
+
+/// The log line of a rejected request (at `redis_ratelimit_log_level`).
+#[cold]
+#[inline(never)]
+fn log_rejection(
+    r: &ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    tightest: &Ask<'_>,
+    d: &Decision,
+) {
+    let zone = &mcf.zones[tightest.zone];
+    ngx_log_error!(
+        lcf.log_level as ngx_uint_t,
+        request_log(r),
+        "limiting requests{}, estimate: {:.3} of {} by zone \"{}\"",
+        if lcf.dry_run == 1 { ", dry run" } else { "" },
+        d.said.check.estimate.value(),
+        tightest.rate,
+        zone.name
+    );
+}
+
+/// The headers of `redis_ratelimit_headers`, and a rejected request's
+/// `Retry-After` and status.
+#[inline(never)]
+fn headers(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    now: u64,
+    limits: &[Ask<'_>],
+    d: &Decision,
+) -> Result<ngx_int_t, ()> {
+    let rejected = !d.allowed;
+    let remaining = d.remaining();
+    let retry_at = if rejected { d.retry_at_ms.max(now) } else { now };
+    let tightest = &limits[d.tightest];
     // SAFETY: the request is valid; `Request` is a transparent wrapper.
     let req = unsafe { Request::from_ngx_http_request(r) };
     if lcf.headers != HEADERS_OFF {
@@ -183,7 +237,7 @@ pub(super) fn finish(
         let reset = if rejected {
             seconds_until(now, retry_at)
         } else {
-            seconds_until(now, said.check.window_start_ms + tightest.rate.period_ms())
+            seconds_until(now, d.said.check.window_start_ms + tightest.rate.period_ms())
         };
         if lcf.headers == HEADERS_LEGACY {
             req.add_header_out("X-RateLimit-Limit", &tightest.rate.limit.to_string()).ok_or(())?;
@@ -208,7 +262,7 @@ pub(super) fn finish(
         }
     }
 
-    if rejected && !dry_run {
+    if rejected && lcf.dry_run != 1 {
         let secs = seconds_until(now, retry_at);
         req.add_header_out("Retry-After", &secs.to_string()).ok_or(())?;
         return Ok(lcf.status);

@@ -1,10 +1,10 @@
 //! The preaccess phase handler: evaluates each zone's key, asks the engine
-//! (`engine.rs`) for the decision on every limit of the location (strict
+//! (`engine/`) for the decision on every limit of the location (strict
 //! limits through `strict.rs`), and answers (`answer.rs`).
 
 use nginx_sys::{
     ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_get_flushed_variable,
-    ngx_http_request_t, ngx_int_t, ngx_str_t, ngx_uint_t, NGX_DECLINED,
+    ngx_http_request_t, ngx_int_t, ngx_str_t, ngx_uint_t, ngx_variable_value_t, NGX_DECLINED,
     NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_LOG_ERR, NGX_OK,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
@@ -68,11 +68,12 @@ fn limit(
             return Ok(NGX_DECLINED as ngx_int_t);
         }
         let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
-        let ask = ask(mcf, l, key, rate, cost);
+        let asks = [ask(mcf, l, key, rate, cost)];
         let now = now_ms();
-        let decision =
-            engine::decide(mcf, &[ask], now, Take::IfAllowed, debug_log(r)).map_err(|_| ())?;
-        return finish(r, mcf, lcf, now, &[ask], &decision);
+        let Ok(decision) = engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r)) else {
+            return Err(());
+        };
+        return finish(r, mcf, lcf, now, &asks, &decision);
     }
     let mut keys: SmallVec<[(usize, &[u8]); INLINE]> = SmallVec::new();
     let mut asks: SmallVec<[Ask<'_>; INLINE]> = SmallVec::new();
@@ -125,6 +126,7 @@ pub(super) fn ask<'a>(
     Ask {
         zone: l.zone,
         namespace: mcf.zones[l.zone].name.as_bytes(),
+        zone_named: true,
         key,
         rate,
         cost,
@@ -181,12 +183,34 @@ fn variable<'r>(r: &mut ngx_http_request_t, index: ngx_uint_t) -> &'r [u8] {
     // the value lives as long as the request.
     let v = unsafe { ngx_http_get_flushed_variable(r, index) };
     // SAFETY: non-null values point at nginx's value for this request.
-    match unsafe { v.as_ref() } {
-        Some(v) if v.not_found() == 0 && v.len() > 0 && !v.data.is_null() => {
-            // SAFETY: `len` bytes at `data`, in the request's pool or static.
-            unsafe { std::slice::from_raw_parts(v.data, v.len() as usize) }
-        }
-        _ => &[],
+    let Some(v) = (unsafe { v.as_ref() }) else {
+        return &[];
+    };
+    let (len, not_found) = len_and_not_found(v);
+    if not_found || len == 0 || v.data.is_null() {
+        return &[];
+    }
+    // SAFETY: `len` bytes at `data`, in the request's pool or static.
+    unsafe { std::slice::from_raw_parts(v.data, len) }
+}
+
+/// A variable value's `len:28` and `not_found:1` bit fields. The generated
+/// accessors take them apart a bit at a time (about 25 instructions on
+/// every request); on a little-endian target the C compiler packs them from
+/// the lowest bit of the first 32-bit word (`len`, `valid`, `no_cacheable`,
+/// `not_found`, `escape`), so one load and two masks read them.
+#[inline(always)]
+fn len_and_not_found(v: &ngx_variable_value_t) -> (usize, bool) {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: the struct begins with its bit fields' 4 bytes, aligned for
+        // a u32 (`_bitfield_align_1`).
+        let word = unsafe { std::ptr::from_ref(v).cast::<u32>().read() };
+        ((word & 0x0fff_ffff) as usize, word & (1 << 30) != 0)
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        (v.len() as usize, v.not_found() != 0)
     }
 }
 

@@ -124,7 +124,7 @@ pub(super) fn limit(
             ticket: base | k as u64,
             id: ItemId {
                 zone: a.zone as u32,
-                entry: shared.ids.id(a.namespace, a.rate.period, a.key),
+                entry: crate::engine::entry_id(shared, a),
                 window: window_index(now, a.rate.period_ms()),
             },
             tag: redis_tag(a.namespace, a.key),

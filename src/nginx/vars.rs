@@ -57,7 +57,7 @@ unsafe extern "C" fn get(
             set(v, s.as_ptr().cast_mut(), s.len());
         }
         _ => {
-            let text = st.remaining.to_string();
+            let text = st.remaining().to_string();
             // SAFETY: allocates from the request pool, which outlives the value.
             let p = unsafe { ngx_pnalloc(r.pool, text.len()) }.cast::<u8>();
             if p.is_null() {

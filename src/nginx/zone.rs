@@ -16,7 +16,7 @@ use nginx_sys::{
 };
 use ngx::{ngx_log_debug, ngx_log_error};
 
-use ratelimit_core::key::IdHasher;
+use ratelimit_core::key::{IdHasher, Namespace};
 use ratelimit_core::stats::Stats;
 use ratelimit_core::table::{Entry, Header, Layout, Table};
 
@@ -27,8 +27,15 @@ pub struct Shared {
     pool: *mut ngx_slab_pool_t,
     table: *mut u8,
     layout: Layout,
+    /// Where the bucket heads and the entries start (cut once, not at every
+    /// lock).
+    buckets: *mut u32,
+    entries: *mut Entry,
     /// Entry ids for this zone's seed (process-local, set up once).
     pub ids: IdHasher,
+    /// The zone's name as a namespace, hashed once (`redis_ratelimit` lines
+    /// count their keys under it).
+    pub name: Namespace,
 }
 
 /// The table, locked for the lifetime of this guard.
@@ -62,14 +69,22 @@ impl Shared {
 
     /// Takes the zone's lock (nginx's slab mutex, which the master releases
     /// should a worker die holding it) and returns the table.
+    #[inline(always)]
     pub fn lock(&self) -> Locked<'_> {
         // SAFETY: `pool` is the slab pool nginx initialised for this zone; its
         // mutex is valid in every process that maps the zone.
         unsafe { ngx_shmtx_lock(&mut (*self.pool).mutex) };
         // SAFETY: the lock is held, so no other process or thread touches the
-        // table until `Locked` drops; the parts lie inside the region as the
-        // layout computed them when the table was formatted or checked.
-        let table = unsafe { parts(self.table, self.layout, Table::attach) };
+        // table until `Locked` drops; the parts lie inside the region as
+        // `parts` cut them by the layout the table was formatted or checked
+        // with.
+        let table = unsafe {
+            Table::attach(
+                &mut *self.table.cast::<Header>(),
+                std::slice::from_raw_parts_mut(self.buckets, self.layout.nbuckets as usize),
+                std::slice::from_raw_parts_mut(self.entries, self.layout.capacity as usize),
+            )
+        };
         Locked { pool: self.pool, table }
     }
 }
@@ -209,5 +224,10 @@ pub unsafe fn attach(
     // SAFETY: the table was formatted or checked above; the seed never
     // changes after formatting.
     let seed = unsafe { (*table.cast::<Header>()).seed };
-    Some(Shared { pool, table, layout, ids: IdHasher::new(seed) })
+    let ids = IdHasher::new(seed);
+    let name = ids.namespace(name.as_bytes());
+    // SAFETY: the region holds the table as checked or formatted above.
+    let (buckets, entries) =
+        unsafe { parts(table, layout, |_, b, e| (b.as_mut_ptr(), e.as_mut_ptr())) };
+    Some(Shared { pool, table, layout, buckets, entries, ids, name })
 }

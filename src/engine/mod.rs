@@ -11,14 +11,11 @@
 //! locks; queue the increments for the zone's Redis thread (at once for a
 //! key near its limit, later for one far from it: `ratelimit_core::sync`).
 
-use std::sync::Arc;
-
 use nginx_sys::ngx_log_t;
 use ngx::log::DebugMask;
 use ngx::ngx_log_debug;
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter::{self, Fresh};
-use ratelimit_core::params::OnError;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::sync::{self, Send};
@@ -26,78 +23,13 @@ use ratelimit_core::window::Estimate;
 use smallvec::SmallVec;
 
 use crate::backend::{Channel, Increment};
-use crate::nginx::conf::{MainConf, ZoneConf};
+
+mod mode;
+use crate::nginx::conf::MainConf;
 use crate::nginx::zone::{Locked, Shared};
-
-/// How a zone counts right now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// In this node's shared memory only (no backend, or no thread).
-    Local,
-    /// Through the zone's Redis backend (also while it is down with
-    /// `on_error=local`: the increments then stay counted locally).
-    Remote,
-    /// Backend down, `on_error=allow`: pass without counting.
-    Allow,
-    /// Backend down, `on_error=deny`: reject.
-    Deny,
-}
-
-/// How long a request rejected by `on_error=deny` is told to wait.
-const DENY_RETRY_MS: u64 = 1000;
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Local => "local",
-            Mode::Remote => "redis",
-            Mode::Allow => "allow (redis down)",
-            Mode::Deny => "deny (redis down)",
-        }
-    }
-
-    fn of(zone: &ZoneConf, index: usize, channel: Option<&Arc<Channel>>) -> Mode {
-        let Some(on_error) =
-            zone.params.as_ref().and_then(|p| p.backend.as_ref().map(|_| p.on_error))
-        else {
-            return Mode::Local;
-        };
-        let Some(ch) = channel else {
-            return Mode::Local;
-        };
-        if ch.is_up(index) {
-            return Mode::Remote;
-        }
-        match on_error {
-            OnError::Local => Mode::Remote,
-            OnError::Allow => Mode::Allow,
-            OnError::Deny => Mode::Deny,
-        }
-    }
-
-    /// The mode of a strict limit that got no answer: the zone's
-    /// `on_error`, as if its backend were down.
-    fn failed(zone: &ZoneConf, channel: Option<&Arc<Channel>>) -> Mode {
-        match zone.params.as_ref().map(|p| p.on_error) {
-            Some(OnError::Allow) => Mode::Allow,
-            Some(OnError::Deny) => Mode::Deny,
-            _ if channel.is_some() => Mode::Remote,
-            _ => Mode::Local,
-        }
-    }
-
-    /// What the zone's backend state makes of a decision from the counts.
-    fn apply(self, result: &mut counter::Check, now: u64) {
-        match self {
-            Mode::Allow => result.allowed = true,
-            Mode::Deny => {
-                result.allowed = false;
-                result.retry_at_ms = now + DENY_RETRY_MS;
-            }
-            Mode::Local | Mode::Remote => {}
-        }
-    }
-}
+pub use mode::Mode;
+use mode::DENY_RETRY_MS;
+use ratelimit_core::table::Entry;
 
 /// One limit to decide: a zone, the key's namespace (the zone's name, or a
 /// Lua caller's) and bytes, and the rate.
@@ -105,6 +37,9 @@ impl Mode {
 pub struct Ask<'a> {
     pub zone: usize,
     pub namespace: &'a [u8],
+    /// The namespace is the zone's own name, which the zone hashed once
+    /// (`Shared::name`): the request hashes only its key.
+    pub zone_named: bool,
     pub key: &'a [u8],
     pub rate: Rate,
     /// What the request weighs (1 usually; 0 checks without counting).
@@ -167,9 +102,10 @@ pub struct Said {
 /// The decision for a request.
 pub struct Decision {
     pub allowed: bool,
-    /// Requests left under the tightest limit, after this one (0 when
-    /// rejected).
-    pub remaining: u32,
+    /// The tightest limit's L when allowed, 0 when rejected: with the
+    /// estimate after the request (`said.after`) it tells how many requests
+    /// are left, which is worked out only if asked (`remaining`).
+    pub limit: u32,
     /// When rejected: the earliest time (ms) every rejecting limit allows a
     /// request again.
     pub retry_at_ms: u64,
@@ -178,6 +114,14 @@ pub struct Decision {
     pub tightest: usize,
     /// What that limit said.
     pub said: Said,
+}
+
+impl Decision {
+    /// Requests left under the tightest limit, after this one (0 when
+    /// rejected).
+    pub fn remaining(&self) -> u32 {
+        self.said.after.remaining(self.limit)
+    }
 }
 
 /// A zone's shared memory is not there (not mapped in this process).
@@ -196,6 +140,7 @@ struct Slot {
 /// Decides `asks` (at least one) at `now`, counts as `take` says, and
 /// queues the increments. `log` (the request's, or the cycle's for Lua)
 /// gets one debug line per limit in nginx built `--with-debug`.
+#[inline]
 pub fn decide(
     mcf: &MainConf,
     asks: &[Ask<'_>],
@@ -203,12 +148,24 @@ pub fn decide(
     take: Take,
     log: *mut ngx_log_t,
 ) -> Result<Decision, NoZone> {
-    let channel = crate::nginx::channel::channel();
     if let [one @ Ask { strict: Strict::No, .. }] = asks {
         // the common case, without the bookkeeping for several zones and
-        // shared entries (callgrind: ~650 instructions a request)
-        return decide_one(mcf, one, now, take, channel, log);
+        // shared entries
+        return decide_one(mcf, one, now, take, log);
     }
+    decide_many(mcf, asks, now, take, log)
+}
+
+/// `decide` for several limits, or a strict one.
+#[inline(never)]
+fn decide_many(
+    mcf: &MainConf,
+    asks: &[Ask<'_>],
+    now: u64,
+    take: Take,
+    log: *mut ngx_log_t,
+) -> Result<Decision, NoZone> {
+    let channel = crate::nginx::channel::channel();
     let mut zones: SmallVec<[usize; 4]> = SmallVec::new();
     let mut ids: SmallVec<[[u64; 2]; 4]> = SmallVec::new();
     for a in asks {
@@ -235,7 +192,9 @@ pub fn decide(
             Strict::Failed => Mode::failed(&mcf.zones[a.zone], channel),
             _ => Mode::of(&mcf.zones[a.zone], a.zone, channel),
         };
-        let (entry, mut s) = check(&mut guards[guard], id, a.rate, a.cost, mode, now);
+        let (entry, _) = guards[guard].table.get_or_insert(id);
+        let e = guards[guard].table.entry_mut(entry);
+        let mut s = check(e, a.rate, a.cost, mode, now);
         verdict(a.strict, &mut s.check, now);
         slots.push(Slot { guard, entry, id, mode });
         said.push(s);
@@ -265,7 +224,7 @@ pub fn decide(
                         .map(|(o, _)| o.cost)
                         .max()
                         .unwrap_or(a.cost);
-                    if count(&mut guards[s.guard], s.entry, s.mode, cost) {
+                    if count(guards[s.guard].table.entry_mut(s.entry), s.mode, cost) {
                         sends.push((i, a.rate.limit, cost));
                     }
                 }
@@ -289,7 +248,7 @@ pub fn decide(
     }
 
     // the answer
-    let mut remaining = if allowed { u32::MAX } else { 0 };
+    let mut remaining = u32::MAX;
     let mut retry_at_ms = now;
     let mut tightest = 0;
     if allowed {
@@ -329,37 +288,44 @@ pub fn decide(
             queue(mcf, ch, &asks[i], s.id, said[i].check.window, limit, n, send, fresh);
         }
     }
-    Ok(Decision { allowed, remaining, retry_at_ms, tightest, said: said[tightest] })
+    let limit = if allowed { asks[tightest].rate.limit } else { 0 };
+    Ok(Decision { allowed, limit, retry_at_ms, tightest, said: said[tightest] })
 }
 
-/// `decide` for one limit: the same steps.
+/// `decide` for one limit: the same steps, on one entry.
+#[inline(always)]
 fn decide_one(
     mcf: &MainConf,
     a: &Ask<'_>,
     now: u64,
     take: Take,
-    channel: Option<&Arc<Channel>>,
     log: *mut ngx_log_t,
 ) -> Result<Decision, NoZone> {
+    let channel = crate::nginx::channel::channel();
     let (shared, id) = identify(mcf, a)?;
     let mode = Mode::of(&mcf.zones[a.zone], a.zone, channel);
     let mut locked = shared.lock();
-    let (entry, mut said) = check(&mut locked, id, a.rate, a.cost, mode, now);
+    let (entry, _) = locked.table.get_or_insert(id);
+    let e = locked.table.entry_mut(entry);
+    let mut said = check(e, a.rate, a.cost, mode, now);
     let allowed = said.check.allowed;
-    let send = take.counts(allowed) && count(&mut locked, entry, mode, a.cost);
-    let e = locked.table.entry(entry);
-    said.after = counter::estimate(e, a.rate, now);
+    let counted = take.counts(allowed) && counts(mode);
+    let send = counted && count(e, mode, a.cost);
+    if counted {
+        // the entry's estimate with this request in it (what
+        // `counter::estimate` gives now, without a second pass)
+        said.after = said.check.estimate.plus(a.cost);
+    }
     let (unsent, share, fresh) = (e.inflight, e.share, counter::fresh(e));
     drop(locked);
     trace(log, mcf, a, id, mode, &said);
-    let left = said.after.remaining(a.rate.limit);
     if let Some(ch) = channel.filter(|_| send) {
         let when = sync::when(a.rate, said.after, unsent, share, now, hold_ms(mcf, a.zone));
         queue(mcf, ch, a, id, said.check.window, a.rate.limit, a.cost, when, fresh);
     }
     Ok(Decision {
         allowed,
-        remaining: if allowed { left } else { 0 },
+        limit: if allowed { a.rate.limit } else { 0 },
         retry_at_ms: if allowed { now } else { said.check.retry_at_ms },
         tightest: 0,
         said,
@@ -390,30 +356,30 @@ fn trace(log: *mut ngx_log_t, mcf: &MainConf, a: &Ask<'_>, id: [u64; 2], mode: M
 
 /// The zone's shared memory and the key's entry id (hashed outside any
 /// lock).
+#[inline(always)]
 fn identify<'m>(mcf: &'m MainConf, a: &Ask<'_>) -> Result<(&'m Shared, [u64; 2]), NoZone> {
     let shared = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()).ok_or(NoZone)?;
-    Ok((shared, shared.ids.id(a.namespace, a.rate.period, a.key)))
+    Ok((shared, entry_id(shared, a)))
 }
 
-/// Checks one limit against its entry (made if new), under the lock.
+/// The id of `a`'s entry in the zone's table.
+#[inline]
+pub fn entry_id(shared: &Shared, a: &Ask<'_>) -> [u64; 2] {
+    let ns = if a.zone_named { shared.name } else { shared.ids.namespace(a.namespace) };
+    shared.ids.id_in(ns, a.rate.period, a.key)
+}
+
+/// Checks one limit against its entry, under the lock.
 #[inline(always)]
-fn check(
-    locked: &mut Locked<'_>,
-    id: [u64; 2],
-    rate: Rate,
-    cost: u32,
-    mode: Mode,
-    now: u64,
-) -> (u32, Said) {
-    let (entry, _) = locked.table.get_or_insert(id);
-    let mut check = counter::check_cost(locked.table.entry_mut(entry), rate, now, cost);
+fn check(e: &mut Entry, rate: Rate, cost: u32, mode: Mode, now: u64) -> Said {
+    let mut check = counter::check_cost(e, rate, now, cost);
     if mode == Mode::Remote {
         // near the limit, no more than this node's share of the headroom
         // before Redis answers
-        counter::cap_to_share(locked.table.entry(entry), rate, now, cost, 1, &mut check);
+        counter::cap_to_share(e, rate, now, cost, 1, &mut check);
     }
     mode.apply(&mut check, now);
-    (entry, Said { check, after: check.estimate })
+    Said { check, after: check.estimate }
 }
 
 /// What Redis decided for a strict limit replaces the decision from the
@@ -433,13 +399,21 @@ fn verdict(strict: Strict, check: &mut counter::Check, now: u64) {
     }
 }
 
+/// Whether a zone in `mode` counts the requests it lets through (not while
+/// its backend's `on_error` lets every one through or rejects it).
+#[inline]
+fn counts(mode: Mode) -> bool {
+    matches!(mode, Mode::Local | Mode::Remote)
+}
+
 /// Counts the request in an entry, unless the backend's `on_error` says it
 /// is not counted. Returns whether it is to be sent to Redis.
-fn count(locked: &mut Locked<'_>, entry: u32, mode: Mode, cost: u32) -> bool {
+#[inline]
+fn count(e: &mut Entry, mode: Mode, cost: u32) -> bool {
     match mode {
         Mode::Allow | Mode::Deny => false,
         Mode::Local | Mode::Remote => {
-            counter::count_cost(locked.table.entry_mut(entry), mode == Mode::Remote, cost);
+            counter::count_cost(e, mode == Mode::Remote, cost);
             mode == Mode::Remote && cost > 0
         }
     }
