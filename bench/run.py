@@ -833,7 +833,7 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
                           f"{int(sum(r['requests'] for r in rs)):,}", tot, f"{v:.3f}",
                           f"≤ {target:.2f}", mark(v <= target)])
 
-        flood("b", [na, nb], 32, 1.10)
+        flood("b", [na, nb], 32, 1.05)
 
         log("accuracy: steady 2x overload (10 s)")
         sent, allowed, lag = paced(a_port, f"/s?k=steady-{stamp}".encode(), 400, 10)

@@ -134,12 +134,17 @@ pub const CAP_FLOOR: u64 = 4;
 /// `CAP_FLOOR` a node) when the shares add up to 1. A request past it is
 /// rejected; the next reply (within a round trip) moves `g` and the cap on.
 /// No cap far from the limit, without a share (no reply yet), or for a
-/// node with half the key's traffic or more (a node alone, or the one that
-/// matters: the others can pass no more than their halves). Turns an
-/// allowed `c` into a rejection with a retry time of `retry_ms` from now.
+/// node with half the key's traffic or more whose last reply grew by its
+/// own increments alone (a node alone, whose share is still being learnt:
+/// the first reply says half). A node with half or more while others
+/// count too is capped like the rest: two nodes near half each would
+/// otherwise both pass blind whatever their round trips let through.
+/// Turns an allowed `c` into a rejection with a retry time of `retry_ms`
+/// from now.
 #[inline]
 pub fn cap_to_share(e: &Entry, rate: Rate, now_ms: u64, cost: u32, retry_ms: u64, c: &mut Check) {
-    if !c.allowed || e.inflight == 0 || e.share == 0 || e.share >= u16::MAX / 2 {
+    let lone = e.share >= u16::MAX / 2 && e.alone != 0;
+    if !c.allowed || e.inflight == 0 || e.share == 0 || lone {
         return;
     }
     let near = c.estimate.remaining(rate.limit) <= (rate.limit / 2).saturating_add(cost);

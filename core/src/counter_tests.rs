@@ -400,14 +400,24 @@ fn no_cap_far_from_the_limit_or_before_the_first_reply() {
     let mut e = fresh();
     assert_eq!((0..1200).filter(|_| capped(&mut e, rate, T0)).count(), 1000);
     // a node alone (share 1), or with half the traffic (the first reply
-    // says half), gets all the headroom
+    // says half) when its last reply grew by its own increments alone,
+    // gets all the headroom
     for share in [u16::MAX, u16::MAX / 2] {
         let mut e = fresh();
         roll(&mut e, T0, 60_000);
         e.cur = 900;
         e.share = share;
+        e.alone = 1;
         assert_eq!((0..200).filter(|_| capped(&mut e, rate, T0)).count(), 100);
     }
+    // with half the traffic while another node counts too: half of it (two
+    // such nodes together pass the headroom, not twice it)
+    let mut e = fresh();
+    roll(&mut e, T0, 60_000);
+    e.cur = 900;
+    e.share = u16::MAX / 2;
+    e.alone = 0;
+    assert_eq!((0..200).filter(|_| capped(&mut e, rate, T0)).count(), 50);
     // a lone client's requests one after another at 5r/m, each in flight
     // when the next comes, the first reply in after the second
     let five = Rate { limit: 5, period: 60 };
