@@ -19,17 +19,17 @@ use ratelimit_core::counter::{self, Fresh};
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::sync::{self, Send};
+use ratelimit_core::table::Entry;
 use ratelimit_core::window::Estimate;
 use smallvec::SmallVec;
 
 use crate::backend::{Channel, Increment};
-
-mod mode;
 use crate::nginx::conf::MainConf;
 use crate::nginx::zone::{Locked, Shared};
+
+mod mode;
 pub use mode::Mode;
 use mode::DENY_RETRY_MS;
-use ratelimit_core::table::Entry;
 
 /// One limit to decide: a zone, the key's namespace (the zone's name, or a
 /// Lua caller's) and bytes, and the rate.
