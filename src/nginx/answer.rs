@@ -125,6 +125,13 @@ pub(super) fn debug_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
 #[inline]
 fn count_outcome(mcf: &MainConf, limits: &[Ask<'_>], rejecting: usize, outcome: Outcome) {
     let stats = |z: usize| mcf.zones.get(z).and_then(|z| z.shared.as_ref()).map(|s| s.stats());
+    if let [one] = limits {
+        // one limit (most locations): its zone, without the loop
+        if let Some(st) = stats(one.zone) {
+            st.add(outcome);
+        }
+        return;
+    }
     if outcome != Outcome::Passed {
         if let Some(st) = stats(rejecting) {
             st.add(outcome);
@@ -161,14 +168,7 @@ pub(super) fn finish(
         (true, true) => Outcome::RejectedDryRun,
     };
     let tightest = limits.get(d.tightest).ok_or(())?;
-    match limits {
-        [one] => {
-            if let Some(s) = mcf.zones.get(one.zone).and_then(|z| z.shared.as_ref()) {
-                s.stats().add(outcome);
-            }
-        }
-        _ => count_outcome(mcf, limits, tightest.zone, outcome),
-    }
+    count_outcome(mcf, limits, tightest.zone, outcome);
     if rejected {
         log_rejection(r, mcf, lcf, tightest, d);
     }
