@@ -46,7 +46,14 @@ pub struct Ask<'a> {
     pub cost: u32,
     /// Whether Redis decides this limit (`strict`), and what it said.
     pub strict: Strict,
+    /// Which `redis_ratelimit` line of the location asks (`NO_LINE`: a Lua
+    /// caller): the log phase counts a `count_if=` line's key and rate as
+    /// the preaccess phase checked them.
+    pub line: u32,
 }
+
+/// `Ask::line` of a limit that no configuration line asks for (Lua).
+pub const NO_LINE: u32 = u32::MAX;
 
 /// A limit's part in strict mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

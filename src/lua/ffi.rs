@@ -13,7 +13,7 @@ use ratelimit_core::key::{redis_tag, MAX_NAMESPACE_BYTES};
 use ratelimit_core::rate::Rate;
 use ratelimit_core::window::window_index;
 
-use crate::engine::{self, Ask, Strict, Take};
+use crate::engine::{self, Ask, Strict, Take, NO_LINE};
 use crate::nginx::conf::{MainConf, ZoneConf, MAX_COST};
 use crate::nginx::module::Module;
 use crate::nginx::time::now_ms;
@@ -198,8 +198,16 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     let Call { mcf, index, ns, key, .. } = call;
     let rate = Rate { limit, period };
     let how = if take == TAKE_ALWAYS { Take::Always } else { Take::IfAllowed };
-    let ask =
-        Ask { zone: index, namespace: ns, zone_named: false, key, rate, cost, strict: Strict::No };
+    let ask = Ask {
+        zone: index,
+        namespace: ns,
+        zone_named: false,
+        key,
+        rate,
+        cost,
+        strict: Strict::No,
+        line: NO_LINE,
+    };
     let now = now_ms();
     // SAFETY: `ngx_cycle` is the running cycle (checked by `Call::new`).
     let log = unsafe { (*ngx_cycle).log };

@@ -8,11 +8,12 @@ use std::fmt::Write;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_http_request_t, ngx_int_t, ngx_log_t, ngx_palloc, ngx_pool_cleanup_t, ngx_uint_t,
-    NGX_DECLINED,
+    ngx_http_request_t, ngx_int_t, ngx_log_t, ngx_palloc, ngx_pnalloc, ngx_pool_cleanup_t,
+    ngx_uint_t, NGX_DECLINED,
 };
 use ngx::http::Request;
 use ngx::ngx_log_error;
+use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Outcome;
 use ratelimit_core::window::{seconds_until, Estimate};
 
@@ -23,6 +24,7 @@ use crate::engine::{Ask, Decision};
 /// off the main request's pool (as a cleanup entry) rather than the module
 /// context, because an internal redirect wipes the context and the limiter
 /// must neither run twice nor forget its answer.
+#[derive(Clone, Copy)]
 pub struct RequestState {
     pub outcome: Outcome,
     /// The tightest limit's estimate after the request, and its L (0 when
@@ -34,6 +36,42 @@ pub struct RequestState {
     /// none). Its configuration lives as long as the cycle, which outlives
     /// the request.
     pub deferred: *const LocConf,
+    /// Those limits as this phase checked them (`n_counts` of them, in the
+    /// main request's pool): the log phase counts these keys and rates,
+    /// not values read again after an internal redirect has changed the
+    /// request's URI, arguments or variables.
+    pub counts: *const Deferred,
+    pub n_counts: usize,
+}
+
+/// A `count_if=` limit that a request passed: its line in the location's
+/// list, and the key (a copy in the main request's pool) and rate checked.
+#[derive(Clone, Copy)]
+pub struct Deferred {
+    pub line: u32,
+    pub rate: Rate,
+    pub key: *const u8,
+    pub key_len: usize,
+}
+
+impl RequestState {
+    /// The `count_if=` limits to count in the log phase.
+    pub fn counts(&self) -> &[Deferred] {
+        if self.counts.is_null() || self.n_counts == 0 {
+            return &[];
+        }
+        // SAFETY: `n_counts` entries written by `defer`, in the main
+        // request's pool, which lives as long as this state.
+        unsafe { std::slice::from_raw_parts(self.counts, self.n_counts) }
+    }
+}
+
+impl Deferred {
+    pub fn key(&self) -> &[u8] {
+        // SAFETY: `key_len` bytes copied by `defer` into the main request's
+        // pool (never empty: an empty key is not limited).
+        unsafe { std::slice::from_raw_parts(self.key, self.key_len) }
+    }
 }
 
 impl RequestState {
@@ -172,8 +210,17 @@ pub(super) fn finish(
     if rejected {
         log_rejection(r, mcf, lcf, tightest, d);
     }
-    let deferred = if mcf.count_if && !rejected { deferred(lcf) } else { ptr::null() };
-    let st = RequestState { outcome, after: d.said.after, limit: d.limit, deferred };
+    let mut st = RequestState {
+        outcome,
+        after: d.said.after,
+        limit: d.limit,
+        deferred: ptr::null(),
+        counts: ptr::null(),
+        n_counts: 0,
+    };
+    if mcf.count_if && !rejected {
+        defer(r, lcf, limits, &mut st)?;
+    }
     if !record(r, st) {
         return Err(());
     }
@@ -183,13 +230,50 @@ pub(super) fn finish(
     headers(r, mcf, lcf, now, limits, d)
 }
 
-/// The location, if any of its limits is counted after the response
-/// (`count_if=`).
-fn deferred(lcf: &LocConf) -> *const LocConf {
-    match lcf.limits.as_deref() {
-        Some(l) if l.iter().any(|l| l.count_if.is_some()) => lcf as *const LocConf,
-        _ => ptr::null(),
+/// Keeps the `count_if=` limits the request passed, with their keys and
+/// rates as checked, for the log phase (`count.rs`).
+#[cold]
+#[inline(never)]
+fn defer(
+    r: &ngx_http_request_t,
+    lcf: &LocConf,
+    asks: &[Ask<'_>],
+    st: &mut RequestState,
+) -> Result<(), ()> {
+    let Some(lines) = lcf.limits.as_deref() else {
+        return Ok(());
+    };
+    let later = |a: &&Ask<'_>| {
+        lines.get(a.line as usize).is_some_and(|l| l.count_if.is_some()) && !a.key.is_empty()
+    };
+    let n = asks.iter().filter(later).count();
+    if n == 0 {
+        return Ok(());
     }
+    // SAFETY: the main request's pool lives as long as the request; the
+    // array and the key copies are written before anything reads them.
+    unsafe {
+        let pool = (*r.main).pool;
+        let counts = ngx_palloc(pool, n * std::mem::size_of::<Deferred>()).cast::<Deferred>();
+        if counts.is_null() {
+            return Err(());
+        }
+        for (i, a) in asks.iter().filter(later).enumerate() {
+            let key = ngx_pnalloc(pool, a.key.len()).cast::<u8>();
+            if key.is_null() {
+                return Err(());
+            }
+            ptr::copy_nonoverlapping(a.key.as_ptr(), key, a.key.len());
+            ptr::write(
+                counts.add(i),
+                Deferred { line: a.line, rate: a.rate, key, key_len: a.key.len() },
+            );
+        }
+        st.counts = counts;
+    }
+    st.n_counts = n;
+    st.deferred = lcf;
+    Ok(())
 }
 
 /// The log line of a rejected request (at `redis_ratelimit_log_level`).

@@ -1,16 +1,21 @@
 //! The log phase handler: counts the `count_if=` limits of a request that
 //! passed, once its response is known. The preaccess handler only checked
-//! them (a request is still rejected once the key has reached its limit);
-//! here each `count_if` value is read (`$status`, `$upstream_http_*` are
-//! known now), and when it is neither empty nor `0` the request is counted
-//! with its cost evaluated now, through the same engine.
+//! them (a request is still rejected once the key has reached its limit)
+//! and kept each one's key and rate in the request's state; here each
+//! `count_if` value is read (`$status`, `$upstream_http_*` are known now),
+//! and when it is neither empty nor `0` the request is counted under the
+//! key and rate that were checked, with its cost evaluated now, through the
+//! same engine. The key is not read again: after an internal redirect
+//! (`error_page`, a named location, `try_files`) the URI, the arguments
+//! and variables built from them may differ, and a key that changed (or
+//! became empty) would let failures go uncounted.
 
 use nginx_sys::{ngx_http_request_t, ngx_int_t, NGX_OK};
 use ngx::http::{HttpModuleMainConf, Request};
 use smallvec::SmallVec;
 
 use super::answer::{debug_log, state};
-use super::handler::{ask, cost, key, rate, read};
+use super::handler::{ask, cost, read};
 use super::module::Module;
 use super::time::now_ms;
 use crate::engine::{self, Ask, Strict, Take};
@@ -23,12 +28,12 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
     if !std::ptr::eq(r.main, r) {
         return NGX_OK as ngx_int_t;
     }
-    let Some(deferred) = state(r).map(|s| s.deferred).filter(|d| !d.is_null()) else {
+    let Some(st) = state(r).filter(|s| !s.deferred.is_null()).copied() else {
         return NGX_OK as ngx_int_t;
     };
     // SAFETY: the location's configuration belongs to the cycle the request
     // runs in, which lives until the request is freed.
-    let lcf = unsafe { &*deferred };
+    let lcf = unsafe { &*st.deferred };
     // SAFETY: the request is valid; `Request` is a transparent wrapper.
     let req = unsafe { Request::from_ngx_http_request(r) };
     let Some(mcf) = Module::main_conf(req) else {
@@ -38,7 +43,10 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
         return NGX_OK as ngx_int_t;
     };
     let mut asks: SmallVec<[Ask<'_>; 4]> = SmallVec::new();
-    for l in limits {
+    for d in st.counts() {
+        let Some(l) = limits.get(d.line as usize) else {
+            continue;
+        };
         let Some(src) = l.count_if else {
             continue;
         };
@@ -46,19 +54,10 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
             Ok(v) if !v.is_empty() && v != b"0" => {}
             _ => continue,
         }
-        let Ok(Some(rate)) = rate(r, mcf, l) else {
-            continue;
-        };
-        let Ok(key) = key(r, mcf, l.zone) else {
-            continue;
-        };
-        if key.is_empty() {
-            continue;
-        }
         let Ok(cost) = cost(r, mcf, l) else {
             continue;
         };
-        let mut a = ask(mcf, l, key, rate, cost);
+        let mut a = ask(mcf, l, d.line, d.key(), d.rate, cost);
         if l.strict {
             // the next strict decision must see it
             a.strict = Strict::Later;

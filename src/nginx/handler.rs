@@ -68,7 +68,7 @@ fn limit(
             return Ok(NGX_DECLINED as ngx_int_t);
         }
         let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
-        let asks = [ask(mcf, l, key, rate, cost)];
+        let asks = [ask(mcf, l, 0, key, rate, cost)];
         let now = now_ms();
         let Ok(decision) = engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r)) else {
             return Err(());
@@ -78,7 +78,7 @@ fn limit(
     let mut keys: SmallVec<[(usize, &[u8]); INLINE]> = SmallVec::new();
     let mut asks: SmallVec<[Ask<'_>; INLINE]> = SmallVec::new();
     let mut wants: SmallVec<[bool; INLINE]> = SmallVec::new();
-    for l in limits {
+    for (line, l) in limits.iter().enumerate() {
         let Some(rate) = rate(r, mcf, l)? else {
             continue;
         };
@@ -99,7 +99,7 @@ fn limit(
         // a `count_if=` limit is only checked now: counted after the
         // response (`count.rs`)
         let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
-        asks.push(ask(mcf, l, key, rate, cost));
+        asks.push(ask(mcf, l, line as u32, key, rate, cost));
         wants.push(l.strict);
     }
     if asks.is_empty() {
@@ -114,11 +114,13 @@ fn limit(
     finish(r, mcf, lcf, now, &asks, &decision)
 }
 
-/// What the engine is asked for one limit of a request: its zone, the
-/// zone's name as the key's namespace, the key, the rate and the cost.
+/// What the engine is asked for one limit of a request (`line`: its place
+/// in the location's list): its zone, the zone's name as the key's
+/// namespace, the key, the rate and the cost.
 pub(super) fn ask<'a>(
     mcf: &'a MainConf,
     l: &Limit,
+    line: u32,
     key: &'a [u8],
     rate: Rate,
     cost: u32,
@@ -131,6 +133,7 @@ pub(super) fn ask<'a>(
         rate,
         cost,
         strict: Strict::No,
+        line,
     }
 }
 
