@@ -5,6 +5,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | `rate` | `10r/s`, `100r/m`: parsing and printing |
+//! | `cost` | what a request weighs: `cost=N`, or a variable's value per request |
 //! | `window` | window index, the previous/current sliding estimate |
 //! | `counter` | one key's counts: check, count, apply a Redis reply, roll |
 //! | `table` | the shared-memory table: layout, buckets, LRU, ids |
@@ -18,10 +19,12 @@
 //! | `slots` | Redis Cluster slot → master map |
 //! | `strict` | strict mode: the script that decides in Redis, its arguments and answer |
 //! | `calls` | a strict link's calls: one out per key, answers in order |
+//! | `text` | outside text made safe for one log line |
 //! | `resp` | the Redis protocol for a strict link: commands, bounded reply parsing |
 
 pub mod batch;
 pub mod calls;
+pub mod cost;
 pub mod counter;
 pub mod health;
 pub mod key;
@@ -34,4 +37,5 @@ pub mod stats;
 pub mod strict;
 pub mod sync;
 pub mod table;
+pub mod text;
 pub mod window;

@@ -83,22 +83,13 @@ pub enum RateSpec {
 /// apart by 4 bits).
 pub const MAX_STRICT: usize = 16;
 
-/// The most a request may weigh (`cost=`).
-pub const MAX_COST: u32 = 1_000_000;
+pub use ratelimit_core::cost::{parse as parse_cost, MAX_COST};
 
 /// `cost=N` or `cost=$variable` (evaluated per request).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cost {
     Fixed(u32),
     Var(Source),
-}
-
-/// A cost as written: digits, 0 to `MAX_COST`.
-pub fn parse_cost(v: &[u8]) -> Option<u32> {
-    if v.is_empty() || v.len() > 7 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(v).ok()?.parse::<u32>().ok().filter(|&c| c <= MAX_COST)
 }
 
 /// http, server and location level settings. The simple directives are

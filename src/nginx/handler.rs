@@ -11,10 +11,11 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
+use ratelimit_core::{cost, text};
 use smallvec::SmallVec;
 
 use super::answer::{debug_log, finish, request_log, state};
-use super::conf::{parse_cost, Cost, Limit, LocConf, MainConf, RateSpec, Source};
+use super::conf::{Cost, Limit, LocConf, MainConf, RateSpec, Source};
 use super::module::Module;
 use super::time::now_ms;
 use crate::engine::{self, Ask, Strict, Take};
@@ -168,7 +169,7 @@ fn rate_of(
     if let Ok(rate) = l.cache.get(bytes, Rate::parse) {
         return Ok(Some(rate));
     }
-    log_bad_value(r, mcf, l, "rate", bytes, "does not apply");
+    log_bad_value(r, mcf, l, "rate", bytes, "is not valid, does not apply");
     Ok(None)
 }
 
@@ -241,7 +242,7 @@ fn log_bad_value(
     l: &Limit,
     what: &str,
     bytes: &[u8],
-    then: &str,
+    what_then: &str,
 ) {
     let zone = &mcf.zones[l.zone];
     let claimed =
@@ -250,19 +251,20 @@ fn log_bad_value(
         ngx_log_error!(
             NGX_LOG_ERR,
             request_log(r),
-            "redis_ratelimit: zone \"{}\": {} \"{}\" is not valid, {}",
+            "redis_ratelimit: zone \"{}\": {} \"{}\" {}",
             zone.name,
             what,
-            String::from_utf8_lossy(&bytes[..bytes.len().min(64)]),
-            then
+            text::printable(bytes, 64),
+            what_then
         );
     }
 }
 
 /// What the request weighs under `l`: its `cost=`, a variable evaluated
-/// now. Empty counts as 1; a value that is not a cost (0 to 1000000) counts
-/// as 1 and is logged (at most once a second per zone, all workers
-/// together).
+/// now (`ratelimit_core::cost`): empty weighs 1; digits above the maximum
+/// weigh the maximum; anything else (a sign, a fraction, hex, text) weighs
+/// 1. Both of the latter are logged, at most once a second per zone (all
+/// workers together).
 #[inline]
 pub(super) fn cost(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Result<u32, ()> {
     match l.cost {
@@ -275,14 +277,17 @@ pub(super) fn cost(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Res
 #[inline(never)]
 fn cost_of(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit, src: Source) -> Result<u32, ()> {
     let bytes = read(r, src)?;
-    if bytes.is_empty() {
-        return Ok(1); // not given: the usual weight
+    let value = cost::of_value(bytes);
+    match value {
+        cost::Value::Given(_) | cost::Value::Empty => {}
+        cost::Value::Saturated => {
+            log_bad_value(r, mcf, l, "cost", bytes, "is above 1000000, counted as 1000000")
+        }
+        cost::Value::Malformed => {
+            log_bad_value(r, mcf, l, "cost", bytes, "is not valid, counted as 1")
+        }
     }
-    if let Some(c) = parse_cost(bytes) {
-        return Ok(c);
-    }
-    log_bad_value(r, mcf, l, "cost", bytes, "counted as 1");
-    Ok(1)
+    Ok(value.weight())
 }
 
 /// The zone's key for this request (empty: not limited). The bytes live in

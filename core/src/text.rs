@@ -1,0 +1,67 @@
+//! Text from outside (a client's value, a Redis server's error message)
+//! made safe for one line of nginx's error log: bounded in length, with
+//! control characters, quotes and bytes that are not UTF-8 escaped, so
+//! that no value can break a log line in two or forge one.
+
+use std::fmt::Write;
+
+/// `v` as printable ASCII, at most `max` bytes of it (then `...`):
+/// printable ASCII as is, `\n`, `\r`, `\t`, `\"`, `\\` and every other
+/// byte as `\xNN`.
+pub fn printable(v: &[u8], max: usize) -> String {
+    let mut out = String::with_capacity(v.len().min(max) + 8);
+    for &b in &v[..v.len().min(max)] {
+        match b {
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            0x20..=0x7e => out.push(b as char),
+            _ => {
+                let _ = write!(out, "\\x{b:02x}");
+            }
+        }
+    }
+    if v.len() > max {
+        out.push_str("...");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printable_ascii_is_kept() {
+        assert_eq!(
+            printable(b"ERR wrong number of arguments", 100),
+            "ERR wrong number of arguments"
+        );
+    }
+
+    #[test]
+    fn control_characters_quotes_and_other_bytes_are_escaped() {
+        assert_eq!(printable(b"a\nb\r\tc", 100), "a\\nb\\r\\tc");
+        assert_eq!(printable(b"say \"hi\" \\ ok", 100), "say \\\"hi\\\" \\\\ ok");
+        assert_eq!(printable(b"\x00\x1b[31m\x7f\xff", 100), "\\x00\\x1b[31m\\x7f\\xff");
+        assert_eq!(printable("é".as_bytes(), 100), "\\xc3\\xa9");
+    }
+
+    #[test]
+    fn long_text_is_cut() {
+        let s = printable(&[b'a'; 1000], 64);
+        assert_eq!(s.len(), 67);
+        assert!(s.ends_with("..."));
+        assert_eq!(printable(b"", 10), "");
+    }
+
+    #[test]
+    fn no_output_ever_holds_a_line_break() {
+        let all: Vec<u8> = (0..=255).collect();
+        let s = printable(&all, 1000);
+        assert!(!s.contains('\n') && !s.contains('\r'));
+        assert!(s.bytes().all(|b| (0x20..=0x7e).contains(&b)));
+    }
+}
