@@ -42,6 +42,9 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 500;
 pub const DEFAULT_HOLD_MS: u64 = 5_000;
 /// The longest `hold=`.
 pub const MAX_HOLD_MS: u64 = 60_000;
+/// The longest `timeout=`: a strict request waits at most this long, and
+/// so does a worker that shuts down while Redis is silent.
+pub const MAX_TIMEOUT_MS: u64 = 60_000;
 
 fn show(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -206,10 +209,10 @@ pub fn parse_zone_params(
                     return Err(dup());
                 }
                 match (units.time_ms)(v) {
-                    Some(ms) if ms > 0 => timeout_ms = Some(ms),
+                    Some(ms) if ms > 0 && ms <= MAX_TIMEOUT_MS => timeout_ms = Some(ms),
                     _ => {
                         return Err(format!(
-                            "invalid timeout \"{}\": a time above zero expected (100ms, 1s)",
+                            "invalid timeout \"{}\": a time from 1ms to 60s expected (100ms, 1s)",
                             show(v)
                         ))
                     }
@@ -412,6 +415,14 @@ mod tests {
             ("zone=a:1m redis=redis://h:1 on_error=maybe", "\"maybe\""),
             ("zone=a:1m redis=redis://h:1 timeout=-1", "\"-1\""),
             ("zone=a:1m redis=redis://h:1 timeout=0", "\"0\""),
+            (
+                "zone=a:1m redis=redis://h:1 timeout=61s",
+                "invalid timeout \"61s\": a time from 1ms to 60s",
+            ),
+            (
+                "zone=a:1m redis=redis://h:1 timeout=9223372036854775807ms",
+                "\"9223372036854775807ms\"",
+            ),
             ("zone=a:1m redis=redis://h:1 prefix=a{b", "a{b"),
             ("zone=a:1m timeout=1s", "timeout="),
             ("zone=a:1m redis=redis://h:1 hold=-1", "invalid hold \"-1\""),

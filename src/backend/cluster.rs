@@ -61,7 +61,7 @@ impl Backend {
             if self.nodes.remove(n).is_some() {
                 events.push(Event::Log {
                     zone: self.spec.index,
-                    level: Level::Notice,
+                    level: Level::Recovery,
                     message: format!(
                         "redis_ratelimit: zone \"{}\": Redis Cluster master {} is reachable again",
                         self.spec.name, n

@@ -154,7 +154,11 @@ impl StrictGroup {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Level {
     Error,
-    Notice,
+    Info,
+    /// The end of an outage: at `error`, the level its failure was logged
+    /// at (an operator who sees the one sees the other), never held back
+    /// by the once-a-second gate.
+    Recovery,
 }
 
 #[derive(Debug)]

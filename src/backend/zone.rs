@@ -252,7 +252,7 @@ impl Backend {
         if self.health.succeeded(Instant::now()) {
             events.push(Event::Log {
                 zone: self.spec.index,
-                level: Level::Notice,
+                level: Level::Recovery,
                 message: format!(
                     "redis_ratelimit: zone \"{}\": Redis {} is reachable again",
                     self.spec.name,

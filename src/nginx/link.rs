@@ -54,6 +54,14 @@ const LOST: [&str; 6] = ["READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "L
 
 type Key = (ItemId, u32);
 
+/// Why a link is dropped.
+enum Drop<'a> {
+    /// Redis closed it while nothing was out.
+    Idle,
+    /// Closed, unreadable, no answer within `timeout=`.
+    Failed { why: &'a str, timed_out: bool },
+}
+
 /// A zone's link. It lives as long as the worker (its flush event may be
 /// posted); its connection comes and goes.
 struct Link {
@@ -325,7 +333,13 @@ impl Link {
                 continue;
             }
             if n == 0 {
-                self.fail("connection closed by Redis", false);
+                if !self.calls.in_flight() && self.input.is_empty() {
+                    // Redis's own `timeout` closing a link that had
+                    // nothing out: not a failure, a new link is made
+                    self.drop_link(Drop::Idle);
+                } else {
+                    self.fail("connection closed by Redis", false);
+                }
                 return;
             }
             let e = std::io::Error::last_os_error();
@@ -449,6 +463,14 @@ impl Link {
     /// Drops the connection: calls out get no answer, what waits goes to
     /// the thread, which checks the backend.
     fn fail(&mut self, why: &str, timed_out: bool) {
+        self.drop_link(Drop::Failed { why, timed_out });
+    }
+
+    /// Drops the connection (see `fail`). A link that Redis closed while
+    /// nothing was out (`Drop::Idle`: its `timeout` setting) is not an
+    /// error: no transport error is counted, the line is at `info`.
+    fn drop_link(&mut self, how: Drop<'_>) {
+        let timed_out = matches!(how, Drop::Failed { timed_out: true, .. });
         if self.c.is_null() {
             return;
         }
@@ -475,6 +497,14 @@ impl Link {
             }
             return;
         };
+        let name = mcf.zones.get(self.zone).map_or("", |z| z.name.as_str());
+        let Drop::Failed { why, .. } = how else {
+            let message = format!(
+                "redis_ratelimit: zone \"{name}\": Redis closed the idle strict link (its timeout setting); a new one is made"
+            );
+            zone_log(mcf, log, self.zone as u32, Level::Info, &message);
+            return;
+        };
         if let Some(st) = zone_stats(mcf, self.zone) {
             Stats::bump(&st.errors_transport);
         }
@@ -488,7 +518,6 @@ impl Link {
                 None,
             );
         }
-        let name = mcf.zones.get(self.zone).map_or("", |z| z.name.as_str());
         let message = format!(
             "redis_ratelimit: zone \"{name}\": the strict link to Redis failed: {why}; strict requests go through the background thread until a new one is made"
         );

@@ -7,7 +7,7 @@
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use nginx_sys::{ngx_log_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_NOTICE};
+use nginx_sys::{ngx_log_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_INFO};
 use ngx::log::DebugMask;
 use ngx::{ngx_log_debug, ngx_log_error};
 use ratelimit_core::batch::ItemId;
@@ -64,10 +64,13 @@ pub(super) fn zone_log(
     let Some(shared) = mcf.zones.get(zone as usize).and_then(|z| z.shared.as_ref()) else {
         return;
     };
-    let error = level == Level::Error;
-    let claimed = shared.lock().table.claim_log(error, now_ms() / 1000);
+    let (lvl, gate) = match level {
+        Level::Error => (NGX_LOG_ERR, Some(true)),
+        Level::Info => (NGX_LOG_INFO, Some(false)),
+        Level::Recovery => (NGX_LOG_ERR, None),
+    };
+    let claimed = gate.is_none_or(|error| shared.lock().table.claim_log(error, now_ms() / 1000));
     if claimed {
-        let lvl = if error { NGX_LOG_ERR } else { NGX_LOG_NOTICE };
         ngx_log_error!(lvl as ngx_uint_t, log, "{}", message);
     }
 }

@@ -418,7 +418,7 @@ def test_whole_cluster_down_and_back(h):
                                                                  else "%s never (10 s)" % z for z in zones)))
     span = time.monotonic() - t_stop
     errs = {z: len(fail_lines(ng, z)) for z in zones}
-    notices = {z: len(re.findall(r'\[notice\].*redis_ratelimit: zone "%s": Redis (?:Cluster master )?\S+ is reachable again'
+    notices = {z: len(re.findall(r'\[error\].*redis_ratelimit: zone "%s": Redis (?:Cluster master )?\S+ is reachable again'
                                  % z, text))
                for z in zones}
     h.note("error lines per zone %s in %.1fs (outage %.1fs); recovery notices %s; messages: %s" % (

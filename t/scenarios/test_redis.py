@@ -271,7 +271,7 @@ def test_redis_down_modes(h):
         text = ng.error_log_text()
         for z in zones:
             if z not in notices and re.search(
-                    r'\[notice\].*redis_ratelimit: zone "%s": Redis %s is reachable again' % (z, url_re), text):
+                    r'\[error\].*redis_ratelimit: zone "%s": Redis %s is reachable again' % (z, url_re), text):
                 notices[z] = time.monotonic() - t_restart
         time.sleep(0.1)
     h.note("outage %.2fs; recovery notices after the restart: %s" % (

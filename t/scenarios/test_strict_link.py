@@ -107,8 +107,43 @@ def test_a_link_killed_under_traffic_loses_and_doubles_nothing(h):
     h.check(strict_figures(n)["timeouts"] == 0, "none was decided by on_error")
     h.check(back, "a new link within 4 s")
     h.check(bool(on_link), "the new link carries the calls")
-    h.check("strict link to Redis failed: connection closed" in log, "the lost link is logged")
+    # killed between requests, with nothing out: no request was affected,
+    # so it is an info line, not an error
+    h.check("Redis closed the idle strict link" in log, "the lost link is logged")
+    h.check("strict link to Redis failed" not in log, "not as an error: nothing was out")
     h.check("[alert]" not in log and "panicked" not in log, "no worker crashed")
+
+
+def test_redis_idle_timeout_closing_the_link_is_not_an_error(h):
+    """Redis's own `timeout 1` closes the idle strict link between
+    requests: no error line, no transport error counted, the backend stays
+    up, and the next strict requests are decided by Redis on a new link
+    (none by on_error)."""
+    r = h.redis()
+    r.cmd("CONFIG", "SET", "timeout", "1")
+    n = h.nginx(HTTP % (r.url, r.url), SERVER, files=FILES)
+    h.check(wait_for(lambda: len(links(r)) == 1, 3.0), "a link: %s" % links(r))
+    h.wait_minute_room(15)
+    k = h.key("idle")
+    first = [n.get("/one?k=" + k)[0] for _ in range(2)]
+    old = links(r)[0]["id"]
+    # Redis closes clients idle for more than `timeout` seconds
+    closed = wait_for(lambda: all(c["id"] != old for c in links(r)), 6.0)
+    then = [n.get("/one?k=" + k)[0] for _ in range(5)]
+    back = wait_for(lambda: len(links(r)) == 1, 4.0)
+    log = n.error_log_text()
+    m = json.loads(n.request("/metrics?format=json")[2])["zones"]["s"]["redis"]
+    h.note("2 requests, the link closed by Redis's timeout: %s; 5 more: %s; new link: %s; "
+           "figures %s" % (closed, then, back, m))
+    h.check(closed, "Redis closed the idle link within 6 s")
+    h.check(first + then == [200] * 5 + [429] * 2, "5r/m decided exactly: %s" % (first + then))
+    h.check("Redis closed the idle strict link" in log, "the close is logged at info")
+    errors = [l for l in log.splitlines() if "[error]" in l and "redis_ratelimit:" in l]
+    h.check(not errors, "no error line about Redis: %s" % errors)
+    h.check(m["errors"]["transport"] == 0, "no transport error counted: %s" % m["errors"])
+    h.check(m["strict"]["timeouts"] == 0, "no strict request decided by on_error")
+    h.check(back, "a new link within 4 s")
+    r.cmd("CONFIG", "SET", "timeout", "0")
 
 
 def test_a_server_that_forgot_the_script_answers_through_the_thread(h):
