@@ -15,7 +15,7 @@ __DATA__
     redis_ratelimit_zone $arg_u zone=auth:1m redis=redis://user:secret@127.0.0.1:1/2 on_error=deny timeout=2s;
     redis_ratelimit_zone $arg_x zone=tls:1m redis=rediss://127.0.0.1:1 on_error=allow;
     redis_ratelimit_zone $arg_y zone=sock:1m redis=redis+unix:///tmp/none.sock;
-    redis_ratelimit_zone $arg_v zone=units:1M redis=redis://127.0.0.1:1 timeout=1m30s hold=250ms;
+    redis_ratelimit_zone $arg_v zone=units:1M redis=redis://127.0.0.1:1 timeout=1m hold=250ms;
     redis_ratelimit_zone $arg_w zone=eager:1m redis=redis://127.0.0.1:1 hold=0;
     redis_ratelimit local 1000r/d;
     redis_ratelimit_status 503;
@@ -379,12 +379,12 @@ redis_ratelimit_log_level: is duplicate
 
 === TEST 33: sizes and times as nginx reads them (ngx_parse_size, ngx_parse_time)
 --- http_config
-    redis_ratelimit_zone $arg_k zone=big:1M redis=redis://127.0.0.1:1 timeout=1m30s;
+    redis_ratelimit_zone $arg_k zone=big:1M redis=redis://127.0.0.1:1 timeout=1m;
     redis_ratelimit_zone $arg_k zone=bad:64k redis=redis://127.0.0.1:1 timeout=1.5s;
 --- config
 --- must_die
 --- error_log
-redis_ratelimit_zone: invalid timeout "1.5s": a time above zero expected (100ms, 1s)
+redis_ratelimit_zone: invalid timeout "1.5s": a time from 1ms to 60s expected (100ms, 1s)
 
 
 
@@ -563,6 +563,40 @@ redis_ratelimit_zone: "cluster" and "sentinel=" exclude each other
     redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1,redis://127.0.0.1:2 sentinel=mymaster timeout=100ms;
 --- config
     location = /t { redis_ratelimit z 5r/m strict count_if=$arg_f; }
+--- user_files
+>>> t
+ok
+--- request
+GET /t?k=a
+--- error_code: 200
+
+
+
+=== TEST 53: a timeout above 60s (a strict request would wait that long, and a worker shutting down)
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 timeout=9223372036854775807ms;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid timeout "9223372036854775807ms": a time from 1ms to 60s expected
+
+
+
+=== TEST 54: timeout=61s
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 timeout=61s;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid timeout "61s": a time from 1ms to 60s expected
+
+
+
+=== TEST 55: timeout=60s, the longest, accepted
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 timeout=60s;
+--- config
+    location = /t { redis_ratelimit z 1r/s; }
 --- user_files
 >>> t
 ok
