@@ -29,9 +29,50 @@ pub fn printable(v: &[u8], max: usize) -> String {
     out
 }
 
+/// A log message (ours, with a library's or a server's words in it) as
+/// one line of at most `max` bytes: line breaks and other control
+/// characters escaped (`\n`, `\r`, `\t`, `\xNN`), the rest kept, cut on a
+/// character boundary (then `...`).
+pub fn one_line(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max) + 8);
+    for c in s.chars() {
+        if out.len() >= max {
+            out.push_str("...");
+            break;
+        }
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c) & 0xff);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_is_one_line() {
+        let m = "zone \"a\": connecting to redis://h:1 failed: Parse error at 1\nUnexpected `84`\r\n\u{1b}[2J";
+        assert_eq!(
+            one_line(m, 1000),
+            "zone \"a\": connecting to redis://h:1 failed: Parse error at 1\\nUnexpected `84`\\r\\n\\x1b[2J"
+        );
+        assert_eq!(one_line("dé\u{85}j", 100), "dé\\x85j");
+    }
+
+    #[test]
+    fn a_long_message_is_cut_on_a_character() {
+        let s = one_line(&"é".repeat(100), 11);
+        assert_eq!(s, format!("{}...", "é".repeat(6)));
+        assert_eq!(one_line("short", 5), "short");
+    }
 
     #[test]
     fn printable_ascii_is_kept() {

@@ -97,7 +97,7 @@ impl Backend {
             self.spec.name,
             n,
             self.describe(),
-            err
+            super::zone::error_text(err)
         );
         self.log_error(false, first, text, events);
     }

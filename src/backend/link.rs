@@ -87,7 +87,7 @@ impl Backend {
 /// `timeout=`).
 fn open(spec: &ZoneSpec) -> Result<OwnedFd, String> {
     let info = io::master_info(&spec.urls, spec.sentinel.as_deref(), spec.timeout)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| super::zone::error_text(&e))?;
     let settings = info.redis_settings();
     let mut hello = Vec::new();
     let mut expect = Vec::new();

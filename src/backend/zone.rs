@@ -280,7 +280,7 @@ impl Backend {
             self.spec.name,
             what,
             self.describe(),
-            err
+            error_text(err)
         );
         self.log_error(false, first, text, events);
     }
@@ -330,5 +330,18 @@ impl Backend {
             text = text.replace(s.as_str(), "***");
         }
         text
+    }
+}
+
+/// A Redis client error in our words where the library's would mislead or
+/// run over several lines (its parser reports every unexpected byte on a
+/// line of its own); the log line is made one line in any case when it is
+/// written (`zone_log`).
+pub(super) fn error_text(err: &redis::RedisError) -> String {
+    match err.kind() {
+        redis::ErrorKind::Parse => {
+            "the server's answer is not the Redis protocol (is it a Redis server?)".to_string()
+        }
+        _ => err.to_string(),
     }
 }

@@ -16,6 +16,7 @@ use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::strict::Answer;
 use ratelimit_core::table::Entry;
+use ratelimit_core::text;
 
 use super::conf::MainConf;
 use super::time::now_ms;
@@ -54,6 +55,10 @@ pub(super) fn strict_answered(
 
 /// A line for the error log, at most one a second per zone over all
 /// workers (`claim_log`).
+/// The longest message a zone writes to the error log (nginx's own line
+/// is 2048 bytes).
+const MAX_LINE: usize = 1536;
+
 pub(super) fn zone_log(
     mcf: &MainConf,
     log: *mut ngx_log_t,
@@ -71,7 +76,8 @@ pub(super) fn zone_log(
     };
     let claimed = gate.is_none_or(|error| shared.lock().table.claim_log(error, now_ms() / 1000));
     if claimed {
-        ngx_log_error!(lvl as ngx_uint_t, log, "{}", message);
+        // one line, whatever a library or a server put in it
+        ngx_log_error!(lvl as ngx_uint_t, log, "{}", text::one_line(message, MAX_LINE));
     }
 }
 
