@@ -1,18 +1,73 @@
 -- resty.redis_ratelimit: the ngx_http_redis_ratelimit module's limiter, from
--- Lua (OpenResty, or any nginx with lua-nginx-module).
+-- Lua (OpenResty, or any nginx with lua-nginx-module). A drop-in for the
+-- background limiter of the OpenResty library it replaces
+-- ("resty.redis.ratelimiter.background"): code written for that library
+-- limits unchanged once its `require` names this module.
 --
 --   local ratelimit = require "resty.redis_ratelimit"
---   local lim, err = ratelimit.new("login", "100r/s", { zone = "ratelimit_circuit_breaker" })
---   local limited, err = lim:is_rate_limited(ngx.var.remote_addr)
---   local rate, err    = lim:measure(key)
---   local ok, err      = lim:reset(key)
 --
--- The zone is declared in nginx.conf with `redis_ratelimit_zone`; its key
--- expression is not used here (callers pass their own key). The namespace
--- takes the zone name's place in the Redis keys (`rl:{<namespace>:<key>}:P:w`)
--- and in the zone's table: a Lua limiter whose namespace is the zone's name
--- shares its counts with the `redis_ratelimit` directive on the same key.
--- Errors come back as nil, "message"; nothing here raises a Lua error.
+--   -- new(namespace, rate, cfg): cfg is a table, a zone name, or nil
+--   local lim, err = ratelimit.new("login", "100r/s")
+--   local lim, err = ratelimit.new("login", "100r/s", { zone = "login_zone" })
+--   local lim, err = ratelimit.new("login", "100r/s", { circuit_breaker_dict_name = "login_zone" })
+--   local lim, err = ratelimit.new("login", "100r/s", { host = "127.0.0.1", port = 6379, timeout = 100 })
+--   local lim, err = ratelimit.new("login", "100r/s", "login_zone", redis_cfg)   -- the older form
+--
+--   local limited, err, extra = lim:is_rate_limited(key)
+--   local limited, err, extra = lim:is_rate_limited(key, ngx.req.start_time())
+--   local limited, err, extra = lim:is_rate_limited(key, nil, { cost = 5 })
+--   local estimate, err       = lim:measure(key)
+--   local estimate, err       = lim:measure(key, nil, { cost = 5 })
+--   local ok, err             = lim:reset(key)
+--
+-- The zone is declared in nginx.conf with `redis_ratelimit_zone`; it holds
+-- the counters and the breaker, and its `redis=` parameter says where Redis
+-- is. cfg names it (`cfg.zone`, else `cfg.circuit_breaker_dict_name`, or a
+-- string cfg; default "ratelimit_circuit_breaker"). The other keys the older
+-- library read from cfg (host, port, timeout, dbid, connection_pool_size,
+-- idle_keepalive_ms, expire_after_seconds), and its fourth argument, are
+-- accepted and not used: Redis is configured on the zone.
+--
+-- The zone's key expression is not used here: callers pass their own key.
+-- The namespace takes the zone name's place in the Redis keys
+-- (`rl:{<namespace>:<key>}:P:w`) and in the zone's table: a Lua limiter
+-- whose namespace is the zone's name shares its counts with the
+-- `redis_ratelimit` directive on the same key.
+--
+-- Arguments:
+--   key       a string or a number (a number counts as its tostring()).
+--             The empty string is a key like any other, as in the older
+--             library: every call with "" shares one count (so a missing
+--             client value written `ngx.var.http_x_token or ""` is limited
+--             as one client, never let through and never a 500). It is kept
+--             as the one-byte key "\0" (the two share a count).
+--   2nd       the request's time (`ngx.req.start_time()`, seconds since the
+--             epoch) or nil. Accepted and not used: the window runs on the
+--             clock. A number below 1e9 is refused: it is not a time, and
+--             most likely a cost written in the place the older library
+--             gave the time.
+--   opts      nil or a table: { cost = n }. `cost` (an integer 0 to
+--             1000000, default 1) is what the request weighs: it is allowed
+--             iff estimate + cost - 1 < limit (a cost of 0: iff
+--             estimate < limit), and then counts `cost`; 0 checks without
+--             counting. Other option names are refused.
+--
+-- Errors. A wrong argument is a programming error and raises a Lua error
+-- naming it (the request fails with 500 and an error-log line): a key that
+-- is not a string or a number, a 2nd argument that is not nil or a time, an
+-- opts that is not a table, an unknown option, a cost that is not an
+-- integer 0 to 1000000, a namespace that is not a non-empty string, a rate
+-- or a cfg of the wrong type, a method called with `.` instead of `:`.
+-- None of them can come back as "not limited". Conditions of the world come
+-- back as nil, "message" and never raise: a rate string that does not parse
+-- ("abc"), a namespace over 128 bytes, an unknown zone, a zone not
+-- available here (the master, a module not loaded). Redis trouble does not
+-- reach the caller: the zone's `on_error=` policy decides, as for the
+-- directive.
+--
+-- A limiter may be made in init_by_lua* (as a global, as the older
+-- library's README does) and used in requests: the zone is looked up at its
+-- first call in a worker. A call from init_by_lua* itself answers nil, err.
 
 local ffi = require "ffi"
 
@@ -20,6 +75,9 @@ local C = ffi.C
 local tostring = tostring
 local tonumber = tonumber
 local type = type
+local pairs = pairs
+local error = error
+local getmetatable = getmetatable
 local setmetatable = setmetatable
 
 pcall(ffi.cdef, [[
@@ -38,6 +96,12 @@ int ngx_http_redis_ratelimit_reset(int zone, const unsigned char *ns, size_t ns_
 local DEFAULT_ZONE = "ratelimit_circuit_breaker"
 local TAKE_IF_ALLOWED = 0
 local TAKE_ALWAYS = 1
+local MAX_COST = 1000000
+local MAX_NAMESPACE_BYTES = 128
+-- the empty key, as the module stores it (it refuses empty keys)
+local EMPTY_KEY = "\0"
+-- the smallest 2nd argument taken for a time: 2001-09-09, seconds
+local MIN_TIME = 1e9
 
 -- one set of out-parameters per worker (Lua runs on the worker's thread)
 local u32_a = ffi.new("uint32_t[1]")
@@ -46,7 +110,7 @@ local est = ffi.new("double[1]")
 local rem = ffi.new("uint32_t[1]")
 local retry = ffi.new("uint64_t[1]")
 
-local _M = { _VERSION = "0.1.0" }
+local _M = { _VERSION = "0.2.0" }
 local mt = { __index = _M }
 
 local ERR_ZONE = -1
@@ -63,33 +127,103 @@ local function errmsg(rc, zone)
     return "invalid arguments"
 end
 
-local function check_key(key)
+-- Each check returns what the module is given, or nil and the message of
+-- the Lua error its caller raises (at level 2: the caller's caller, the
+-- user's line).
+
+local function check_self(self, fn)
+    if type(self) ~= "table" or getmetatable(self) ~= mt then
+        return nil, fn .. ": call it as lim:" .. fn .. "(...), with a colon"
+    end
+    return self
+end
+
+local function check_key(key, fn)
     local t = type(key)
+    if t == "string" then
+        if key == "" then
+            return EMPTY_KEY
+        end
+        return key
+    end
     if t == "number" then
         return tostring(key)
     end
-    if t ~= "string" then
-        return nil, "key must be a string"
-    end
-    if key == "" then
-        return nil, "key must not be empty"
-    end
-    return key
+    return nil, fn .. ": key must be a string or a number, got " .. t
 end
 
-function _M.new(namespace, rate, cfg)
+local function check_time(when, fn)
+    if when == nil then
+        return true
+    end
+    if type(when) ~= "number" then
+        return nil, fn .. ": the 2nd argument is the request's time (ngx.req.start_time())"
+            .. " or nil, got " .. type(when)
+    end
+    if not (when >= MIN_TIME) then
+        return nil, fn .. ": the 2nd argument is the request's time (ngx.req.start_time()),"
+            .. " not " .. tostring(when) .. "; a cost goes in the options: "
+            .. fn .. "(key, nil, { cost = n })"
+    end
+    return true
+end
+
+local function check_opts(opts, fn)
+    if opts == nil then
+        return 1
+    end
+    if type(opts) ~= "table" then
+        return nil, fn .. ": opts must be a table such as { cost = 5 }, got " .. type(opts)
+    end
+    for name in pairs(opts) do
+        if name ~= "cost" then
+            return nil, fn .. ": unknown option " .. tostring(name) .. " (known: cost)"
+        end
+    end
+    local cost = opts.cost
+    if cost == nil then
+        return 1
+    end
+    if type(cost) ~= "number" or not (cost >= 0 and cost <= MAX_COST) or cost % 1 ~= 0 then
+        return nil, fn .. ": cost must be an integer from 0 to " .. MAX_COST
+            .. ", got " .. tostring(cost)
+    end
+    return cost
+end
+
+-- new(namespace, rate [, cfg [, redis_cfg]])
+function _M.new(namespace, rate, cfg, redis_cfg)
     if type(namespace) ~= "string" or namespace == "" then
-        return nil, "namespace must be a non-empty string"
+        error("new: namespace must be a non-empty string, got "
+              .. (namespace == "" and "\"\"" or type(namespace)), 2)
     end
     if type(rate) ~= "string" then
-        return nil, "rate must be a string such as \"100r/s\""
+        error("new: rate must be a string such as \"100r/s\", got " .. type(rate), 2)
     end
-    if cfg ~= nil and type(cfg) ~= "table" then
-        return nil, "cfg must be a table"
+    local zone
+    local tcfg = type(cfg)
+    if tcfg == "string" then
+        zone = cfg
+    elseif tcfg == "table" then
+        zone = cfg.zone
+        if zone == nil then
+            zone = cfg.circuit_breaker_dict_name
+        end
+    elseif cfg ~= nil then
+        error("new: cfg must be a table or a zone name, got " .. tcfg, 2)
     end
-    local zone = (cfg and (cfg.zone or cfg.circuit_breaker_dict_name)) or DEFAULT_ZONE
-    if type(zone) ~= "string" then
-        return nil, "cfg.zone must be a string"
+    if zone == nil then
+        zone = DEFAULT_ZONE
+    elseif type(zone) ~= "string" then
+        error("new: the zone name must be a string, got " .. type(zone), 2)
+    end
+    if redis_cfg ~= nil and type(redis_cfg) ~= "table" then
+        error("new: the 4th argument (Redis settings, not used) must be a table, got "
+              .. type(redis_cfg), 2)
+    end
+
+    if #namespace > MAX_NAMESPACE_BYTES then
+        return nil, "namespace longer than " .. MAX_NAMESPACE_BYTES .. " bytes"
     end
 
     local ok, idx = pcall(C.ngx_http_redis_ratelimit_zone_index, zone, #zone)
@@ -132,18 +266,7 @@ local function zone_index(self)
     return idx
 end
 
-local MAX_COST = 1000000
-
-local function take(self, key, how, cost)
-    local k, err = check_key(key)
-    if not k then
-        return nil, err
-    end
-    if cost == nil then
-        cost = 1
-    elseif type(cost) ~= "number" or cost < 0 or cost > MAX_COST or cost % 1 ~= 0 then
-        return nil, "cost must be an integer from 0 to " .. MAX_COST
-    end
+local function take(self, k, how, cost)
     local zi, zerr = zone_index(self)
     if not zi then
         return nil, zerr
@@ -158,14 +281,42 @@ local function take(self, key, how, cost)
     return rc
 end
 
+-- The arguments of is_rate_limited and measure, checked: the key as stored
+-- and the cost, or the message of the error to raise.
+local function check_call(self, key, when, opts, fn)
+    local ok, msg = check_self(self, fn)
+    if not ok then
+        return nil, msg
+    end
+    local k
+    k, msg = check_key(key, fn)
+    if not k then
+        return nil, msg
+    end
+    ok, msg = check_time(when, fn)
+    if not ok then
+        return nil, msg
+    end
+    local cost
+    cost, msg = check_opts(opts, fn)
+    if not cost then
+        return nil, msg
+    end
+    return k, cost
+end
+
+-- lim:is_rate_limited(key [, request_time [, opts]])
 -- Returns true when the request is over the limit (and does not count it),
--- false when it is allowed (and counts it); nil, err on error. A third value
--- is the number of seconds until a request is allowed again (when limited)
--- or the number of requests left (when allowed). `cost` (default 1, 0 to
--- 1000000; 0 checks without counting): what the request weighs; it is
--- allowed iff estimate + cost - 1 < limit, and then counts `cost`.
-function _M.is_rate_limited(self, key, cost)
-    local rc, err = take(self, key, TAKE_IF_ALLOWED, cost)
+-- false when it is allowed (and counts it); nil, err when the zone cannot
+-- be used. A third value is the number of seconds until a request is
+-- allowed again (when limited) or the number of requests left (when
+-- allowed).
+function _M.is_rate_limited(self, key, when, opts)
+    local k, cost = check_call(self, key, when, opts, "is_rate_limited")
+    if not k then
+        error(cost, 2) -- the message, in cost's place
+    end
+    local rc, err = take(self, k, TAKE_IF_ALLOWED, cost)
     if not rc then
         return nil, err
     end
@@ -175,22 +326,35 @@ function _M.is_rate_limited(self, key, cost)
     return false, nil, tonumber(rem[0])
 end
 
--- Counts the request (weighing `cost`, default 1) whatever the estimate and
--- returns the estimate, this request included.
-function _M.measure(self, key, cost)
-    local rc, err = take(self, key, TAKE_ALWAYS, cost)
+-- lim:measure(key [, request_time [, opts]])
+-- Counts the request (weighing opts.cost, default 1) whatever the estimate
+-- and returns the estimate, this request included; nil, err when the zone
+-- cannot be used.
+function _M.measure(self, key, when, opts)
+    local k, cost = check_call(self, key, when, opts, "measure")
+    if not k then
+        error(cost, 2) -- the message, in cost's place
+    end
+    local rc, err = take(self, k, TAKE_ALWAYS, cost)
     if not rc then
         return nil, err
     end
     return tonumber(est[0])
 end
 
+-- lim:reset(key)
 -- Forgets the key: here at once, in Redis as soon as the background thread
--- sends the DEL (a few milliseconds).
+-- sends the DEL (a few milliseconds). true, or nil, err when the zone
+-- cannot be used.
 function _M.reset(self, key)
-    local k, err = check_key(key)
+    local ok, msg = check_self(self, "reset")
+    if not ok then
+        error(msg, 2)
+    end
+    local k
+    k, msg = check_key(key, "reset")
     if not k then
-        return nil, err
+        error(msg, 2)
     end
     local zi, zerr = zone_index(self)
     if not zi then

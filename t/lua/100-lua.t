@@ -130,7 +130,7 @@ GET /t
 
 
 
-=== TEST 5: bad rate, unknown zone, bad keys: nil and a message, the request survives
+=== TEST 5: bad rate, unknown zone, long namespace: nil and a message, the request survives
 --- http_config eval: $::HttpConfig
 --- config
     location = /t {
@@ -140,14 +140,16 @@ GET /t
             ngx.say(tostring(lim), ": ", err)
             lim, err = ratelimit.new("x", "0r/s", { zone = "local" })
             ngx.say(tostring(lim), ": ", err)
+            lim, err = ratelimit.new("x", "abc", { zone = "local" })
+            ngx.say(tostring(lim), ": ", err)
             lim, err = ratelimit.new("x", "10r/s", { zone = "nosuchzone" })
             ngx.say(tostring(lim), ": ", err)
-            lim, err = ratelimit.new("", "10r/s", { zone = "local" })
+            lim, err = ratelimit.new("x", "10r/s", "nosuchzone")
             ngx.say(tostring(lim), ": ", err)
-            lim = ratelimit.new("x", "10r/s", { zone = "local" })
-            ngx.say(select("#", lim:is_rate_limited("")), " ", select(2, lim:is_rate_limited("")))
-            ngx.say(select(2, lim:measure({})))
-            ngx.say(select(2, lim:reset(nil)))
+            lim, err = ratelimit.new(string.rep("n", 129), "10r/s", { zone = "local" })
+            ngx.say(tostring(lim), ": ", err)
+            lim, err = ratelimit.new(string.rep("n", 128), "10r/s", { zone = "local" })
+            ngx.say(type(lim), ": ", tostring(err), ": ", tostring(lim:is_rate_limited("k")))
             ngx.say("still here")
         }
     }
@@ -156,11 +158,11 @@ GET /t
 --- response_body
 nil: invalid rate "10r/x": N r/s, r/m, r/h or r/d expected (10r/s)
 nil: invalid rate "0r/s": N r/s, r/m, r/h or r/d expected (10r/s)
+nil: invalid rate "abc": N r/s, r/m, r/h or r/d expected (10r/s)
 nil: unknown zone "nosuchzone": declare it with redis_ratelimit_zone
-nil: namespace must be a non-empty string
-2 key must not be empty
-key must be a string
-key must be a string
+nil: unknown zone "nosuchzone": declare it with redis_ratelimit_zone
+nil: namespace longer than 128 bytes
+table: nil: false
 still here
 --- no_error_log
 [error]
@@ -240,7 +242,7 @@ false false true :1 false 1
 
 
 
-=== TEST 8: cost: is_rate_limited(key, 3) consumes 3, a request that does not fit is refused uncounted, measure(key, cost), bad costs are errors
+=== TEST 8: cost: is_rate_limited(key, nil, { cost = 3 }) consumes 3, a request that does not fit is refused uncounted, measure(key, nil, { cost = 5 })
 --- init
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config eval: $::HttpConfig
@@ -250,24 +252,24 @@ my $s = time % 60; sleep(61 - $s) if $s > 55;
             local lim = require("resty.redis_ratelimit").new("cost", "10r/m", { zone = "local" })
             local out = {}
             for i = 1, 4 do
-                local limited = lim:is_rate_limited("k", 3)
+                local limited = lim:is_rate_limited("k", nil, { cost = 3 })
                 out[#out + 1] = tostring(limited)
             end
-            local limited = lim:is_rate_limited("k", 0)
+            local limited = lim:is_rate_limited("k", nil, { cost = 0 })
             out[#out + 1] = "zero:" .. tostring(limited)
-            out[#out + 1] = "one:" .. tostring((lim:is_rate_limited("k", 1)))
-            out[#out + 1] = "full:" .. tostring((lim:is_rate_limited("k", 1)))
-            out[#out + 1] = "measure:" .. tostring(lim:measure("m", 5))
-            local ok, err = lim:is_rate_limited("k", -1)
-            out[#out + 1] = tostring(ok) .. " " .. tostring(err)
-            ok, err = lim:is_rate_limited("k", 1.5)
-            out[#out + 1] = tostring(ok) .. " " .. tostring(err)
+            out[#out + 1] = "one:" .. tostring((lim:is_rate_limited("k", nil, { cost = 1 })))
+            out[#out + 1] = "full:" .. tostring((lim:is_rate_limited("k", nil, { cost = 1 })))
+            out[#out + 1] = "zero-at-limit:" .. tostring((lim:is_rate_limited("k", nil, { cost = 0 })))
+            out[#out + 1] = "measure:" .. tostring(lim:measure("m", nil, { cost = 5 }))
+            out[#out + 1] = "measure-default:" .. tostring(lim:measure("m"))
+            out[#out + 1] = "with-time:" .. tostring((lim:is_rate_limited("t", ngx.req.start_time(), { cost = 10 })))
+            out[#out + 1] = "after:" .. tostring((lim:is_rate_limited("t")))
             ngx.say(table.concat(out, ","))
         }
     }
 --- request
 GET /t
 --- response_body_like
-^false,false,false,true,zero:false,one:false,full:true,measure:5(\.0+)?,nil cost must be an integer from 0 to 1000000,nil cost must be an integer from 0 to 1000000$
+^false,false,false,true,zero:false,one:false,full:true,zero-at-limit:true,measure:5(\.0+)?,measure-default:6(\.0+)?,with-time:false,after:true$
 --- no_error_log
 [error]
