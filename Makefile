@@ -3,6 +3,8 @@
 #   make build   nginx (vendored 1.28, --with-compat) + the module, in build/
 #   make run     nginx in the foreground with nginx-conf/example.conf
 #   make test    unit tests + every t/*.t against the built nginx
+#   make rust    checks that cargo is there and new enough (make build and
+#                every target calling cargo run it first)
 #   make check   cargo fmt --check + clippy -D warnings + layout rules (no import cycles)
 #   make bench   throughput, Redis cost and accuracy against nginx's limit_req
 #   make soak    ~5 min of traffic on 2 nginx + Redis under chaos (not in `make test`)
@@ -31,9 +33,15 @@ DEB_BUILD    := build/debian
 DEB_PACKAGES_NGINX := nginx nginx-dev libnginx-mod-http-lua
 LUA_MODULES  := /usr/lib/nginx/modules/ndk_http_module.so /usr/lib/nginx/modules/ngx_http_lua_module.so
 
-.PHONY: all build deps deps-debian build-debian run test unit integration scenarios test-lua check bench soak clean
+.PHONY: all build rust deps deps-debian build-debian run test unit integration scenarios test-lua check bench soak clean
 
 all: build
+
+# One line saying what to do when cargo is missing or older than Cargo.toml's
+# rust-version (Debian's own cargo is): run before anything calls cargo.
+# $(SHELL) (/bin/bash) rather than `bash`: it answers on any PATH.
+rust:
+	@$(SHELL) scripts/check-rust $(CARGO)
 
 # Installs the Debian/Ubuntu packages the build and tests need, when missing
 # and when we are root (CI is root on a fresh machine).
@@ -51,7 +59,7 @@ deps-debian: deps
 # runs cargo. Configured again only when `config`, `config.make` or
 # `auto/cargo` change. Debian's tree has no top Makefile: objs/Makefile.
 DEB_HOOK_FILES := config config.make auto/cargo
-build-debian: deps-debian
+build-debian: rust deps-debian
 	@stamp="$$(cat $(DEB_HOOK_FILES) | sha256sum)"; \
 	if [ "$$(cat $(DEB_BUILD)/src/.configured 2>/dev/null)" != "$$stamp" ]; then \
 	  rm -rf $(DEB_BUILD)/src && mkdir -p $(DEB_BUILD) && cp -r $(DEB_NGINX_SRC) $(DEB_BUILD)/src && \
@@ -65,7 +73,7 @@ build-debian: deps-debian
 	@cp -f $(DEB_BUILD)/src/objs/$(MODULE_NAME).so $(DEB_BUILD)/modules/$(MODULE_NAME).so
 	@echo "built $(DEB_BUILD)/modules/$(MODULE_NAME).so for $$(/usr/sbin/nginx -v 2>&1)"
 
-build: deps
+build: rust deps
 	$(CARGO) build $(CARGO_FLAGS)
 	@mkdir -p $(BUILD)/sbin $(BUILD)/modules
 	@cp -f $(TARGET_DIR)/libngx_http_redis_ratelimit.so $(BUILD)/modules/$(MODULE_NAME).so
@@ -81,7 +89,7 @@ run: build
 	@bash nginx-conf/run.sh $(PORT) $(REDIS_PORT)
 
 # the core crate's unit tests (no nginx needed)
-unit: deps
+unit: rust deps
 	$(CARGO) test $(CARGO_FLAGS) -p ratelimit-core --lib
 
 # t/*.t on the vendored nginx
@@ -111,7 +119,7 @@ bench: build
 soak: build
 	python3 bench/soak.py
 
-check:
+check: rust
 	$(CARGO) fmt --check
 	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
 	python3 scripts/check-layout
