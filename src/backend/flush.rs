@@ -323,7 +323,7 @@ impl Backend {
         }
         if let Some(why) = cluster_down {
             self.keep_for_retry(&existed);
-            let e = redis::RedisError::from((redis::ErrorKind::Io, "cluster not serving", why));
+            let e = redis::RedisError::from((redis::ErrorKind::Io, self.not_serving(), why));
             self.link_failed(node, &e, events);
             return;
         }

@@ -159,7 +159,28 @@ pub fn connect(
         })))
     } else {
         let url = urls.first().map(String::as_str).unwrap_or_default();
-        Ok(Conn::Single(open(url.into_connection_info()?, timeout)?))
+        let mut con = open(url.into_connection_info()?, timeout)?;
+        writable(&mut con)?;
+        Ok(Conn::Single(con))
+    }
+}
+
+/// A plain URL's server must take writes: after a failover done by DNS or
+/// a virtual IP, the address may lead to the old master, now a replica,
+/// which refuses every count (`READONLY`); the backend stays down until
+/// the address leads to a master again. A user whose ACL refuses `ROLE`
+/// is taken at its word (a `READONLY` reply takes the backend down again).
+fn writable(con: &mut redis::Connection) -> redis::RedisResult<()> {
+    match redis::cmd("ROLE").query::<Vec<Value>>(con) {
+        Ok(role) => match role.first() {
+            Some(Value::BulkString(r)) if r == b"master" => Ok(()),
+            _ => Err(RedisError::from((
+                redis::ErrorKind::Io,
+                "the server is a replica (read-only): waiting for a master at this address",
+            ))),
+        },
+        Err(e) if e.code() == Some("NOPERM") => Ok(()),
+        Err(e) => Err(e),
     }
 }
 

@@ -129,7 +129,7 @@ impl Backend {
         if let Some(e) = broken {
             self.link_failed(node, &e, events);
         } else if let Some(why) = down {
-            let e = redis::RedisError::from((redis::ErrorKind::Io, "not serving", why));
+            let e = redis::RedisError::from((redis::ErrorKind::Io, self.not_serving(), why));
             self.link_failed(node, &e, events);
         } else {
             self.link_ok(node, events);
@@ -181,13 +181,22 @@ impl Backend {
     }
 
     /// A reply that says this is not a master that serves the key: a
-    /// cluster that is down, or (followed through Sentinel) a master that
-    /// became a replica. The backend (or that master) is then down, and is
-    /// looked up again.
+    /// cluster that is down, or a master that became a replica (followed
+    /// through Sentinel, or a plain URL whose address now leads to a
+    /// replica: a failover by DNS or a virtual IP). The backend (or that
+    /// master) is then down, and is looked up (resolved) again.
+    /// How a `master_lost` reply is said in the log.
+    pub(super) fn not_serving(&self) -> &'static str {
+        if self.spec.cluster {
+            "cluster not serving"
+        } else {
+            "not a master (any more)"
+        }
+    }
+
     pub(super) fn master_lost(&self, r: &Reply) -> bool {
         r.is_cluster_down()
-            || self.spec.sentinel.is_some()
-                && matches!(r, Reply::Refused { code, .. } if code == "READONLY")
+            || !self.spec.cluster && matches!(r, Reply::Refused { code, .. } if code == "READONLY")
     }
 }
 

@@ -342,6 +342,13 @@ pub(super) fn error_text(err: &redis::RedisError) -> String {
         redis::ErrorKind::Parse => {
             "the server's answer is not the Redis protocol (is it a Redis server?)".to_string()
         }
-        _ => err.to_string(),
+        // our own errors carry the kind after the words: not for operators
+        _ => {
+            let text = err.to_string();
+            match text.strip_suffix(" - Io") {
+                Some(words) => words.to_string(),
+                None => text,
+            }
+        }
     }
 }

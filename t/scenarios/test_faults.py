@@ -397,7 +397,7 @@ def test_acl_as_the_readme_writes_it(h):
     worker's link all run without a single NOPERM."""
     r = h.redis()
     r.cmd("ACL", "SETUSER", "rl", "on", ">secret", "~rl:*", "+incrby", "+set", "+expire", "+get",
-          "+ping", "+del", "+evalsha", "+script|load", "+client|setname", "+mget")
+          "+ping", "+del", "+evalsha", "+script|load", "+client|setname", "+mget", "+role")
     ng = h.nginx(zone("z", "redis://rl:secret@%s:%d" % (HOST, r.port)),
                  loc("/t", "redis_ratelimit z 100r/h;") + loc("/s", "redis_ratelimit z 5r/h strict;"),
                  files={"t": "ok\n", "s": "ok\n"})
@@ -417,14 +417,32 @@ def test_acl_as_the_readme_writes_it(h):
 
 
 def test_readonly_replica(h):
-    """Zone pointed at a replica: INCRBY gets READONLY; requests 200, bounded
-    commands/connections, the log names READONLY."""
+    """Zone pointed at a replica (READONLY to every write): not a server
+    that counts, so the backend is down and on_error decides (deny: 429);
+    reconnects back off (a few connections in 3 s, no loop), the log says
+    it is a replica, at most about a line a second."""
     master = h.redis(extra_args=["--repl-diskless-sync-delay", "0"])
     replica = h.redis(extra_args=["--replicaof", HOST, str(master.port)])
     up = wait_for(lambda: "master_link_status:up" in replica.cmd("INFO", "replication"), 8.0, 0.1)
     h.check(up, "replica did not sync with its master within 8 s")
+    m = Mon(replica)
+    c0 = m.conns()
     ng = h.nginx(zone("z", replica.url, "on_error=deny"), loc("/t", "redis_ratelimit z 100r/h;"))
-    _refused_case(h, replica, ng, "READONLY", r"read.?only")
+    t0 = time.monotonic()
+    sts = paced(ng, ["/t?k=%s-%d" % (h.key("f"), i) for i in range(20)], 1.0)
+    time.sleep(max(0.0, 3.0 - (time.monotonic() - t0)))
+    el = time.monotonic() - t0
+    c1 = m.conns()
+    m.close()
+    errs = rl_errors(ng)
+    h.note("statuses %s; new connections %d in %.1fs; %d error lines, e.g. %s"
+           % (status_counts(sts), c1 - c0, el, len(errs), errs[:2]))
+    h.expect(sts[2:] == [429] * 18, "on_error=deny decides while the server is a replica: %s"
+             % status_counts(sts))
+    h.expect(c1 - c0 <= 6, "%d new connections in %.1fs (reconnect loop?)" % (c1 - c0, el))
+    h.expect(any(re.search(r"replica", l, re.I) for l in errs), "no [error] line says it is a replica")
+    h.expect(len(errs) <= int(el) + 2, "%d error lines in %.1fs (bound ~1/s)" % (len(errs), el))
+    h.expect(not nasty(ng), "error.log has %s" % nasty(ng)[:3])
 
 
 test_readonly_replica.timeout = 30
