@@ -603,3 +603,39 @@ ok
 --- request
 GET /t?k=a
 --- error_code: 200
+
+
+
+=== TEST 56: sentinel_password= without sentinel=
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 sentinel_password=hunter2;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: "sentinel_user=" and "sentinel_password=" need "sentinel="
+
+
+
+=== TEST 57: a misspelt sentinel_password= fails without showing its value
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 sentinel=m sentinel_pasword=hunter2;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid parameter "sentinel_pasword=***"
+--- no_error_log
+hunter2
+
+
+
+=== TEST 58: sentinel_user= and sentinel_password=, accepted
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://:master@127.0.0.1:1,redis://127.0.0.1:2 sentinel=mymaster sentinel_user=watcher sentinel_password=s3cret;
+--- config
+    location = /t { redis_ratelimit z 5r/m; }
+--- user_files
+>>> t
+ok
+--- request
+GET /t?k=a
+--- error_code: 200

@@ -21,7 +21,30 @@ pub struct Backend {
     pub cluster: bool,
     /// `sentinel=name`: the URLs are Redis Sentinels, and the master they
     /// name `name` is the backend (followed through failovers).
-    pub sentinel: Option<String>,
+    pub sentinel: Option<Sentinel>,
+}
+
+/// `sentinel=name [sentinel_user=u] [sentinel_password=p]`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Sentinel {
+    /// The master's name.
+    pub master: String,
+    /// What the sentinels are asked with (`AUTH`), when they require a
+    /// password of their own. Without it, a sentinel that answers
+    /// `NOAUTH` is asked again with the URL's credentials (often the same
+    /// as the master's).
+    pub user: Option<String>,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for Sentinel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sentinel")
+            .field("master", &self.master)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,6 +133,16 @@ fn check_url(url: &str) -> Result<(), String> {
     }
 }
 
+/// An unknown parameter whose value is not shown in the message: its name
+/// looks like a misspelt secret's (`sentinel_pasword=`, `passwd=`).
+fn may_be_secret(name: &[u8]) -> bool {
+    let name = name.to_ascii_lowercase();
+    name.starts_with(b"sentinel_")
+        || [&b"pas"[..], b"pw", b"secret", b"auth", b"token", b"cred"]
+            .iter()
+            .any(|w| name.windows(w.len()).any(|x| x == *w))
+}
+
 /// Parses the parameters after the key: `zone=name:size` (required),
 /// `redis=URL[,URL...]`, `cluster`, `prefix=str`, `timeout=time`,
 /// `on_error=allow|deny|local`. `min_size` is the smallest zone accepted.
@@ -122,6 +155,8 @@ pub fn parse_zone_params(
     let mut urls: Option<Vec<String>> = None;
     let mut cluster = false;
     let mut sentinel: Option<String> = None;
+    let mut sentinel_user: Option<String> = None;
+    let mut sentinel_password: Option<String> = None;
     let mut prefix: Option<Vec<u8>> = None;
     let mut timeout_ms: Option<u64> = None;
     let mut on_error: Option<OnError> = None;
@@ -192,6 +227,33 @@ pub fn parse_zone_params(
                 }
                 sentinel = Some(show(v));
             }
+            (b"sentinel_user", Some(v)) => {
+                if sentinel_user.is_some() {
+                    return Err(dup());
+                }
+                if v.is_empty() || !v.iter().all(|&b| b.is_ascii_graphic()) {
+                    return Err(format!(
+                        "invalid sentinel_user \"{}\": a user name expected",
+                        show(v)
+                    ));
+                }
+                sentinel_user = Some(show(v));
+            }
+            (b"sentinel_password", Some(v)) => {
+                if sentinel_password.is_some() {
+                    return Err(dup());
+                }
+                // never shown: not even in a message about itself
+                match std::str::from_utf8(v) {
+                    Ok(p) if !p.is_empty() => sentinel_password = Some(p.to_string()),
+                    _ => {
+                        return Err(
+                            "invalid sentinel_password: a non-empty UTF-8 password expected"
+                                .to_string(),
+                        )
+                    }
+                }
+            }
             (b"prefix", Some(v)) => {
                 if prefix.is_some() {
                     return Err(dup());
@@ -248,6 +310,10 @@ pub fn parse_zone_params(
                     }
                 });
             }
+            // a misspelt secret parameter must not show its value
+            _ if value.is_some() && may_be_secret(name) => {
+                return Err(format!("invalid parameter \"{}=***\"", show(name)))
+            }
             _ => return Err(format!("invalid parameter \"{}\"", show(arg))),
         }
     }
@@ -262,13 +328,26 @@ pub fn parse_zone_params(
                 return Err("several Redis URLs need the \"cluster\" or \"sentinel=\" parameter"
                     .to_string());
             }
+            let sentinel = match sentinel {
+                Some(master) => {
+                    Some(Sentinel { master, user: sentinel_user, password: sentinel_password })
+                }
+                None if sentinel_user.is_some() || sentinel_password.is_some() => {
+                    return Err("\"sentinel_user=\" and \"sentinel_password=\" need \"sentinel=\""
+                        .to_string())
+                }
+                None => None,
+            };
+            if sentinel.as_ref().is_some_and(|s| s.user.is_some() && s.password.is_none()) {
+                return Err("\"sentinel_user=\" needs \"sentinel_password=\"".to_string());
+            }
             Some(Backend { urls, cluster, sentinel })
         }
         None => {
             if cluster {
                 return Err("\"cluster\" needs \"redis=URL,...\"".to_string());
             }
-            if sentinel.is_some() {
+            if sentinel.is_some() || sentinel_user.is_some() || sentinel_password.is_some() {
                 return Err("\"sentinel=\" needs \"redis=URL,...\" (the sentinels)".to_string());
             }
             for (set, what) in [
@@ -392,7 +471,17 @@ mod tests {
             .unwrap()
             .backend
             .unwrap();
-        assert_eq!(s.sentinel.as_deref(), Some("mymaster"));
+        let sentinel = s.sentinel.as_ref().expect("sentinel");
+        assert_eq!(sentinel.master, "mymaster");
+        assert_eq!((sentinel.user.as_deref(), sentinel.password.as_deref()), (None, None));
+        let p = parse(
+            "zone=a:1m redis=redis://s1:26379 sentinel=m sentinel_user=watch sentinel_password=a:b@c",
+        )
+        .expect("sentinel credentials");
+        let sentinel = p.backend.and_then(|b| b.sentinel).expect("sentinel");
+        assert_eq!(sentinel.user.as_deref(), Some("watch"));
+        assert_eq!(sentinel.password.as_deref(), Some("a:b@c"));
+        assert!(!format!("{sentinel:?}").contains("a:b@c"));
         assert!(!s.cluster);
         assert_eq!(s.urls.len(), 2);
     }
@@ -434,6 +523,20 @@ mod tests {
             ("zone=a:1m redis=redis://h:1 sentinel=", "invalid sentinel \"\""),
             ("zone=a:1m redis=redis://h:1 sentinel=m sentinel=n", "duplicate"),
             ("zone=a:1m redis=redis://h:1,redis://h:2 cluster sentinel=m", "exclude"),
+            ("zone=a:1m redis=redis://h:1 sentinel_password=x", "need \"sentinel=\""),
+            (
+                "zone=a:1m redis=redis://h:1 sentinel=m sentinel_user=u",
+                "needs \"sentinel_password=\"",
+            ),
+            (
+                "zone=a:1m redis=redis://h:1 sentinel=m sentinel_password=",
+                "invalid sentinel_password",
+            ),
+            (
+                "zone=a:1m redis=redis://h:1 sentinel=m sentinel_password=a sentinel_password=b",
+                "duplicate",
+            ),
+            ("zone=a:1m sentinel_password=x", "\"sentinel=\" needs"),
         ] {
             let err = parse(conf).expect_err(conf);
             assert!(err.contains(needle), "{conf}: {err}");
@@ -473,5 +576,18 @@ mod tests {
         }
         // percent-encoded passwords are decoded by the URL parser
         assert!(parse("zone=a:1m redis=redis://:p%2Fss@127.0.0.1:6379").is_ok());
+    }
+
+    #[test]
+    fn a_sentinel_password_is_never_shown() {
+        for conf in [
+            "zone=a:1m redis=redis://h:1 sentinel=m sentinel_pasword=hunter2",
+            "zone=a:1m redis=redis://h:1 sentinel=m sentinel_password=hunter2 sentinel_password=hunter2",
+            "zone=a:1m redis=redis://h:1 sentinel_password=hunter2",
+            "zone=a:1m redis=redis://h:1 Password=hunter2",
+        ] {
+            let err = parse(conf).expect_err(conf);
+            assert!(!err.contains("hunter2"), "{conf}: {err}");
+        }
     }
 }

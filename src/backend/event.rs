@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter::Confirmation;
+use ratelimit_core::params::Sentinel;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::strict::Answer;
 
@@ -21,8 +22,9 @@ pub struct ZoneSpec {
     pub name: String,
     pub urls: Vec<String>,
     pub cluster: bool,
-    /// `sentinel=`: the master's name (the URLs are sentinels).
-    pub sentinel: Option<String>,
+    /// `sentinel=`: the master's name, and what the sentinels are asked
+    /// with (the URLs are sentinels).
+    pub sentinel: Option<Sentinel>,
     pub prefix: Vec<u8>,
     pub timeout: Duration,
     /// A `strict` limit uses the zone (its workers may get strict links).

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use ratelimit_core::params::Sentinel;
 use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, RedisError, Value};
 
 /// What became of one command of a pipeline.
@@ -138,11 +139,11 @@ impl Cluster {
 pub fn connect(
     urls: &[String],
     cluster: bool,
-    sentinel: Option<&str>,
+    sentinel: Option<&Sentinel>,
     timeout: Duration,
 ) -> redis::RedisResult<Conn> {
-    if let Some(name) = sentinel {
-        return Ok(Conn::Single(sentinel_master(urls, name, timeout)?.0));
+    if let Some(s) = sentinel {
+        return Ok(Conn::Single(sentinel_master(urls, s, timeout)?.0));
     }
     if cluster {
         let client = redis::cluster::ClusterClient::builder(urls.to_vec())
@@ -188,11 +189,11 @@ fn writable(con: &mut redis::Connection) -> redis::RedisResult<()> {
 /// the sentinels name now (which is checked to be one).
 pub fn master_info(
     urls: &[String],
-    sentinel: Option<&str>,
+    sentinel: Option<&Sentinel>,
     timeout: Duration,
 ) -> redis::RedisResult<redis::ConnectionInfo> {
     match sentinel {
-        Some(name) => Ok(sentinel_master(urls, name, timeout)?.1),
+        Some(s) => Ok(sentinel_master(urls, s, timeout)?.1),
         None => urls.first().map(String::as_str).unwrap_or_default().into_connection_info(),
     }
 }
@@ -221,27 +222,23 @@ fn at(base: &redis::ConnectionInfo, host: String, port: u16) -> redis::Connectio
     base.clone().set_addr(addr)
 }
 
-/// Asks the sentinels, in order, where master `name` is, and connects to
-/// it with the first URL's credentials, database and TLS settings (the
-/// sentinels themselves are asked without credentials). The master must
-/// say it is one (`ROLE`): a sentinel that has not seen a failover yet
-/// may still name the old master, now a replica.
+/// Asks the sentinels, in order, where master `s.master` is, and connects
+/// to it with the first URL's credentials, database and TLS settings. A
+/// sentinel is asked with `sentinel_user=`/`sentinel_password=` when they
+/// are given; else without credentials, and again with its URL's when it
+/// answers `NOAUTH` (a sentinel protected with the same password as the
+/// master). The master must say it is one (`ROLE`): a sentinel that has
+/// not seen a failover yet may still name the old master, now a replica.
 fn sentinel_master(
     urls: &[String],
-    name: &str,
+    s: &Sentinel,
     timeout: Duration,
 ) -> redis::RedisResult<(redis::Connection, redis::ConnectionInfo)> {
     let base = urls.first().map(String::as_str).unwrap_or_default().into_connection_info()?;
     let mut last = RedisError::from((redis::ErrorKind::Io, "no sentinel answered"));
     for url in urls {
-        let asked = url.as_str().into_connection_info().and_then(|ci| {
-            let mut s = open(ci.addr().clone().into_connection_info()?, timeout)?;
-            let addr: Option<(String, u16)> =
-                redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(name).query(&mut s)?;
-            addr.ok_or_else(|| {
-                RedisError::from((redis::ErrorKind::Io, "the sentinel does not know the master"))
-            })
-        });
+        let asked =
+            url.as_str().into_connection_info().and_then(|ci| ask_sentinel(&ci, s, timeout));
         let (host, port) = match asked {
             Ok(a) => a,
             Err(e) => {
@@ -266,6 +263,41 @@ fn sentinel_master(
         }
     }
     Err(last)
+}
+
+/// One sentinel's answer to where the master is (see `sentinel_master`).
+fn ask_sentinel(
+    url: &redis::ConnectionInfo,
+    s: &Sentinel,
+    timeout: Duration,
+) -> redis::RedisResult<(String, u16)> {
+    // the sentinel's address and TLS settings, none of the master's
+    let bare = url.addr().clone().into_connection_info()?;
+    let with = |user: Option<&str>, password: &str| {
+        let mut settings = bare.redis_settings().clone().set_password(password);
+        if let Some(u) = user {
+            settings = settings.set_username(u);
+        }
+        bare.clone().set_redis_settings(settings)
+    };
+    let ask = |ci: redis::ConnectionInfo| {
+        let mut con = open(ci, timeout)?;
+        let addr: Option<(String, u16)> =
+            redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(&s.master).query(&mut con)?;
+        addr.ok_or_else(|| {
+            RedisError::from((redis::ErrorKind::Io, "the sentinel does not know the master"))
+        })
+    };
+    if let Some(p) = &s.password {
+        return ask(with(s.user.as_deref(), p));
+    }
+    match ask(bare.clone()) {
+        Err(e) if e.code() == Some("NOAUTH") => match url.redis_settings().password() {
+            Some(p) => ask(with(url.redis_settings().username(), p)),
+            None => Err(e),
+        },
+        other => other,
+    }
 }
 
 impl Conn {

@@ -86,7 +86,7 @@ impl Backend {
 /// Connects and prepares a link (blocking, each step within the zone's
 /// `timeout=`).
 fn open(spec: &ZoneSpec) -> Result<OwnedFd, String> {
-    let info = io::master_info(&spec.urls, spec.sentinel.as_deref(), spec.timeout)
+    let info = io::master_info(&spec.urls, spec.sentinel.as_ref(), spec.timeout)
         .map_err(|e| super::zone::error_text(&e))?;
     let settings = info.redis_settings();
     let mut hello = Vec::new();

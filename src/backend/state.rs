@@ -120,6 +120,9 @@ impl Backend {
                 secrets.push(raw.to_string());
             }
         }
+        if let Some(p) = spec.sentinel.as_ref().and_then(|s| s.password.as_ref()) {
+            secrets.push(p.clone());
+        }
         secrets.retain(|s| !s.is_empty());
         Backend {
             spec,

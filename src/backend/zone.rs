@@ -232,7 +232,7 @@ impl Backend {
         if self.conn.is_some() {
             return true;
         }
-        let sentinel = self.spec.sentinel.as_deref();
+        let sentinel = self.spec.sentinel.as_ref();
         match io::connect(&self.spec.urls, self.spec.cluster, sentinel, self.spec.timeout) {
             Ok(c) => {
                 self.conn = Some(c);

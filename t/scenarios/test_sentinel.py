@@ -14,8 +14,8 @@ import time
 from harness import HOST, Redis, free_port, wait_for
 
 DOWN_AFTER_MS = 1000
-# the master and the replica need it; the sentinels do not (they are asked
-# without credentials, the master with the URL's)
+# the master and the replica need it; the sentinels of most tests do not
+# (a sentinel is asked without credentials first, the master with the URL's)
 PASSWORD = "s3n/tin@l"
 
 
@@ -24,9 +24,12 @@ class Sentinel(Redis):
     in its own dir, given first on the command line; stopped by its PID like
     every server of the test."""
 
-    def __init__(self, ctx, master_port, tls=None):
+    def __init__(self, ctx, master_port, tls=None, requirepass=None):
         super().__init__(ctx)
         self.tls = tls
+        # a sentinel protected by a password (and asking the other
+        # sentinels with it); cmd() authenticates with it
+        self.password = requirepass
         self.conf = os.path.join(self.dir, "sentinel.conf")
         if tls:
             # TLS only (port 0: no plain port), and TLS to the master
@@ -45,6 +48,8 @@ class Sentinel(Redis):
                     "sentinel parallel-syncs mymaster 1\n"
                     % (listen, HOST, self.dir, self.log, HOST, master_port, PASSWORD,
                        DOWN_AFTER_MS))
+            if requirepass:
+                f.write("requirepass \"%s\"\nsentinel sentinel-pass \"%s\"\n" % (requirepass, requirepass))
 
     def start(self, timeout=5.0):
         self._spawn([self.binary, self.conf, "--sentinel"], self.out, cwd=self.dir)
@@ -66,7 +71,7 @@ class Sentinel(Redis):
             return None
 
 
-def start_servers(h):
+def start_servers(h, sentinel_pass=None):
     auth = ["--masterauth", PASSWORD, "--repl-diskless-sync-delay", "0"]
     master = h.redis(extra_args=auth, password=PASSWORD)
     replica = h.redis(extra_args=auth + ["--replicaof", HOST, str(master.port)], password=PASSWORD)
@@ -74,7 +79,7 @@ def start_servers(h):
             "the replica did not sync")
     sentinels = []
     for _ in range(3):
-        s = Sentinel(h, master.port)
+        s = Sentinel(h, master.port, requirepass=sentinel_pass)
         h.procs.append(s)
         sentinels.append(s.start())
     h.check(wait_for(lambda: all(s.master() == master.port for s in sentinels), 5.0),
@@ -97,7 +102,7 @@ def count(r, pattern):
 def test_master_killed_failover_followed(h):
     """SIGKILL of the master under ~100 req/s (a background key and a strict
     one), the master and replica behind a password given in the URLs
-    (percent-encoded; the sentinels are asked without it): every answer is 200 and quick (none waits past timeout=); once the
+    (percent-encoded; these sentinels need none): every answer is 200 and quick (none waits past timeout=); once the
     sentinels have promoted the replica, new counts land on it within the
     failover time + 5 s (the backoff's cap); no [alert], no crash."""
     master, replica, sentinels = start_servers(h)
@@ -163,6 +168,44 @@ def test_master_killed_failover_followed(h):
     h.check("[alert]" not in log and "[crit]" not in log and "exited on signal" not in log,
             "no worker crashed")
     h.check(PASSWORD not in log and "s3n%2Ftin%40l" not in log, "the password is never logged")
+
+
+def _counts_through_protected_sentinels(h, sentinel_pass, urls_pass, params):
+    master, _replica, sentinels = start_servers(h, sentinel_pass=sentinel_pass)
+    urls = ",".join("redis://:%s@%s:%d" % (urls_pass, HOST, s.port) for s in sentinels)
+    http = ("    redis_ratelimit_zone $arg_k zone=sp:1m redis=%s sentinel=mymaster %s hold=0 "
+            "timeout=300ms;\n" % (urls, params))
+    server = ("        location = /b { redis_ratelimit sp 3r/m; }\n"
+              "        location = /s { redis_ratelimit sp 3r/m strict; }\n"
+              "        location = /metrics { redis_ratelimit_metrics; }\n")
+    ng = h.nginx(http, server, files={"b": "ok\n", "s": "ok\n"})
+    h.wait_minute_room(5)
+    kb, ks = h.key("b"), h.key("s")
+    b = [ng.get("/b?k=" + kb)[0] for _ in range(2)]
+    st = [ng.get("/s?k=" + ks)[0] for _ in range(4)]
+    landed = wait_for(lambda: count(master, "rl:{sp:%s}:*" % kb) == 2, 3.0)
+    log = ng.error_log_text()
+    h.note("sentinels with requirepass: background %s, strict %s; on the master: %s and %s"
+           % (b, st, count(master, "rl:{sp:%s}:*" % kb), count(master, "rl:{sp:%s}:*" % ks)))
+    h.check(landed, "background counts reach the master named by protected sentinels")
+    h.check(st == [200, 200, 200, 429] and count(master, "rl:{sp:%s}:*" % ks) == 3,
+            "strict decided on the master: %s" % st)
+    h.check("NOAUTH" not in log, "no NOAUTH in the log")
+    h.check(sentinel_pass not in log and PASSWORD not in log, "no password is logged")
+
+
+def test_sentinels_protected_by_the_masters_password(h):
+    """Sentinels with `requirepass` equal to the master's password: the URL's
+    credentials, refused as missing (NOAUTH) at first, are given to the
+    sentinels too; counts land on the master, strict is decided there."""
+    _counts_through_protected_sentinels(h, PASSWORD, "s3n%2Ftin%40l", "")
+
+
+def test_sentinels_with_a_password_of_their_own(h):
+    """Sentinels with a password of their own (`sentinel_password=`), the
+    master's in the URLs: both are used where they belong."""
+    _counts_through_protected_sentinels(h, "watch/er:pw", "s3n%2Ftin%40l",
+                                        "sentinel_password=watch/er:pw")
 
 
 def test_sentinel_over_tls(h):
