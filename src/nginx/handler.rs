@@ -263,7 +263,7 @@ fn log_bad_value(
 /// What the request weighs under `l`: its `cost=`, a variable evaluated
 /// now (`ratelimit_core::cost`): empty weighs 1; digits above the maximum
 /// weigh the maximum; anything else (a sign, a fraction, hex, text) weighs
-/// 1. Both of the latter are logged, at most once a second per zone (all
+/// one. Both of the latter are logged, at most once a second per zone (all
 /// workers together).
 #[inline]
 pub(super) fn cost(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Result<u32, ()> {
