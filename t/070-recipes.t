@@ -1,34 +1,55 @@
-# The README's recipes, each as written there (through the runner's Redis),
-# with a local server standing in for the upstreams.
+# The recipes of docs/recipes.md, each as written there but with smaller
+# limits (through the runner's Redis), a local server standing in for the
+# upstream, and the same names, so that what the docs promise is what
+# nginx does: forged tiers, X-Items: 0 and missing keys included.
 use Test::Nginx::Socket 'no_plan';
 
 no_shuffle();
+no_root_location();
 run_tests();
 
 __DATA__
 
-=== TEST 1: tiers with map: gold and free get their own rates on one zone and key space; internal is not limited
+=== TEST 1: tiers by API key: each plan its rate, internal not limited; X-Plan cannot buy gold, unknown and missing keys share their address's count
 --- init
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
-    map $http_x_plan $plan_rate {
-        gold      4r/m;
-        internal  "";
-        default   2r/m;
+    map $http_x_api_key $tier_account {
+        default        "";
+        "k-gold"       "gold:acme";
+        "k-free"       "free:bob";
+        "k-ops"        "internal:ops";
     }
-    redis_ratelimit_zone $http_x_api_key zone=api:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070a:;
+    map $tier_account $tier_client {
+        ""       "addr:$binary_remote_addr";
+        default  $tier_account;
+    }
+    map $tier_account $tier_rate {
+        "~^gold:"      4r/m;
+        "~^free:"      2r/m;
+        "~^internal:"  "";
+        default        1r/m;
+    }
+    redis_ratelimit_zone $tier_client zone=tiers:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070a:;
     server {
         listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
         location / { return 200 "backend\n"; }
     }
 --- config
-    location /api/ { redis_ratelimit api $plan_rate; proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1; }
+    location /api/ {
+        redis_ratelimit tiers $tier_rate;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+    }
 --- more_headers eval
-[("X-API-Key: free-1") x 3, ("X-API-Key: gold-1\nX-Plan: gold") x 5, ("X-API-Key: ops\nX-Plan: internal") x 6]
+[("X-API-Key: k-free") x 3, ("X-API-Key: k-gold") x 5, "X-API-Key: K-GOLD", ("X-API-Key: k-ops") x 4,
+ "X-API-Key: k-made-up\nX-Plan: gold", "X-Plan: gold", "X-API-Key: k-other"]
 --- request eval
-[("GET /api/x") x 14]
+[("GET /api/x") x 16]
 --- error_code eval
-[200, 200, 429, 200, 200, 200, 200, 429, 200, 200, 200, 200, 200, 200]
+# free: 2; gold: 4 (K-GOLD is the same account); ops: all; a made-up key
+# with X-Plan: gold gets the address's 1r/m, and neither no key nor
+# another made-up key gets more
+[200, 200, 429, 200, 200, 200, 200, 429, 429, 200, 200, 200, 200, 200, 429, 429]
 --- wait: 0.2
 
 
@@ -38,7 +59,7 @@ my $s = time % 60; sleep(61 - $s) if $s > 55;
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
     # the client address stands in as ?ip= (every test client is 127.0.0.1)
-    geo $arg_ip $client_rate {
+    geo $arg_ip $edge_rate {
         default       2r/m;
         10.0.0.0/8    "";
         192.0.2.7     "";
@@ -49,8 +70,8 @@ my $s = time % 60; sleep(61 - $s) if $s > 55;
         location / { return 200 "backend\n"; }
     }
 --- config
-    location /app/ {
-        redis_ratelimit edge $client_rate;
+    location / {
+        redis_ratelimit edge $edge_rate;
         add_header X-RL "[$redis_ratelimit_status]" always;
         proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
     }
@@ -69,48 +90,61 @@ my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- init
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
-    map $status $failed_login { 401 1; default ""; }
-    redis_ratelimit_zone $arg_user zone=login:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070c:;
+    map $status $login_failed { 401 1; default ""; }
+    redis_ratelimit_zone $binary_remote_addr zone=logins:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070c:;
     server {
         listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
         location = /login { if ($arg_pw = "right") { return 200 "welcome\n"; } return 401 "no\n"; }
     }
 --- config
     location = /login {
-        redis_ratelimit login 5r/m count_if=$failed_login;
+        redis_ratelimit logins 5r/m count_if=$login_failed;
         proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
     }
 --- request eval
-["GET /login?user=ann&pw=right", "GET /login?user=ann&pw=right",
- ("GET /login?user=ann&pw=guess") x 5,
- "GET /login?user=ann&pw=right", "GET /login?user=ann&pw=guess",
- "GET /login?user=bob&pw=right"]
+["GET /login?pw=right", "GET /login?pw=right",
+ ("GET /login?pw=guess") x 5,
+ "GET /login?pw=right", "GET /login?pw=guess"]
 --- error_code eval
-[200, 200, 401, 401, 401, 401, 401, 429, 429, 200]
+[200, 200, 401, 401, 401, 401, 401, 429, 429]
 --- wait: 0.2
 
 
 
-=== TEST 4: cost per endpoint: one budget per token, an export weighs 50, a batch what X-Items says
+=== TEST 4: cost per endpoint: one budget per key; an export weighs 50, a batch its X-Items; X-Items: 0 is charged the most, a missing key is limited by address
 --- init
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
-    redis_ratelimit_zone $http_x_api_key zone=api:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070d:;
+    map $http_x_items $batch_cost {
+        ""                 1;
+        "~^[1-9][0-9]?$"   $http_x_items;
+        default            100;
+    }
+    map $http_x_api_key $budget_client {
+        ""       "addr:$binary_remote_addr";
+        default  $http_x_api_key;
+    }
+    redis_ratelimit_zone $budget_client zone=budget:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070d:;
     server {
         listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
         location / { return 200 "backend\n"; }
     }
 --- config
-    location /api/        { redis_ratelimit api 100r/m;                    proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1; }
-    location /api/export  { redis_ratelimit api 100r/m cost=50;            proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1; }
-    location /api/batch   { redis_ratelimit api 100r/m cost=$http_x_items; proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1; }
+    location /reports/        { redis_ratelimit budget 100r/m;                  proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1; }
+    location /reports/export  { redis_ratelimit budget 100r/m cost=50;          proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1; }
+    location /reports/batch   { redis_ratelimit budget 100r/m cost=$batch_cost; proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1; }
 --- more_headers eval
-["X-API-Key: t1", "X-API-Key: t1\nX-Items: 30", "X-API-Key: t1", "X-API-Key: t1\nX-Items: 19", "X-API-Key: t1", "X-API-Key: t1", "X-API-Key: t2"]
+["X-API-Key: t1", "X-API-Key: t1\nX-Items: 30", "X-API-Key: t1", "X-API-Key: t1\nX-Items: 19", "X-API-Key: t1", "X-API-Key: t1",
+ "X-API-Key: t2\nX-Items: 0", "X-API-Key: t2",
+ "X-Items: 1", "X-Items: 1", "X-Items: 1"]
 --- request eval
-# 50 + 30 = 80; another export (50) does not fit; 19 items: 99; one more: 100; then nothing; another token is untouched
-["GET /api/export", "GET /api/batch", "GET /api/export", "GET /api/batch", "GET /api/x", "GET /api/x", "GET /api/export"]
+# t1: 50 + 30 = 80; another export (50) does not fit; 19 items: 99; one more: 100; then nothing.
+# t2: X-Items: 0 weighs 100, the whole budget. No key: the address's budget (export, export, then full)
+["GET /reports/export", "GET /reports/batch", "GET /reports/export", "GET /reports/batch", "GET /reports/x", "GET /reports/x",
+ "GET /reports/batch", "GET /reports/x",
+ "GET /reports/export", "GET /reports/export", "GET /reports/export"]
 --- error_code eval
-[200, 200, 429, 200, 200, 429, 200]
+[200, 200, 429, 200, 200, 429, 200, 429, 200, 200, 429]
 --- wait: 0.2
 
 
@@ -119,8 +153,12 @@ my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- init
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
+    map $http_x_api_key $search_client {
+        ""       "addr:$binary_remote_addr";
+        default  $http_x_api_key;
+    }
     redis_ratelimit_zone "search" zone=search_total:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070e:;
-    redis_ratelimit_zone $http_x_api_key zone=search_each:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070e:;
+    redis_ratelimit_zone $search_client zone=search_each:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070e:;
     server {
         listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
         location / { return 200 "backend\n"; }
@@ -132,10 +170,10 @@ my $s = time % 60; sleep(61 - $s) if $s > 55;
         proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
     }
 --- more_headers eval
-[("X-API-Key: a") x 4, ("X-API-Key: b") x 3, "X-API-Key: c"]
+[("X-API-Key: a") x 4, ("X-API-Key: b") x 3, "X-API-Key: c", "X-Other: 1"]
 --- request eval
-[("GET /search") x 8]
+[("GET /search") x 9]
 --- error_code eval
-# a: 3 (its own limit), b: 2 more (the total's 5), c: none left
-[200, 200, 200, 429, 200, 200, 429, 429]
+# a: 3 (its own limit), b: 2 more (the total's 5), c and a request without a key: none left
+[200, 200, 200, 429, 200, 200, 429, 429, 429]
 --- wait: 0.2
