@@ -10,6 +10,91 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const RTT_BUCKETS_US: [u64; 11] =
     [500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000];
 
+/// How many Redis threads of one zone (one per worker, old and new ones
+/// together during a reload) publish their waiting increments; a thread
+/// that finds no slot free publishes nothing (the gauge reads low).
+pub const WAITING_SLOTS: usize = 64;
+
+/// One thread's published figure: its process id (0: free) and value.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Share {
+    pid: AtomicU64,
+    n: AtomicU64,
+}
+
+/// The zone's waiting increments, a slot per thread.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Shares([Share; WAITING_SLOTS]);
+
+impl Default for Shares {
+    fn default() -> Shares {
+        Shares(std::array::from_fn(|_| Share::default()))
+    }
+}
+
+impl Shares {
+    /// Publishes `n` for process `pid`, in the slot it holds (`slot`),
+    /// else in one it claims: free, or held by a process that `alive`
+    /// says is gone.
+    pub fn set(&self, slot: &mut Option<usize>, pid: u64, n: u64, alive: impl Fn(u64) -> bool) {
+        let held = slot.filter(|&i| self.0[i].pid.load(Ordering::Acquire) == pid);
+        let i = match held {
+            Some(i) => i,
+            None => {
+                if n == 0 {
+                    return;
+                }
+                let Some(i) = self.claim(pid, alive) else {
+                    return;
+                };
+                i
+            }
+        };
+        *slot = Some(i);
+        self.0[i].n.store(n, Ordering::Release);
+    }
+
+    fn claim(&self, pid: u64, alive: impl Fn(u64) -> bool) -> Option<usize> {
+        for (i, s) in self.0.iter().enumerate() {
+            let old = s.pid.load(Ordering::Acquire);
+            if old == pid {
+                return Some(i);
+            }
+            if (old == 0 || !alive(old))
+                && s.pid.compare_exchange(old, pid, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            {
+                s.n.store(0, Ordering::Release);
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Gives the slot back (the thread exits).
+    pub fn release(&self, slot: &mut Option<usize>, pid: u64) {
+        if let Some(i) = slot.take() {
+            let s = &self.0[i];
+            if s.pid.load(Ordering::Acquire) == pid {
+                s.n.store(0, Ordering::Release);
+                let _ = s.pid.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
+    }
+
+    /// What the live processes' threads published.
+    pub fn sum(&self, alive: impl Fn(u64) -> bool) -> u64 {
+        self.0
+            .iter()
+            .filter_map(|s| {
+                let pid = s.pid.load(Ordering::Acquire);
+                (pid != 0 && alive(pid)).then(|| s.n.load(Ordering::Acquire))
+            })
+            .sum()
+    }
+}
+
 /// A zone's figures, kept in its shared memory: what it decided (counted
 /// by the workers) and what its Redis threads did (counted by them: plain
 /// atomics, no lock, no nginx call).
@@ -40,9 +125,11 @@ pub struct Stats {
     /// `RTT_BUCKETS_US` (and not below the one before), then above all.
     pub rtt_buckets: [AtomicU64; RTT_BUCKETS_US.len() + 1],
     pub rtt_sum_us: AtomicU64,
-    /// Increments waiting to be sent, all Redis threads together (each adds
-    /// and takes back its own share).
-    pub waiting: AtomicU64,
+    /// Increments waiting to be sent: each Redis thread's own figure, in a
+    /// slot it claims with its process's pid, so that a worker that dies
+    /// (killed, crashed) takes its share with it: readers add only the
+    /// slots of live processes.
+    pub waiting: Shares,
     /// Requests that waited for Redis's decision (`strict`), and those of
     /// them whose wait ended without it (then decided by `on_error`).
     pub strict_waits: AtomicU64,
@@ -68,15 +155,6 @@ impl Stats {
         let i = RTT_BUCKETS_US.iter().position(|&b| rtt_us <= b).unwrap_or(RTT_BUCKETS_US.len());
         self.rtt_buckets[i].fetch_add(1, Ordering::Relaxed);
         self.rtt_sum_us.fetch_add(rtt_us, Ordering::Relaxed);
-    }
-
-    /// Moves the waiting gauge from `old` to `new` (one thread's share).
-    pub fn waiting_moved(&self, old: u64, new: u64) {
-        if new > old {
-            self.waiting.fetch_add(new - old, Ordering::Relaxed);
-        } else if old > new {
-            self.waiting.fetch_sub(old - new, Ordering::Relaxed);
-        }
     }
 
     /// A flush went through at `now_ms`.
@@ -112,5 +190,73 @@ impl Outcome {
             Outcome::Rejected => "REJECTED",
             Outcome::RejectedDryRun => "REJECTED_DRY_RUN",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_process_publishes_in_its_own_slot() {
+        let w = Shares::default();
+        let (mut a, mut b) = (None, None);
+        w.set(&mut a, 100, 5, |_| true);
+        w.set(&mut b, 200, 7, |_| true);
+        assert_eq!(w.sum(|_| true), 12);
+        w.set(&mut a, 100, 2, |_| true);
+        assert_eq!(w.sum(|_| true), 9);
+        assert_ne!(a, b);
+        w.release(&mut a, 100);
+        assert_eq!(w.sum(|_| true), 7);
+        assert_eq!(a, None);
+    }
+
+    #[test]
+    fn a_dead_process_share_leaves_the_sum_and_its_slot_is_taken_again() {
+        let w = Shares::default();
+        let mut dead = None;
+        w.set(&mut dead, 100, 2000, |_| true);
+        let alive = |pid: u64| pid != 100;
+        assert_eq!(w.sum(alive), 0);
+        let mut fresh = None;
+        for pid in 1000..1000 + WAITING_SLOTS as u64 {
+            let mut s = None;
+            w.set(&mut s, pid, 1, alive);
+            assert!(s.is_some(), "slot for {pid}");
+            if pid == 1000 {
+                fresh = s;
+            }
+        }
+        // the first claim took the free slots in order, the dead one too
+        assert_eq!(w.sum(alive), WAITING_SLOTS as u64);
+        assert!(fresh.is_some());
+        let mut none = None;
+        w.set(&mut none, 5000, 3, alive);
+        assert_eq!(none, None, "no slot left: nothing published");
+    }
+
+    #[test]
+    fn nothing_to_publish_claims_no_slot() {
+        let w = Shares::default();
+        let mut s = None;
+        w.set(&mut s, 1, 0, |_| true);
+        assert_eq!(s, None);
+        assert_eq!(w.sum(|_| true), 0);
+    }
+
+    #[test]
+    fn a_slot_taken_over_is_not_written_by_its_old_holder() {
+        let w = Shares::default();
+        let mut old = None;
+        w.set(&mut old, 100, 4, |_| true);
+        // 100 is thought dead (its pid reused?): 200 takes the slot
+        let mut new = None;
+        w.set(&mut new, 200, 1, |p| p != 100);
+        assert_eq!(old, new);
+        // the old holder's next figure goes to a slot of its own
+        w.set(&mut old, 100, 9, |_| true);
+        assert_ne!(old, new);
+        assert_eq!(w.sum(|_| true), 10);
     }
 }

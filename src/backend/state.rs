@@ -90,8 +90,8 @@ pub struct Backend {
     /// Cluster: masters that failed, each with its own backoff (the keys of
     /// their slots wait, the others go on).
     pub(super) nodes: HashMap<String, Health>,
-    /// This thread's share of the zone's waiting gauge, as last published.
-    pub(super) waiting_published: u64,
+    /// This thread's slot in the zone's waiting gauge, once it has one.
+    pub(super) waiting_slot: Option<usize>,
     /// The worker wants a strict link (`link.rs`).
     pub(super) link_wanted: bool,
     /// When one was last tried, and how long after a failed try the next
@@ -141,7 +141,7 @@ impl Backend {
             topo: None,
             topo_at: None,
             nodes: HashMap::new(),
-            waiting_published: 0,
+            waiting_slot: None,
             // a zone that may have links gets one as soon as it is up
             link_wanted: may_link,
             link_tried: None,
@@ -160,17 +160,15 @@ impl Backend {
     pub(super) fn publish_waiting(&mut self, queued: u64) {
         let now = queued + self.retry.values().map(|i| u64::from(i.n)).sum::<u64>();
         if let Some(st) = self.spec.stats.as_ref().map(StatsRef::get) {
-            st.waiting_moved(self.waiting_published, now);
+            st.waiting.set(&mut self.waiting_slot, own_pid(), now, process_alive);
         }
-        self.waiting_published = now;
     }
 
     /// Takes this thread's share back from the waiting gauge (it exits).
     pub(super) fn unpublish_waiting(&mut self) {
         if let Some(st) = self.spec.stats.as_ref().map(StatsRef::get) {
-            st.waiting_moved(self.waiting_published, 0);
+            st.waiting.release(&mut self.waiting_slot, own_pid());
         }
-        self.waiting_published = 0;
     }
 
     /// The zone's figures in shared memory, if mapped.
@@ -183,4 +181,25 @@ impl Backend {
     pub fn is_up(&self) -> bool {
         self.health.is_up() && self.nodes.is_empty()
     }
+}
+
+/// This worker's process id.
+fn own_pid() -> u64 {
+    // SAFETY: getpid() has no preconditions.
+    u64::from(unsafe { libc::getpid() }.unsigned_abs())
+}
+
+/// Whether process `pid` still runs (a dead worker's waiting increments
+/// leave the gauge): `kill(pid, 0)` succeeds, or is refused for lack of
+/// permission (it exists).
+pub fn process_alive(pid: u64) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false; // 0 would ask about the whole process group
+    }
+    // SAFETY: signal 0 sends nothing; it only checks that the process exists.
+    let sent = unsafe { libc::kill(pid, 0) } == 0;
+    sent || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }

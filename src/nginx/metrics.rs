@@ -63,7 +63,7 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
                 errors_transport: get(&st.errors_transport),
                 errors_reply: get(&st.errors_reply),
                 connects: get(&st.connects),
-                waiting: get(&st.waiting),
+                waiting: st.waiting.sum(crate::backend::process_alive),
                 sync_age_s: (last > 0).then(|| now_ms.saturating_sub(last) as f64 / 1000.0),
                 rtt_buckets: st.rtt_buckets.iter().map(get).collect(),
                 rtt_sum_us: get(&st.rtt_sum_us),

@@ -134,3 +134,37 @@ def test_waiting_increments(h):
     h.note("3 waiting seen after %.2f s; 0 after %.2f s" % (at, time.monotonic() - t0))
     h.check(seen, "increments_waiting should show the 3 held requests within 1.5 s")
     h.check(gone, "increments_waiting should drop to 0 once they are sent (hold=5s)")
+
+
+def test_a_killed_workers_waiting_increments_leave_the_gauge(h):
+    """hold=60s keeps 200 counts over 20 keys far from their limit on the
+    worker; SIGKILL of the worker loses them (nothing reached Redis: the
+    crash-loss bound is what a worker holds) and the gauge, read from the
+    worker the master starts next, no longer shows them."""
+    import signal
+    r = h.redis()
+    n = h.nginx("    redis_ratelimit_zone $arg_k zone=hz:1m redis=%s hold=60s;\n" % r.url,
+                "        location = /h { redis_ratelimit hz 100000r/h; }\n"
+                "        location = /metrics { redis_ratelimit_metrics; }\n",
+                files={"h": "ok\n"})
+    keys = [h.key("crash%d" % i) for i in range(20)]
+    for i in range(200):
+        n.get("/h?k=" + keys[i % 20])
+
+    def waiting():
+        return json.loads(n.request("/metrics?format=json")[2])["zones"]["hz"]["redis"]["waiting"]
+
+    held = wait_for(lambda: waiting() == 200, 3.0)
+    before = waiting()
+    old = set(n.worker_pids())
+    for pid in old:
+        os.kill(pid, signal.SIGKILL)
+    respawned = wait_for(lambda: n.worker_pids() and not (set(n.worker_pids()) & old), 5.0)
+    after = waiting() if respawned else None
+    in_redis = sum(len(r.keys("rl:{hz:%s}:*" % k)) for k in keys)
+    h.note("waiting before the kill %d, after the new worker started %s; counters in Redis %d"
+           % (before, after, in_redis))
+    h.check(held, "the worker holds all 200 counts (hold=60s): %d" % before)
+    h.check(respawned, "the master started a new worker")
+    h.check(after == 0, "the dead worker's 200 left the gauge: %s" % after)
+    h.check(in_redis == 0, "held counts die with the worker (nothing was sent): %d" % in_redis)
