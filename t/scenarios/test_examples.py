@@ -59,7 +59,7 @@ def test_lua_conf(h):
 
 
 def test_recipes_conf(h):
-    """nginx-conf/recipes.conf (the README's recipes) passes nginx -t."""
+    """nginx-conf/recipes.conf (every recipe of docs/recipes.md) passes nginx -t."""
     rc, out = nginx_t(h, harness.NGINX_BIN, read("recipes.conf"), [harness.MODULE_SO])
     h.check(rc == 0, "nginx -t failed on recipes.conf:\n" + out)
 
