@@ -9,18 +9,29 @@
 //! to the current window (rejected requests are not counted), sets the
 //! counter's TTL when it created it, and answers the counts and one flag per
 //! request. Requests of one key that wait together share one call.
+//!
+//! Each request carries its deadline in Redis's clock (when it stops
+//! waiting and `on_error` decides it): a script that runs after it (Redis
+//! was stalled, the call sat in a buffer) neither checks nor counts that
+//! request, so a request denied for the timeout is never counted late.
+//! The node learns the offset of Redis's clock from its own with `TIME`
+//! when it connects; without it (an ACL that refuses `TIME`) deadlines are
+//! 0, and the script counts whatever time it runs.
 
 use crate::key::write_key_for_tag;
 use crate::resp;
 
 /// The script: `KEYS[1]` the current window's counter, `KEYS[2]` the
 /// previous one's; `ARGV` limit, period (ms), time into the window (ms),
-/// TTL (s), then one cost per request. Answers `{cur, prev, a1, a2, ...}`
-/// with `ai` 1 when request `i` is allowed (and counted). One `MGET` reads
-/// both windows (the same slot). A counter that holds something else than
-/// an integer is an error reply (the script's own; a key of another type
-/// reads as nil for `MGET` and then fails `INCRBY` with `WRONGTYPE`), so the
-/// item fails alone.
+/// TTL (s), then per request its cost and its deadline (ms in Redis's
+/// clock, 0: none). Answers `{cur, prev, a1, a2, ...}` with `ai` 1 when
+/// request `i` is allowed (and counted), 0 when it is not, 2 when the
+/// script ran after its deadline (neither). One `MGET` reads both windows
+/// (the same slot). A counter that holds something else than an integer
+/// is an error reply (the script's own; a key of another type reads as nil
+/// for `MGET` and then fails `INCRBY` with `WRONGTYPE`), so the item fails
+/// alone. `TIME` is read only when a request has a deadline (before any
+/// write: Redis before 5 needs its effects replicated to allow that).
 pub const SCRIPT: &str = r#"-- ngx_http_redis_ratelimit strict mode
 local function count(v)
   if not v then return 0 end
@@ -45,11 +56,20 @@ local weighted = prev * (p - e)
 local cap = limit * p
 local out = {0, prev}
 local added = 0
-for i = 5, #ARGV do
+local now = nil
+for i = 5, #ARGV - 1, 2 do
   local c = tonumber(ARGV[i])
+  local dl = tonumber(ARGV[i + 1])
+  if dl > 0 and not now then
+    if redis.replicate_commands then redis.replicate_commands() end
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
   local k = c
   if k < 1 then k = 1 end
-  if weighted + (cur + added + k - 1) * p < cap then
+  if dl > 0 and now > dl then
+    out[#out + 1] = 2
+  elseif weighted + (cur + added + k - 1) * p < cap then
     added = added + c
     out[#out + 1] = 1
   else
@@ -57,11 +77,11 @@ for i = 5, #ARGV do
   end
 end
 if added > 0 then
-  local now = redis.call('INCRBY', KEYS[1], added)
-  if now == added then
+  local now_count = redis.call('INCRBY', KEYS[1], added)
+  if now_count == added then
     redis.call('EXPIRE', KEYS[1], ttl)
   end
-  cur = now
+  cur = now_count
 end
 out[1] = cur
 return out
@@ -76,17 +96,42 @@ pub fn sha1_hex() -> &'static str {
 
 /// The arguments after the two keys: limit, period in ms, time into the
 /// window in ms, TTL in seconds (two periods: the window is read as the
-/// previous one during the next), one cost per request.
-pub fn args(
+/// previous one during the next), then per request its cost and deadline
+/// (ms in Redis's clock, 0: none).
+pub fn args<'a>(
     limit: u32,
     period: u32,
     elapsed_ms: u64,
-    costs: &[u32],
-) -> impl Iterator<Item = u64> + '_ {
+    costs: &'a [u32],
+    deadlines: &'a [u64],
+) -> impl Iterator<Item = u64> + 'a {
     let p = u64::from(period) * 1000;
-    [u64::from(limit), p, elapsed_ms.min(p), 2 * u64::from(period)]
-        .into_iter()
-        .chain(costs.iter().map(|&c| u64::from(c)))
+    [u64::from(limit), p, elapsed_ms.min(p), 2 * u64::from(period)].into_iter().chain(
+        costs
+            .iter()
+            .enumerate()
+            .flat_map(move |(i, &c)| [u64::from(c), deadlines.get(i).copied().unwrap_or(0)]),
+    )
+}
+
+/// A request's deadline in Redis's clock: when it stops waiting
+/// (`deadline_ms`, this node's clock, 0: none) moved by what this node
+/// learnt of Redis's clock (`offset_ms`, Redis's minus ours; `None`: not
+/// known, no deadline).
+pub fn redis_deadline(deadline_ms: u64, offset_ms: Option<i64>) -> u64 {
+    match offset_ms {
+        Some(off) if deadline_ms > 0 => deadline_ms.saturating_add_signed(off).max(1),
+        _ => 0,
+    }
+}
+
+/// The offset of Redis's clock from ours (ms, Redis's minus ours), from its
+/// `TIME` answer (`secs`, `micros`) read between `before_ms` and
+/// `after_ms` of our clock: Redis read its clock about halfway.
+pub fn clock_offset(secs: u64, micros: u64, before_ms: u64, after_ms: u64) -> i64 {
+    let redis = secs.saturating_mul(1000).saturating_add(micros / 1000);
+    let ours = before_ms / 2 + after_ms / 2 + (before_ms % 2 + after_ms % 2) / 2;
+    redis as i64 - ours as i64
 }
 
 /// One call of the script for a group of requests of one key: `EVALSHA
@@ -103,6 +148,8 @@ pub struct Call<'a> {
     pub limit: u32,
     pub now_ms: u64,
     pub costs: &'a [u32],
+    /// Per request, its deadline in Redis's clock (0: none).
+    pub deadlines: &'a [u64],
 }
 
 impl Call<'_> {
@@ -118,7 +165,7 @@ impl Call<'_> {
             f(scratch);
         }
         let elapsed = self.now_ms.saturating_sub(self.window * p * 1000);
-        for n in args(self.limit, self.period, elapsed, self.costs) {
+        for n in args(self.limit, self.period, elapsed, self.costs, self.deadlines) {
             scratch.clear();
             resp::push_u64(scratch, n);
             f(scratch);
@@ -127,7 +174,7 @@ impl Call<'_> {
 
     /// The command's words (for a `redis::Cmd`).
     pub fn words(&self) -> Vec<Vec<u8>> {
-        let mut out = Vec::with_capacity(9 + self.costs.len());
+        let mut out = Vec::with_capacity(9 + 2 * self.costs.len());
         self.each(&mut Vec::new(), |w| out.push(w.to_vec()));
         out
     }
@@ -135,7 +182,7 @@ impl Call<'_> {
     /// The command written as RESP at the end of `out` (a strict link's
     /// request path: no allocation per word).
     pub fn write(&self, out: &mut Vec<u8>, scratch: &mut Vec<u8>) {
-        resp::array(out, 9 + self.costs.len());
+        resp::array(out, 9 + 2 * self.costs.len());
         self.each(scratch, |w| resp::bulk(out, w));
     }
 }
@@ -147,8 +194,10 @@ pub struct Answer {
     pub cur: u64,
     /// The previous window's count.
     pub prev: u64,
-    /// One flag per request of the group, in order.
-    pub allowed: Vec<bool>,
+    /// One per request of the group, in order: allowed (and counted) or
+    /// not; `None` when the script ran after the request's deadline (not
+    /// checked, not counted: `on_error` decided it).
+    pub allowed: Vec<Option<bool>>,
 }
 
 /// Reads the script's reply (the integers of its array), checking that it
@@ -157,13 +206,17 @@ pub struct Answer {
 pub fn parse_answer(values: &[i64], requests: usize) -> Option<Answer> {
     let (&cur, rest) = values.split_first()?;
     let (&prev, flags) = rest.split_first()?;
-    if flags.len() != requests || cur < 0 || prev < 0 || flags.iter().any(|&f| f != 0 && f != 1) {
+    if flags.len() != requests
+        || cur < 0
+        || prev < 0
+        || flags.iter().any(|&f| !(0..=2).contains(&f))
+    {
         return None;
     }
     Some(Answer {
         cur: cur as u64,
         prev: prev as u64,
-        allowed: flags.iter().map(|&f| f == 1).collect(),
+        allowed: flags.iter().map(|&f| (f != 2).then_some(f == 1)).collect(),
     })
 }
 
@@ -291,14 +344,14 @@ mod tests {
     #[test]
     fn args_and_answers() {
         assert_eq!(
-            args(100, 60, 1500, &[1, 3]).collect::<Vec<_>>(),
-            [100, 60_000, 1500, 120, 1, 3]
+            args(100, 60, 1500, &[1, 3], &[0, 1_700_000_000_500]).collect::<Vec<_>>(),
+            [100, 60_000, 1500, 120, 1, 0, 3, 1_700_000_000_500]
         );
-        assert_eq!(args(5, 1, 99_999, &[1]).collect::<Vec<_>>(), [5, 1000, 1000, 2, 1]);
-        let a = parse_answer(&[7, 2, 1, 0], 2).unwrap();
-        assert_eq!(a, Answer { cur: 7, prev: 2, allowed: vec![true, false] });
+        assert_eq!(args(5, 1, 99_999, &[1], &[]).collect::<Vec<_>>(), [5, 1000, 1000, 2, 1, 0]);
+        let a = parse_answer(&[7, 2, 1, 0, 2], 3).unwrap();
+        assert_eq!(a, Answer { cur: 7, prev: 2, allowed: vec![Some(true), Some(false), None] });
         assert_eq!(parse_answer(&[7, 2, 1], 2), None);
-        assert_eq!(parse_answer(&[7, 2, 2], 1), None);
+        assert_eq!(parse_answer(&[7, 2, 3], 1), None);
         assert_eq!(parse_answer(&[-1, 2, 1], 1), None);
         assert_eq!(parse_answer(&[], 0), None);
     }
@@ -306,6 +359,7 @@ mod tests {
     #[test]
     fn a_call_names_both_windows_and_the_time_into_the_current_one() {
         let costs = [1, 2];
+        let deadlines = [6_000_750, 0];
         let c = Call {
             prefix: b"rl:",
             tag: b"z:k",
@@ -314,6 +368,7 @@ mod tests {
             limit: 5,
             now_ms: 6_000_250,
             costs: &costs,
+            deadlines: &deadlines,
         };
         let words = c.words();
         let text: Vec<String> =
@@ -321,13 +376,45 @@ mod tests {
         assert_eq!(text[..3], ["EVALSHA", sha1_hex(), "2"]);
         assert_eq!(
             text[3..],
-            ["rl:{z:k}:60:6000", "rl:{z:k}:60:5940", "5", "60000", "250", "120", "1", "2"]
+            [
+                "rl:{z:k}:60:6000",
+                "rl:{z:k}:60:5940",
+                "5",
+                "60000",
+                "250",
+                "120",
+                "1",
+                "6000750",
+                "2",
+                "0"
+            ]
         );
         let (mut out, mut scratch, mut want) = (Vec::new(), Vec::new(), Vec::new());
         c.write(&mut out, &mut scratch);
         resp::command(&mut want, &words);
         assert_eq!(out, want);
-        let first = Call { window: 0, now_ms: 5, costs: &[], ..c };
+        let first = Call { window: 0, now_ms: 5, costs: &[], deadlines: &[], ..c };
         assert_eq!(first.words()[4], b"rl:{z:k}:60:0");
+    }
+
+    #[test]
+    fn deadlines_move_into_redis_clock_only_when_its_offset_is_known() {
+        assert_eq!(redis_deadline(10_000, Some(250)), 10_250);
+        assert_eq!(redis_deadline(10_000, Some(-250)), 9_750);
+        assert_eq!(redis_deadline(10_000, None), 0);
+        assert_eq!(redis_deadline(0, Some(5)), 0);
+        assert_eq!(
+            redis_deadline(100, Some(-1_000)),
+            1,
+            "never 0 (none) for a request that has one"
+        );
+    }
+
+    #[test]
+    fn the_clock_offset_is_read_at_the_middle_of_the_exchange() {
+        // Redis said 1000.250 s while we read 999_900 ms then 1_000_100 ms
+        assert_eq!(clock_offset(1000, 250_999, 999_900, 1_000_100), 250);
+        assert_eq!(clock_offset(1000, 0, 1_000_500, 1_000_500), -500);
+        assert_eq!(clock_offset(1, 0, 1001, 1002), -1);
     }
 }

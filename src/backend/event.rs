@@ -82,6 +82,9 @@ pub struct StrictAsk {
     pub period: u32,
     pub limit: u32,
     pub cost: u32,
+    /// When the request stops waiting (ms since the epoch, this node's
+    /// clock; 0: none): a script that runs later does not count it.
+    pub deadline_ms: u64,
 }
 
 /// The strict limits of one key and limit that wait together: one script
@@ -94,6 +97,7 @@ pub struct StrictGroup {
     pub limit: u32,
     pub tickets: Vec<u64>,
     pub costs: Vec<u32>,
+    pub deadlines: Vec<u64>,
 }
 
 impl StrictGroup {
@@ -106,12 +110,14 @@ impl StrictGroup {
             limit: a.limit,
             tickets: Vec::new(),
             costs: Vec::new(),
+            deadlines: Vec::new(),
         }
     }
 
     pub fn add(&mut self, a: &StrictAsk) {
         self.tickets.push(a.ticket);
         self.costs.push(a.cost);
+        self.deadlines.push(a.deadline_ms);
     }
 
     /// Asks grouped per key and limit, in the order they came.
@@ -130,14 +136,9 @@ impl StrictGroup {
 
     /// Back to one ask per request (to be sent another way).
     pub fn into_asks(self) -> impl Iterator<Item = StrictAsk> {
-        let StrictGroup { id, tag, period, limit, tickets, costs } = self;
-        tickets.into_iter().zip(costs).map(move |(ticket, cost)| StrictAsk {
-            ticket,
-            id,
-            tag: tag.clone(),
-            period,
-            limit,
-            cost,
+        let StrictGroup { id, tag, period, limit, tickets, costs, deadlines } = self;
+        tickets.into_iter().zip(costs).zip(deadlines).map(move |((ticket, cost), deadline_ms)| {
+            StrictAsk { ticket, id, tag: tag.clone(), period, limit, cost, deadline_ms }
         })
     }
 
@@ -199,5 +200,7 @@ pub enum Event {
     Link {
         zone: u32,
         fd: OwnedFd,
+        /// Redis's clock minus ours (ms), when `TIME` answered.
+        clock_offset_ms: Option<i64>,
     },
 }

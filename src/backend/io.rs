@@ -342,6 +342,18 @@ impl Conn {
         }
     }
 
+    /// Redis's clock minus ours (ms), from `TIME` (a cluster: the node the
+    /// router picks; `None`: refused, an ACL without `TIME`).
+    pub fn clock_offset(&mut self) -> Option<i64> {
+        let time = redis::cmd("TIME");
+        let before = super::flush::unix_ms();
+        let t: (u64, u64) = match self {
+            Conn::Single(con) => time.query(con).ok()?,
+            Conn::Cluster(c) => time.query(&mut c.router).ok()?,
+        };
+        Some(ratelimit_core::strict::clock_offset(t.0, t.1, before, super::flush::unix_ms()))
+    }
+
     /// PING; for a cluster also `CLUSTER INFO`, which must say
     /// `cluster_state:ok` (a cluster that is not serving every slot counts
     /// as down).

@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 
 use ratelimit_core::resp::{self, Value};
 use ratelimit_core::stats::Stats;
-use ratelimit_core::strict::{sha1_hex, SCRIPT};
+use ratelimit_core::strict::{self, sha1_hex, SCRIPT};
 use redis::ConnectionAddr;
 
 use super::event::{Event, ZoneSpec};
+use super::flush::unix_ms;
 use super::io;
 use super::state::Backend;
 
@@ -61,13 +62,13 @@ impl Backend {
         }
         self.link_tried = Some(now);
         match open(&self.spec) {
-            Ok(fd) => {
+            Ok((fd, clock_offset_ms)) => {
                 self.link_wanted = false;
                 self.link_backoff = RETRY_MIN;
                 if let Some(st) = self.stats() {
                     Stats::bump(&st.connects);
                 }
-                events.push(Event::Link { zone: self.spec.index, fd });
+                events.push(Event::Link { zone: self.spec.index, fd, clock_offset_ms });
             }
             Err(why) => {
                 self.link_backoff = (self.link_backoff * 2).min(RETRY_MAX);
@@ -84,8 +85,8 @@ impl Backend {
 }
 
 /// Connects and prepares a link (blocking, each step within the zone's
-/// `timeout=`).
-fn open(spec: &ZoneSpec) -> Result<OwnedFd, String> {
+/// `timeout=`), and learns Redis's clock (`TIME`) for the deadlines.
+fn open(spec: &ZoneSpec) -> Result<(OwnedFd, Option<i64>), String> {
     let info = io::master_info(&spec.urls, spec.sentinel.as_ref(), spec.timeout)
         .map_err(|e| super::zone::error_text(&e))?;
     let settings = info.redis_settings();
@@ -108,23 +109,51 @@ fn open(spec: &ZoneSpec) -> Result<OwnedFd, String> {
     resp::command(&mut hello, &["SCRIPT", "LOAD", SCRIPT]);
     expect.push("SCRIPT LOAD");
     let t = spec.timeout;
-    let fd: OwnedFd = match info.addr() {
+    match info.addr() {
         ConnectionAddr::Tcp(host, port) => {
             let s = tcp(host, *port, t)?;
             s.set_nodelay(true).map_err(|e| e.to_string())?;
             handshake(&s, &hello, &expect, t)?;
+            let offset = clock(&s);
             s.set_nonblocking(true).map_err(|e| e.to_string())?;
-            s.into()
+            Ok((s.into(), offset))
         }
         ConnectionAddr::Unix(path) => {
             let s = UnixStream::connect(path).map_err(|e| e.to_string())?;
             handshake(&s, &hello, &expect, t)?;
+            let offset = clock(&s);
             s.set_nonblocking(true).map_err(|e| e.to_string())?;
-            s.into()
+            Ok((s.into(), offset))
         }
-        _ => return Err("strict links are plain TCP or Unix sockets".into()),
+        _ => Err("strict links are plain TCP or Unix sockets".into()),
+    }
+}
+
+/// Redis's clock minus ours, from `TIME` (`None`: refused, or not
+/// understood).
+fn clock<S: Timed>(mut s: S) -> Option<i64> {
+    let mut cmd = Vec::new();
+    resp::command(&mut cmd, &["TIME"]);
+    let before = unix_ms();
+    s.write_all(&cmd).ok()?;
+    let mut input = Vec::new();
+    let mut buf = [0u8; 128];
+    let v = loop {
+        if let Ok(Some((v, _))) = resp::parse(&input) {
+            break v;
+        }
+        let n = s.read(&mut buf).ok().filter(|&n| n > 0)?;
+        input.extend_from_slice(&buf[..n]);
     };
-    Ok(fd)
+    let after = unix_ms();
+    let Value::Array(Some(parts)) = v else {
+        return None;
+    };
+    let num = |v: &Value| match v {
+        Value::Bulk(Some(b)) => std::str::from_utf8(b).ok()?.parse::<u64>().ok(),
+        _ => None,
+    };
+    Some(strict::clock_offset(num(parts.first()?)?, num(parts.get(1)?)?, before, after))
 }
 
 fn tcp(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {

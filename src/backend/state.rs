@@ -68,6 +68,9 @@ pub(super) struct Watch {
 pub struct Backend {
     pub(super) spec: ZoneSpec,
     pub(super) conn: Option<Conn>,
+    /// Redis's clock minus ours (ms), learnt when `conn` was made (`None`:
+    /// `TIME` refused): strict calls carry deadlines in Redis's clock.
+    pub(super) clock_offset_ms: Option<i64>,
     pub(super) health: Health,
     pub(super) errors: LogGate,
     pub(super) refusals: LogGate,
@@ -127,6 +130,7 @@ impl Backend {
         Backend {
             spec,
             conn: None,
+            clock_offset_ms: None,
             health: Health::new(now),
             errors: LogGate::new(LOG_INTERVAL),
             refusals: LogGate::new(LOG_INTERVAL),

@@ -72,6 +72,8 @@ impl Backend {
 
     /// The `EVALSHA` for one group.
     fn strict_cmd(&self, g: &StrictGroup, now_ms: u64) -> Cmd {
+        let deadlines: Vec<u64> =
+            g.deadlines.iter().map(|&d| strict::redis_deadline(d, self.clock_offset_ms)).collect();
         let call = strict::Call {
             prefix: &self.spec.prefix,
             tag: &g.tag,
@@ -80,6 +82,7 @@ impl Backend {
             limit: g.limit,
             now_ms,
             costs: &g.costs,
+            deadlines: &deadlines,
         };
         let mut c = redis::cmd("EVALSHA");
         for w in call.words().iter().skip(1) {

@@ -234,7 +234,8 @@ impl Backend {
         }
         let sentinel = self.spec.sentinel.as_ref();
         match io::connect(&self.spec.urls, self.spec.cluster, sentinel, self.spec.timeout) {
-            Ok(c) => {
+            Ok(mut c) => {
+                self.clock_offset_ms = c.clock_offset();
                 self.conn = Some(c);
                 if let Some(st) = self.stats() {
                     Stats::bump(&st.connects);

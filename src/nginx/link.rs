@@ -68,6 +68,9 @@ struct Link {
     zone: usize,
     c: *mut ngx_connection_t,
     timeout_ms: u64,
+    /// Redis's clock minus ours, learnt when the link was made (`None`:
+    /// unknown, calls carry no deadline).
+    clock_offset_ms: Option<i64>,
     /// Posted to write what waits, once per turn of the event loop.
     flush: ngx_event_t,
     out: Vec<u8>,
@@ -95,6 +98,7 @@ fn link(zone: usize) -> *mut Link {
                 zone,
                 c: ptr::null_mut(),
                 timeout_ms: 1000,
+                clock_offset_ms: None,
                 // SAFETY: an all-zero event is nginx's idle event (as
                 // `ngx_pcalloc` gives); `take` sets its handler and data.
                 flush: unsafe { std::mem::zeroed() },
@@ -109,15 +113,15 @@ fn link(zone: usize) -> *mut Link {
 
 /// Takes a connection the thread made for `zone`'s strict calls (one that
 /// cannot be taken is closed, and the thread asked for another).
-pub fn attach(zone: usize, fd: OwnedFd, log: *mut ngx_log_t) {
-    if !take(zone, fd, log) {
+pub fn attach(zone: usize, fd: OwnedFd, clock_offset_ms: Option<i64>, log: *mut ngx_log_t) {
+    if !take(zone, fd, clock_offset_ms, log) {
         if let Some(ch) = super::channel::channel() {
             ch.want_link(zone);
         }
     }
 }
 
-fn take(zone: usize, fd: OwnedFd, log: *mut ngx_log_t) -> bool {
+fn take(zone: usize, fd: OwnedFd, clock_offset_ms: Option<i64>, log: *mut ngx_log_t) -> bool {
     let Some(mcf) = main_conf() else {
         return false;
     };
@@ -158,6 +162,7 @@ fn take(zone: usize, fd: OwnedFd, log: *mut ngx_log_t) -> bool {
         link.c = c;
     }
     link.timeout_ms = timeout_ms;
+    link.clock_offset_ms = clock_offset_ms;
     true
 }
 
@@ -255,7 +260,11 @@ impl Link {
         };
         let now = now_ms();
         let mut scratch = Vec::with_capacity(128);
+        let mut deadlines = Vec::new();
+        let offset = self.clock_offset_ms;
         for g in self.calls.write(Instant::now()) {
+            deadlines.clear();
+            deadlines.extend(g.deadlines.iter().map(|&d| strict::redis_deadline(d, offset)));
             let call = strict::Call {
                 prefix,
                 tag: &g.tag,
@@ -264,6 +273,7 @@ impl Link {
                 limit: g.limit,
                 now_ms: now,
                 costs: &g.costs,
+                deadlines: &deadlines,
             };
             call.write(&mut self.out, &mut scratch);
         }

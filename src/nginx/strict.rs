@@ -111,14 +111,21 @@ pub(super) fn limit(
     let base = waits::next_base();
     let mut sends = Vec::with_capacity(waiting);
     let mut verdicts = [Verdict::NotAsked; 16];
-    let mut timeout = 0;
+    // the request waits as long as its slowest zone's timeout=: past it,
+    // `on_error` decides, and a script that runs later counts nothing
+    let timeout = asks
+        .iter()
+        .zip(wants)
+        .filter(|(a, w)| **w && a.strict == Strict::No)
+        .filter_map(|(a, _)| mcf.zones.get(a.zone)?.params.as_ref().map(|p| p.timeout_ms))
+        .max()
+        .unwrap_or(0);
     for (k, (a, _)) in asks.iter().zip(wants).filter(|(_, w)| **w).enumerate() {
         if a.strict != Strict::No || k >= verdicts.len() {
             continue; // decided by `on_error`
         }
         let z = mcf.zones.get(a.zone).ok_or(())?;
         let shared = z.shared.as_ref().ok_or(())?;
-        timeout = timeout.max(z.params.as_ref().map_or(0, |p| p.timeout_ms));
         verdicts[k] = Verdict::Waiting;
         sends.push(StrictAsk {
             ticket: base | k as u64,
@@ -131,6 +138,7 @@ pub(super) fn limit(
             period: a.rate.period,
             limit: a.rate.limit,
             cost: a.cost,
+            deadline_ms: now + timeout.max(1),
         });
         Stats::bump(&shared.stats().strict_waits);
     }

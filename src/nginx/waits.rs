@@ -52,7 +52,7 @@ pub(super) unsafe extern "C" fn forget(data: *mut c_void) {
 
 /// Redis's answer for some tickets (`None`: no answer); a request with all
 /// its verdicts is woken. Worker thread only.
-pub fn resolve(tickets: &[u64], allowed: Option<&[bool]>) {
+pub fn resolve(tickets: &[u64], allowed: Option<&[Option<bool>]>) {
     for (i, &t) in tickets.iter().enumerate() {
         let Some(w) = WAITS.with(|m| m.borrow().get(&(t & !0xf)).copied()) else {
             continue; // gone (closed, timed out)
@@ -63,7 +63,8 @@ pub fn resolve(tickets: &[u64], allowed: Option<&[bool]>) {
         if wait.verdicts[k] != Verdict::Waiting {
             continue;
         }
-        wait.verdicts[k] = match allowed.and_then(|a| a.get(i)) {
+        // no flag: no answer, or the script ran after the deadline
+        wait.verdicts[k] = match allowed.and_then(|a| a.get(i)).copied().flatten() {
             Some(true) => Verdict::Allowed,
             Some(false) => Verdict::Rejected,
             None => Verdict::Failed,

@@ -242,7 +242,9 @@ fn apply(log: *mut ngx_log_t) {
                 counter::keep_local(e, id.window, sent);
             }),
             Event::Log { zone, level, message } => zone_log(mcf, log, zone, level, &message),
-            Event::Link { zone, fd } => super::link::attach(zone as usize, fd, log),
+            Event::Link { zone, fd, clock_offset_ms } => {
+                super::link::attach(zone as usize, fd, clock_offset_ms, log)
+            }
         }
     }
 }

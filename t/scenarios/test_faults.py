@@ -397,7 +397,7 @@ def test_acl_as_the_readme_writes_it(h):
     worker's link all run without a single NOPERM."""
     r = h.redis()
     r.cmd("ACL", "SETUSER", "rl", "on", ">secret", "~rl:*", "+incrby", "+set", "+expire", "+get",
-          "+ping", "+del", "+evalsha", "+script|load", "+client|setname", "+mget", "+role")
+          "+ping", "+del", "+evalsha", "+script|load", "+client|setname", "+mget", "+role", "+time")
     ng = h.nginx(zone("z", "redis://rl:secret@%s:%d" % (HOST, r.port)),
                  loc("/t", "redis_ratelimit z 100r/h;") + loc("/s", "redis_ratelimit z 5r/h strict;"),
                  files={"t": "ok\n", "s": "ok\n"})

@@ -162,6 +162,48 @@ def test_paused_redis_answers_by_on_error_after_the_timeout(h):
     h.check(m == {"waits": 5, "timeouts": 4}, "the metrics count 5 waits, 4 of them timed out: %s" % m)
 
 
+def test_a_script_run_after_the_timeout_counts_nothing(h):
+    """DEBUG SLEEP 1.5 stalls Redis while 100 strict requests on 20 keys
+    wait (timeout=300ms, on_error=deny): all are denied at the timeout, and
+    when Redis wakes and runs the scripts written before, none of them
+    counts a request that gave up (each call carries its requests'
+    deadlines in Redis's clock, learnt with TIME when the link was made)."""
+    r = h.redis(extra_args=["--enable-debug-command", "yes"])
+    n = h.nginx(conf(r, "300ms", "deny"), SERVER, files=FILES)
+    h.check(n.get("/strict?k=" + h.key("warm"))[0] == 200, "a strict request passes first")
+    h.wait_minute_room(10)
+    keys = [h.key("late%d" % i) for i in range(20)]
+
+    def sleep():
+        try:
+            r.cmd("DEBUG", "SLEEP", "1.5", timeout=5.0)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=sleep)
+    t.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    sts = n.burst(["/strict?k=" + keys[i % 20] for i in range(100)], threads=32, timeout=5.0)
+    el = time.monotonic() - t0
+    t.join(10)
+    time.sleep(1.0)
+    counted = sum(redis_count(r, k, "s") for k in keys)
+    m = json.loads(n.request("/metrics?format=json")[2])["zones"]["s"]["redis"]["strict"]
+    h.note("100 strict requests during DEBUG SLEEP 1.5: %s in %.2f s; Redis counted %d of them "
+           "after it woke; strict figures %s" % (sorted(set(sts)), el, counted, m))
+    h.check(sts == [429] * 100, "on_error=deny answers every request: %s" % sorted(set(sts)))
+    h.check(counted == 0, "Redis counted %d requests that had been denied" % counted)
+    # and strict decisions are exact again once Redis answers
+    h.check(wait_for(lambda: zone_up(n, "s"), 8.0), "zone s is up again")
+    k = h.key("after")
+    after = [n.get("/one?k=" + k)[0] for _ in range(7)]
+    h.check(after == [200] * 5 + [429] * 2, "5r/m decided by Redis after: %s" % after)
+
+
+test_a_script_run_after_the_timeout_counts_nothing.timeout = 60
+
+
 def test_client_disconnect_and_reload_while_waiting(h):
     """Clients that close while their strict request waits leave nothing
     behind (the worker goes on, the late answers find no one); a reload

@@ -177,8 +177,8 @@ def test_a_server_that_forgot_the_script_answers_through_the_thread(h):
 
 class FakeRedis:
     """A loopback server that speaks enough RESP for the module's
-    handshakes (PING, CLIENT, SELECT, AUTH: OK; SCRIPT LOAD: the script's
-    SHA1) and answers every EVALSHA with bytes that are not RESP at all."""
+    handshakes (PING, CLIENT, SELECT, AUTH: OK; ROLE: master; SCRIPT LOAD:
+    the script's SHA1) and answers every EVALSHA with bytes that are not RESP at all."""
 
     def __init__(self):
         self.sock = socket.socket()
@@ -221,6 +221,8 @@ class FakeRedis:
                     c.sendall(b"?this is not RESP\r\n")
                 elif cmd == b"PING":
                     c.sendall(b"+PONG\r\n")
+                elif cmd == b"ROLE":
+                    c.sendall(b"*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n")
                 else:
                     if cmd == b"CLIENT" and words[1].upper() == b"SETNAME":
                         self.names += 1
