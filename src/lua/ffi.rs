@@ -53,6 +53,16 @@ fn main_conf() -> Option<&'static MainConf> {
     Module::main_conf(cycle)
 }
 
+/// Starts this worker's Redis thread if no `init_process` did yet.
+fn worker_started() {
+    // SAFETY: plain reads of nginx globals, on the worker's main thread.
+    let (process, cycle) = unsafe { (ngx_process, ngx_cycle) };
+    if process == NGX_PROCESS_WORKER as ngx_uint_t && !cycle.is_null() {
+        // SAFETY: the worker's cycle, on its main thread.
+        unsafe { crate::nginx::worker::start(cycle) };
+    }
+}
+
 /// # Safety
 /// `ptr` must be null or point at `len` readable bytes.
 unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
@@ -195,6 +205,9 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     if limit == 0 || cost > MAX_COST {
         return ERR_ARGS;
     }
+    // counts made before this module's `init_process` (Lua's
+    // `init_worker_by_lua*`) go to Redis too: the thread starts now
+    worker_started();
     let Call { mcf, index, ns, key, .. } = call;
     let rate = Rate { limit, period };
     let how = if take == TAKE_ALWAYS { Take::Always } else { Take::IfAllowed };
@@ -262,6 +275,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     };
     let has_backend = z.params.as_ref().is_some_and(|p| p.backend.is_some());
     if has_backend {
+        worker_started();
         if let Some(ch) = crate::nginx::channel::channel() {
             ch.delete(Delete {
                 zone: index as u32,

@@ -60,10 +60,37 @@ fn close(fd: i32) {
 /// `init_process`: one background thread per worker for all Redis zones.
 pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // SAFETY: nginx passes the worker's cycle.
+    unsafe { start(cycle) };
+    NGX_OK as ngx_int_t
+}
+
+/// Whether `start` ran in this worker (on its main thread only).
+static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Starts the worker's Redis thread, once: from `init_process`, or
+/// earlier, from the Lua ABI, when another module's `init_process` (Lua's
+/// `init_worker_by_lua*`, for modules loaded before this one) counts before
+/// this module's runs, so that those counts reach Redis too.
+///
+/// # Safety
+/// `cycle` is the worker's cycle; called on the worker's main thread.
+pub unsafe fn start(cycle: *mut ngx_cycle_t) {
+    use std::sync::atomic::Ordering;
+    if STARTED.load(Ordering::Acquire) || STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    // SAFETY: per the function's contract.
+    unsafe { start_thread(cycle) };
+}
+
+/// # Safety
+/// As `start`.
+unsafe fn start_thread(cycle: *mut ngx_cycle_t) {
+    // SAFETY: the caller passes the worker's cycle.
     let cycle_ref = unsafe { &*cycle };
     let log = cycle_ref.log;
     let Some(mcf) = Module::main_conf_mut(cycle_ref) else {
-        return NGX_OK as ngx_int_t; // no http block
+        return; // no http block
     };
     let specs: Vec<ZoneSpec> = mcf
         .zones
@@ -87,7 +114,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
         })
         .collect();
     if specs.is_empty() {
-        return NGX_OK as ngx_int_t;
+        return;
     }
     // the final flush (bounded by STOP_FLUSH) plus one exchange that may
     // have started just before it, bounded by its timeout
@@ -101,7 +128,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
             log,
             "redis_ratelimit: pipe() failed, Redis zones count on this node only"
         );
-        return NGX_OK as ngx_int_t;
+        return;
     };
     // SAFETY: registers the read end with nginx's event loop, on the
     // worker's main thread, as nginx's own modules do.
@@ -109,7 +136,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     if conn.is_null() {
         close(rfd);
         close(wfd);
-        return NGX_OK as ngx_int_t;
+        return;
     }
     // SAFETY: `conn` was just returned by nginx with valid events.
     unsafe {
@@ -119,7 +146,7 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
         if ngx_handle_read_event(rev, 0) != NGX_OK as ngx_int_t {
             ngx_close_connection(conn);
             close(wfd);
-            return NGX_OK as ngx_int_t;
+            return;
         }
     }
 
@@ -152,7 +179,6 @@ pub unsafe extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
             close(wfd);
         }
     }
-    NGX_OK as ngx_int_t
 }
 
 /// `exit_process`: stops and joins the thread (bounded wait: a thread stuck

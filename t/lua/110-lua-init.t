@@ -12,6 +12,9 @@ use_hup();
 no_shuffle();
 
 our $pwd = cwd();
+our $Path = qq{
+    lua_package_path "$pwd/lua/?.lua;;";
+};
 our $Init = qq{
     lua_package_path "$pwd/lua/?.lua;;";
     init_by_lua_block {
@@ -97,3 +100,44 @@ $::Init . q{
 [alert]
 [crit]
 is_rate_limited:
+
+
+
+=== TEST 3: counts made in init_worker_by_lua* reach Redis (this module's thread starts at the first call, before its own init_process when Lua's module is loaded first)
+--- http_config eval
+$::Path . q{
+    redis_ratelimit_zone $arg_k zone=rz:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT hold=0 prefix=initworker:;
+    init_worker_by_lua_block {
+        local rl = require "resty.redis_ratelimit"
+        local lim = rl.new("iw", "100r/m", { zone = "rz" })
+        local key = "k" .. ngx.worker.pid()
+        for _ = 1, 3 do
+            lim:is_rate_limited(key)
+        end
+    }
+}
+--- config
+    location = /t {
+        content_by_lua_block {
+            ngx.sleep(0.5)
+            local sock = ngx.socket.tcp()
+            assert(sock:connect("127.0.0.1", tonumber(ngx.var.arg_port)))
+            local script = "local s = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do s = s + tonumber(redis.call('GET', k)) end return s"
+            local pattern = "initworker:{iw:k" .. ngx.worker.pid() .. "}:*"
+            local cmd = { "EVAL", script, "0", pattern }
+            local req = { "*" .. #cmd .. "\r\n" }
+            for _, w in ipairs(cmd) do
+                req[#req + 1] = "$" .. #w .. "\r\n" .. w .. "\r\n"
+            end
+            assert(sock:send(table.concat(req)))
+            local line = assert(sock:receive("*l"))
+            ngx.say("in Redis: ", line)
+        }
+    }
+--- request eval
+"GET /t?port=$ENV{TEST_NGINX_REDIS_PORT}"
+--- response_body
+in Redis: :3
+--- no_error_log
+[alert]
+[crit]
