@@ -95,7 +95,7 @@ ok
 
 
 
-=== TEST 6: Redis unreachable: the backend down, transport errors counted, no sync yet
+=== TEST 6: Redis unreachable: the backend down, transport errors counted; the request's count waits, and the age says how long it has waited
 --- http_config
     redis_ratelimit_zone $arg_k zone=down:1m redis=redis://127.0.0.1:1 timeout=100ms;
 --- config
@@ -112,5 +112,24 @@ ok
 --- error_code eval
 [200, 200]
 --- response_body_like eval
-["ok", qr/nginx_redis_ratelimit_backend_up\{zone="down"\} 0\n(?s:.*)nginx_redis_ratelimit_redis_errors_total\{zone="down",kind="transport"\} [1-9](?!(?s:.*)last_sync_age_seconds\{)/]
+["ok", qr/nginx_redis_ratelimit_backend_up\{zone="down"\} 0\n(?s:.*)nginx_redis_ratelimit_redis_errors_total\{zone="down",kind="transport"\} [1-9]\n(?s:.*)nginx_redis_ratelimit_increments_waiting\{zone="down"\} 1\n(?s:.*)nginx_redis_ratelimit_last_sync_age_seconds\{zone="down"\} 0\.[0-9]+\n/]
+
+
+
+=== TEST 7: an idle Redis zone is in sync: nothing waits, the age is 0 (no staleness alert on a quiet zone)
+--- http_config
+    redis_ratelimit_zone $arg_k zone=quiet:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t080q: hold=0;
+--- config
+    location = /t { redis_ratelimit quiet 100r/d; }
+    location = /metrics { redis_ratelimit_metrics; }
+--- user_files
+>>> t
+ok
+--- request eval
+["GET /t?k=once", "GET /metrics"]
+--- wait: 1.2
+--- error_code eval
+[200, 200]
+--- response_body_like eval
+["ok", qr/nginx_redis_ratelimit_increments_waiting\{zone="quiet"\} 0\n(?s:.*)nginx_redis_ratelimit_last_sync_age_seconds\{zone="quiet"\} 0\n/]
 

@@ -263,6 +263,18 @@ fn reply_window_ok(window: u64, now_ms: u64, p: u64) -> bool {
 /// the limit.
 /// Counts only grow within a window, so replies applied out of order (from
 /// several workers) keep the largest.
+/// Whether the key's breaker opening now (its window `e.window`) is the
+/// first of that window: counted once per key and window, however many
+/// replies open it again as its estimate hovers at the limit.
+pub fn opened(e: &mut Entry) -> bool {
+    let mark = 0x8000 | (e.window & 0x7fff) as u16;
+    if e.opened_in == mark {
+        return false;
+    }
+    e.opened_in = mark;
+    true
+}
+
 pub fn confirm(e: &mut Entry, c: &Confirmation, rate: Rate, now_ms: u64) {
     let p = rate.period_ms();
     if !reply_window_ok(c.window, now_ms, p) {

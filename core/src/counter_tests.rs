@@ -483,3 +483,17 @@ fn what_a_node_knows_of_a_windows_counter() {
     roll(&mut e, T0 + 2000, 1000);
     assert_eq!(super::fresh(&e), Fresh::No, "others count the key");
 }
+
+#[test]
+fn a_breaker_opening_is_counted_once_per_key_and_window() {
+    let mut e = Entry::default();
+    e.window = 100;
+    assert!(opened(&mut e));
+    assert!(!opened(&mut e));
+    assert!(!opened(&mut e));
+    e.window = 101;
+    assert!(opened(&mut e));
+    assert!(!opened(&mut e));
+    e.window = 0;
+    assert!(opened(&mut e), "window 0 is a window like any other");
+}

@@ -140,7 +140,7 @@ pub fn prometheus(zones: &[Zone]) -> String {
         &mut out,
         "nginx_redis_ratelimit_breaker_trips_total",
         "counter",
-        "Redis replies that closed a key's circuit breaker (the key is over its limit).",
+        "Keys whose breaker opened (Redis's counts put the key over its limit: its requests are refused without a look at the counts), once per key and window.",
         zones,
         &one(|z| z.breaker_trips),
     );
@@ -220,7 +220,7 @@ pub fn prometheus(zones: &[Zone]) -> String {
         &mut out,
         "nginx_redis_ratelimit_last_sync_age_seconds",
         "gauge",
-        "Seconds since a flush to Redis last went through (absent before the first).",
+        "Seconds that counts have waited on this node without a flush to Redis going through (since the later of the last flush and the oldest count waiting); 0 while none waits.",
         &redis,
         &|z| r(z).sync_age_s.map(|a| (String::new(), a)).into_iter().collect(),
     );

@@ -21,6 +21,8 @@ pub const WAITING_SLOTS: usize = 64;
 pub struct Share {
     pid: AtomicU64,
     n: AtomicU64,
+    /// Since when (ms since the epoch) `n` has been above 0 (0: it is 0).
+    since: AtomicU64,
 }
 
 /// The zone's waiting increments, a slot per thread.
@@ -35,10 +37,17 @@ impl Default for Shares {
 }
 
 impl Shares {
-    /// Publishes `n` for process `pid`, in the slot it holds (`slot`),
-    /// else in one it claims: free, or held by a process that `alive`
-    /// says is gone.
-    pub fn set(&self, slot: &mut Option<usize>, pid: u64, n: u64, alive: impl Fn(u64) -> bool) {
+    /// Publishes `n` for process `pid` at `now_ms`, in the slot it holds
+    /// (`slot`), else in one it claims: free, or held by a process that
+    /// `alive` says is gone.
+    pub fn set(
+        &self,
+        slot: &mut Option<usize>,
+        pid: u64,
+        n: u64,
+        now_ms: u64,
+        alive: impl Fn(u64) -> bool,
+    ) {
         let held = slot.filter(|&i| self.0[i].pid.load(Ordering::Acquire) == pid);
         let i = match held {
             Some(i) => i,
@@ -53,7 +62,13 @@ impl Shares {
             }
         };
         *slot = Some(i);
-        self.0[i].n.store(n, Ordering::Release);
+        let s = &self.0[i];
+        let was = s.n.swap(n, Ordering::AcqRel);
+        if n == 0 {
+            s.since.store(0, Ordering::Release);
+        } else if was == 0 || s.since.load(Ordering::Acquire) == 0 {
+            s.since.store(now_ms.max(1), Ordering::Release);
+        }
     }
 
     fn claim(&self, pid: u64, alive: impl Fn(u64) -> bool) -> Option<usize> {
@@ -66,6 +81,7 @@ impl Shares {
                 && s.pid.compare_exchange(old, pid, Ordering::AcqRel, Ordering::Acquire).is_ok()
             {
                 s.n.store(0, Ordering::Release);
+                s.since.store(0, Ordering::Release);
                 return Some(i);
             }
         }
@@ -78,20 +94,33 @@ impl Shares {
             let s = &self.0[i];
             if s.pid.load(Ordering::Acquire) == pid {
                 s.n.store(0, Ordering::Release);
+                s.since.store(0, Ordering::Release);
                 let _ = s.pid.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Acquire);
             }
         }
     }
 
-    /// What the live processes' threads published.
-    pub fn sum(&self, alive: impl Fn(u64) -> bool) -> u64 {
-        self.0
-            .iter()
-            .filter_map(|s| {
-                let pid = s.pid.load(Ordering::Acquire);
-                (pid != 0 && alive(pid)).then(|| s.n.load(Ordering::Acquire))
-            })
-            .sum()
+    /// What the live processes' threads published: the increments that
+    /// wait, and since when the longest-waiting thread has had some (0:
+    /// none waits).
+    pub fn sum(&self, alive: impl Fn(u64) -> bool) -> (u64, u64) {
+        let mut total = 0;
+        let mut oldest = 0;
+        for s in &self.0 {
+            let pid = s.pid.load(Ordering::Acquire);
+            if pid == 0 || !alive(pid) {
+                continue;
+            }
+            let n = s.n.load(Ordering::Acquire);
+            if n > 0 {
+                total += n;
+                let since = s.since.load(Ordering::Acquire);
+                if since > 0 && (oldest == 0 || since < oldest) {
+                    oldest = since;
+                }
+            }
+        }
+        (total, oldest)
     }
 }
 
@@ -201,14 +230,14 @@ mod tests {
     fn each_process_publishes_in_its_own_slot() {
         let w = Shares::default();
         let (mut a, mut b) = (None, None);
-        w.set(&mut a, 100, 5, |_| true);
-        w.set(&mut b, 200, 7, |_| true);
-        assert_eq!(w.sum(|_| true), 12);
-        w.set(&mut a, 100, 2, |_| true);
-        assert_eq!(w.sum(|_| true), 9);
+        w.set(&mut a, 100, 5, 1000, |_| true);
+        w.set(&mut b, 200, 7, 1000, |_| true);
+        assert_eq!(w.sum(|_| true).0, 12);
+        w.set(&mut a, 100, 2, 1000, |_| true);
+        assert_eq!(w.sum(|_| true).0, 9);
         assert_ne!(a, b);
         w.release(&mut a, 100);
-        assert_eq!(w.sum(|_| true), 7);
+        assert_eq!(w.sum(|_| true).0, 7);
         assert_eq!(a, None);
     }
 
@@ -216,23 +245,23 @@ mod tests {
     fn a_dead_process_share_leaves_the_sum_and_its_slot_is_taken_again() {
         let w = Shares::default();
         let mut dead = None;
-        w.set(&mut dead, 100, 2000, |_| true);
+        w.set(&mut dead, 100, 2000, 1000, |_| true);
         let alive = |pid: u64| pid != 100;
-        assert_eq!(w.sum(alive), 0);
+        assert_eq!(w.sum(alive).0, 0);
         let mut fresh = None;
         for pid in 1000..1000 + WAITING_SLOTS as u64 {
             let mut s = None;
-            w.set(&mut s, pid, 1, alive);
+            w.set(&mut s, pid, 1, 1000, alive);
             assert!(s.is_some(), "slot for {pid}");
             if pid == 1000 {
                 fresh = s;
             }
         }
         // the first claim took the free slots in order, the dead one too
-        assert_eq!(w.sum(alive), WAITING_SLOTS as u64);
+        assert_eq!(w.sum(alive).0, WAITING_SLOTS as u64);
         assert!(fresh.is_some());
         let mut none = None;
-        w.set(&mut none, 5000, 3, alive);
+        w.set(&mut none, 5000, 3, 1000, alive);
         assert_eq!(none, None, "no slot left: nothing published");
     }
 
@@ -240,23 +269,39 @@ mod tests {
     fn nothing_to_publish_claims_no_slot() {
         let w = Shares::default();
         let mut s = None;
-        w.set(&mut s, 1, 0, |_| true);
+        w.set(&mut s, 1, 0, 1000, |_| true);
         assert_eq!(s, None);
-        assert_eq!(w.sum(|_| true), 0);
+        assert_eq!(w.sum(|_| true).0, 0);
     }
 
     #[test]
     fn a_slot_taken_over_is_not_written_by_its_old_holder() {
         let w = Shares::default();
         let mut old = None;
-        w.set(&mut old, 100, 4, |_| true);
+        w.set(&mut old, 100, 4, 1000, |_| true);
         // 100 is thought dead (its pid reused?): 200 takes the slot
         let mut new = None;
-        w.set(&mut new, 200, 1, |p| p != 100);
+        w.set(&mut new, 200, 1, 1000, |p| p != 100);
         assert_eq!(old, new);
         // the old holder's next figure goes to a slot of its own
-        w.set(&mut old, 100, 9, |_| true);
+        w.set(&mut old, 100, 9, 1000, |_| true);
         assert_ne!(old, new);
-        assert_eq!(w.sum(|_| true), 10);
+        assert_eq!(w.sum(|_| true).0, 10);
+    }
+
+    #[test]
+    fn the_oldest_waiting_thread_says_since_when() {
+        let w = Shares::default();
+        let (mut a, mut b) = (None, None);
+        assert_eq!(w.sum(|_| true), (0, 0));
+        w.set(&mut a, 1, 5, 1000, |_| true);
+        w.set(&mut b, 2, 3, 3000, |_| true);
+        w.set(&mut a, 1, 7, 4000, |_| true);
+        assert_eq!(w.sum(|_| true), (10, 1000), "a has waited since 1000");
+        w.set(&mut a, 1, 0, 5000, |_| true);
+        assert_eq!(w.sum(|_| true), (3, 3000));
+        w.set(&mut a, 1, 2, 6000, |_| true);
+        assert_eq!(w.sum(|_| true), (5, 3000));
+        assert_eq!(w.sum(|p| p != 2), (2, 6000), "a dead thread's time goes with it");
     }
 }

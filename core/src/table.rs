@@ -70,7 +70,11 @@ pub struct Entry {
     /// 1 when Redis's last count of the key's window held only this node's
     /// increments (see `counter::counter_is_new`).
     pub alone: u16,
-    _spare: [u16; 2],
+    /// The window (its low 15 bits, with the top bit set) in which the
+    /// key's breaker last opened and was counted (`counter::opened`): the
+    /// metric counts a key once per window, not once per reply.
+    pub opened_in: u16,
+    _spare: u16,
 }
 
 /// Sizes of the three parts of a region of a given length.

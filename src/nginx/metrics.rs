@@ -51,6 +51,7 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
         let get = Stats::get;
         let redis = z.params.as_ref().filter(|p| p.backend.is_some()).map(|p| {
             let last = get(&st.last_sync_ms);
+            let (waiting, waiting_since) = st.waiting.sum(crate::backend::process_alive);
             metrics::Redis {
                 up: get(&st.backend_up) == 1,
                 on_error: match p.on_error {
@@ -63,8 +64,14 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
                 errors_transport: get(&st.errors_transport),
                 errors_reply: get(&st.errors_reply),
                 connects: get(&st.connects),
-                waiting: st.waiting.sum(crate::backend::process_alive),
-                sync_age_s: (last > 0).then(|| now_ms.saturating_sub(last) as f64 / 1000.0),
+                waiting,
+                // how long counts have waited without a flush going
+                // through: 0 when none waits (an idle zone is in sync)
+                sync_age_s: Some(if waiting == 0 {
+                    0.0
+                } else {
+                    now_ms.saturating_sub(last.max(waiting_since)) as f64 / 1000.0
+                }),
                 rtt_buckets: st.rtt_buckets.iter().map(get).collect(),
                 rtt_sum_us: get(&st.rtt_sum_us),
                 strict_waits: get(&st.strict_waits),

@@ -106,7 +106,7 @@ pub(super) fn confirmed(
     with_entry(mcf, id, |e| {
         let armed = e.blocked_until_ms;
         counter::confirm(e, confirmation, rate, now);
-        if armed <= now && e.blocked_until_ms > now {
+        if armed <= now && e.blocked_until_ms > now && counter::opened(e) {
             if let Some(s) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref()) {
                 Stats::bump(&s.stats().breaker_trips);
             }

@@ -168,3 +168,26 @@ def test_a_killed_workers_waiting_increments_leave_the_gauge(h):
     h.check(respawned, "the master started a new worker")
     h.check(after == 0, "the dead worker's 200 left the gauge: %s" % after)
     h.check(in_redis == 0, "held counts die with the worker (nothing was sent): %d" % in_redis)
+
+
+def test_a_key_held_at_its_limit_counts_one_breaker_opening_per_window(h):
+    """One key flooded for 3 s at 5r/s (through Redis, hold=0): its breaker
+    opens again and again as its estimate dips under the limit, but the
+    figure counts the key once per window (at most one per second here),
+    not once per reply."""
+    r = h.redis()
+    n = h.nginx("    redis_ratelimit_zone $arg_k zone=bz:1m redis=%s hold=0;\n" % r.url,
+                "        location = /b { redis_ratelimit bz 5r/s; }\n"
+                "        location = /metrics { redis_ratelimit_metrics; }\n",
+                files={"b": "ok\n"})
+    k = h.key("hot")
+    t0 = time.monotonic()
+    statuses = []
+    while time.monotonic() - t0 < 3.0:
+        statuses.append(n.get("/b?k=" + k)[0])
+        time.sleep(0.005)
+    z = json.loads(n.request("/metrics?format=json")[2])["zones"]["bz"]
+    h.note("3 s of one key at 5r/s: %d requests, %d passed; breaker openings counted: %d"
+           % (len(statuses), statuses.count(200), z["breaker_trips"]))
+    h.check(statuses.count(429) > 100, "the key was limited most of the time")
+    h.check(1 <= z["breaker_trips"] <= 5, "once per key and window: %d" % z["breaker_trips"])
