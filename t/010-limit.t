@@ -407,7 +407,7 @@ ok
 --- response_headers eval
 [("X-RateLimit-Limit: 3\n!RateLimit\n!RateLimit-Policy") x 4]
 --- response_headers_like eval
-["X-RateLimit-Remaining: 2\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$", "X-RateLimit-Remaining: 1\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$", "X-RateLimit-Remaining: 0\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$", "X-RateLimit-Remaining: 0\nX-RateLimit-Reset: ([1-9]|[1-5][0-9]|60)\$"]
+["X-RateLimit-Remaining: 2\nX-RateLimit-Reset: (6[1-9]|[7-9][0-9]|1[01][0-9]|120)\$", "X-RateLimit-Remaining: 1\nX-RateLimit-Reset: (6[1-9]|[7-9][0-9]|1[01][0-9]|120)\$", "X-RateLimit-Remaining: 0\nX-RateLimit-Reset: (6[1-9]|[7-9][0-9]|1[01][0-9]|120)\$", "X-RateLimit-Remaining: 0\nX-RateLimit-Reset: (6[1-9]|[7-9][0-9]|1[01][0-9]|120)\$"]
 
 
 

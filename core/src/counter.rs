@@ -56,6 +56,9 @@ pub fn roll(e: &mut Entry, now_ms: u64, period_ms: u64) -> u64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Check {
     pub allowed: bool,
+    /// The current window's count the estimate was made of (Redis's and
+    /// this node's unconfirmed ones), before this request.
+    pub cur: u32,
     pub estimate: Estimate,
     /// When rejected: the earliest time (ms) the limit allows a request,
     /// never more than a period away.
@@ -90,6 +93,7 @@ pub fn check_cost(e: &mut Entry, rate: Rate, now_ms: u64, cost: u32) -> Check {
     if e.blocked_until_ms > now_ms && rate.limit <= e.blocked_limit {
         return Check {
             allowed: false,
+            cur: total,
             estimate,
             retry_at_ms: e.blocked_until_ms,
             window,
@@ -99,6 +103,7 @@ pub fn check_cost(e: &mut Entry, rate: Rate, now_ms: u64, cost: u32) -> Check {
     let allowed = estimate.below_cost(rate.limit, cost);
     Check {
         allowed,
+        cur: total,
         estimate,
         retry_at_ms: if allowed {
             now_ms

@@ -120,6 +120,27 @@ pub fn free_at(rate: Rate, prev: u32, cur: u32, window_start_ms: u64, now_ms: u6
     t.max(now_ms)
 }
 
+/// When the whole quota is back (the estimate at 0, as if no request came
+/// after now): the current window's counts (`cur`, this request's
+/// included) weigh on through the next window, so the end of the next
+/// window if there are any; else the end of the current window, while the
+/// previous window's still weigh (`estimate` above 0); else now.
+pub fn quota_back_at(
+    now_ms: u64,
+    window_start_ms: u64,
+    period_ms: u64,
+    cur: u64,
+    estimate: Estimate,
+) -> u64 {
+    if cur > 0 {
+        window_start_ms.saturating_add(2 * period_ms)
+    } else if estimate.scaled > 0 {
+        window_start_ms.saturating_add(period_ms)
+    } else {
+        now_ms
+    }
+}
+
 /// Whole seconds (rounded up, at least 1) from `now_ms` until `at_ms`.
 pub fn seconds_until(now_ms: u64, at_ms: u64) -> u64 {
     at_ms.saturating_sub(now_ms).div_ceil(1000).max(1)
@@ -260,5 +281,18 @@ mod tests {
         let allowed = (0..2000u64).filter(|i| k.hit(r, start + i * 5)).count();
         let ratio = allowed as f64 / 1000.0;
         assert!((0.97..=1.03).contains(&ratio), "ratio {ratio}");
+    }
+
+    #[test]
+    fn the_whole_quota_is_back_when_the_current_windows_counts_have_decayed() {
+        let p = 60_000;
+        let w = 600_000;
+        let est = |prev, cur, e| Estimate::new(prev, cur, e, p);
+        // counted in this window: back at the end of the next one
+        assert_eq!(quota_back_at(w + 10_000, w, p, 3, est(0, 3, 10_000)), w + 2 * p);
+        // only the previous window weighs: back at the end of this one
+        assert_eq!(quota_back_at(w + 10_000, w, p, 0, est(5, 0, 10_000)), w + p);
+        // nothing: now
+        assert_eq!(quota_back_at(w + 10_000, w, p, 0, est(0, 0, 10_000)), w + 10_000);
     }
 }

@@ -15,7 +15,7 @@ use ngx::http::Request;
 use ngx::ngx_log_error;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Outcome;
-use ratelimit_core::window::{seconds_until, Estimate};
+use ratelimit_core::window::{quota_back_at, seconds_until, Estimate};
 
 use super::conf::{LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF};
 use crate::engine::{Ask, Decision};
@@ -316,13 +316,20 @@ fn headers(
     // SAFETY: the request is valid; `Request` is a transparent wrapper.
     let req = unsafe { Request::from_ngx_http_request(r) };
     if lcf.headers != HEADERS_OFF {
-        // seconds until the tightest limit lets a request through again
-        // (rejected) or until its window resets
-        let reset = if rejected {
-            seconds_until(now, retry_at)
-        } else {
-            seconds_until(now, d.said.check.window_start_ms + tightest.rate.period_ms())
-        };
+        // seconds until the tightest limit's whole quota is back (what a
+        // client reading X-RateLimit-Reset as GitHub's expects: after it,
+        // Remaining is the limit); Retry-After says when one request may
+        // pass
+        let check = &d.said.check;
+        let counted = if rejected { 0 } else { tightest.cost };
+        let back = quota_back_at(
+            now,
+            check.window_start_ms,
+            tightest.rate.period_ms(),
+            u64::from(check.cur) + u64::from(counted),
+            d.said.after,
+        );
+        let reset = back.saturating_sub(now).div_ceil(1000);
         if lcf.headers == HEADERS_LEGACY {
             req.add_header_out("X-RateLimit-Limit", &tightest.rate.limit.to_string()).ok_or(())?;
             req.add_header_out("X-RateLimit-Remaining", &remaining.to_string()).ok_or(())?;

@@ -110,3 +110,27 @@ def test_count_if_is_global(h):
             "B: a blind success, a blind failure, then closed by the global count: "
             "expected 200 401 429, got %s" % on_b)
     h.check(in_redis == 4, "Redis should hold 4 failures, holds %d" % in_redis)
+
+
+def test_after_x_ratelimit_reset_the_whole_quota_is_back(h):
+    """X-RateLimit-Reset is when the whole quota is back, as clients of the
+    GitHub convention read it: 3r/s spent, then after waiting Reset seconds
+    a client gets all 3 again (Remaining counts down from 2); waiting only
+    until the end of the window would find the previous window still
+    weighing (Retry-After says when a single request may pass)."""
+    n = h.nginx("    redis_ratelimit_zone $arg_k zone=hq:1m;\n",
+                "        location = /q { redis_ratelimit hq 3r/s; redis_ratelimit_headers legacy; }\n",
+                files={"q": "ok\n"})
+    k = h.key("reset")
+    first = [http_get(n.port, "/q?k=" + k) for _ in range(4)]
+    reset = int(first[2][1].get("x-ratelimit-reset", ["-1"])[0])
+    time.sleep(reset)
+    again = [http_get(n.port, "/q?k=" + k) for _ in range(4)]
+    h.note("3r/s: %s, Reset after the third %d s; after waiting it: %s, Remaining %s"
+           % ([s for s, _, _, _ in first], reset, [s for s, _, _, _ in again],
+              [hd.get("x-ratelimit-remaining", [None])[0] for _, hd, _, _ in again]))
+    h.check([s for s, _, _, _ in first] == [200, 200, 200, 429], "3 of 3r/s pass")
+    h.check(1 <= reset <= 2, "the quota is back by the end of the next window: %d s" % reset)
+    h.check([s for s, _, _, _ in again] == [200, 200, 200, 429], "the whole quota after Reset")
+    h.check([hd.get("x-ratelimit-remaining", [None])[0] for _, hd, _, _ in again[:3]] == ["2", "1", "0"],
+            "Remaining counts down from the full limit")
