@@ -25,7 +25,7 @@ MODULE_NAME  := ngx_http_redis_ratelimit_module
 BUILD        := build
 PORT         ?= 8080
 REDIS_PORT   ?= 6379
-DEB_PACKAGES := libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config redis-server wrk curl perl openssl python3
+DEB_PACKAGES := libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config binutils redis-server wrk curl perl openssl python3
 CARGO_FLAGS  := $(if $(filter release,$(PROFILE)),--release,)
 
 DEB_NGINX_SRC := /usr/share/nginx/src
@@ -71,12 +71,14 @@ build-debian: rust deps-debian
 	$(MAKE) -C $(DEB_BUILD)/src -f objs/Makefile modules
 	@mkdir -p $(DEB_BUILD)/modules
 	@cp -f $(DEB_BUILD)/src/objs/$(MODULE_NAME).so $(DEB_BUILD)/modules/$(MODULE_NAME).so
+	@bash scripts/split-debug $(DEB_BUILD)/modules/$(MODULE_NAME).so
 	@echo "built $(DEB_BUILD)/modules/$(MODULE_NAME).so for $$(/usr/sbin/nginx -v 2>&1)"
 
 build: rust deps
 	$(CARGO) build $(CARGO_FLAGS)
 	@mkdir -p $(BUILD)/sbin $(BUILD)/modules
 	@cp -f $(TARGET_DIR)/libngx_http_redis_ratelimit.so $(BUILD)/modules/$(MODULE_NAME).so
+	@bash scripts/split-debug $(BUILD)/modules/$(MODULE_NAME).so
 	@if [ -z "$$NGINX_BUILD_DIR" ] && [ -z "$$NGINX_SOURCE_DIR" ]; then \
 	  objs=$$(cat $$(ls -t $(TARGET_DIR)/build/ngx_http_redis_ratelimit-*/out/nginx-build-dir | head -1)); \
 	  cp -f $$objs/nginx $(BUILD)/sbin/nginx; \
