@@ -19,10 +19,11 @@ use std::ffi::c_void;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_add_timer, ngx_del_timer, ngx_handle_read_event, ngx_handle_write_event,
+    ngx_add_timer, ngx_del_timer, ngx_event_t, ngx_handle_read_event, ngx_handle_write_event,
     ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_finalize_request,
-    ngx_http_request_t, ngx_http_test_reading, ngx_int_t, ngx_pool_cleanup_add, ngx_post_event,
-    ngx_posted_events, NGX_AGAIN, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+    ngx_http_post_request, ngx_http_request_empty_handler, ngx_http_request_t,
+    ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_pool_cleanup_add,
+    ngx_post_event, ngx_posted_events, NGX_AGAIN, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
 };
 use ngx::http::HttpModule;
 use ratelimit_core::batch::ItemId;
@@ -83,14 +84,12 @@ pub(super) fn limit(
         return decide(r, mcf, lcf, asks, Take::IfAllowed);
     }
 
-    // without a thread for the zone, or a backend down, or in a
-    // subrequest (which cannot wait on the main request's connection),
-    // a strict limit is decided by `on_error` at once
+    // without a thread for the zone, or a backend down, a strict limit is
+    // decided by `on_error` at once
     let channel = super::channel::channel();
-    let main = ptr::eq(r.main, r);
     let mut waiting = 0;
     for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
-        if main && channel.is_some_and(|ch| ch.is_up(a.zone)) {
+        if channel.is_some_and(|ch| ch.is_up(a.zone)) {
             waiting += 1;
         } else {
             a.strict = Strict::Failed;
@@ -144,7 +143,16 @@ pub(super) fn limit(
     }
     let wait = suspend(
         r,
-        Wait { r: ptr::null_mut(), base, verdicts, waiting: sends.len() as u8 },
+        Wait {
+            r: ptr::null_mut(),
+            base,
+            verdicts,
+            waiting: sends.len() as u8,
+            // SAFETY: an all-zero event is nginx's idle event (as
+            // `ngx_pcalloc` gives); `suspend` sets what a subrequest uses.
+            ev: unsafe { std::mem::zeroed() },
+            sub: !ptr::eq(r.main, r),
+        },
         timeout,
     )?;
     waits::register(base, wait);
@@ -190,6 +198,20 @@ fn suspend(r: &mut ngx_http_request_t, wait: Wait, timeout_ms: u64) -> Result<*m
         w
     };
     set_ctx(r, w);
+    // SAFETY: `w` was just written in the request's pool.
+    if unsafe { (*w).sub } {
+        // SAFETY: the wait lives in the request's pool (its cleanup deletes
+        // the event's timer and posting); the connection's log outlives it.
+        unsafe {
+            let ev = ptr::addr_of_mut!((*w).ev);
+            (*ev).handler = Some(wake_sub);
+            (*ev).data = w.cast::<c_void>();
+            (*ev).log = (*r.connection).log;
+            ngx_add_timer(ev, timeout_ms.max(1) as _);
+        }
+        r.write_event_handler = Some(ngx_http_request_empty_handler);
+        return Ok(w);
+    }
     // SAFETY: the request's connection and its events are valid; this is
     // what `limit_req` does to delay a request.
     unsafe {
@@ -207,6 +229,28 @@ fn suspend(r: &mut ngx_http_request_t, wait: Wait, timeout_ms: u64) -> Result<*m
         ngx_add_timer(wev, timeout_ms.max(1) as _);
     }
     Ok(w)
+}
+
+/// A waiting subrequest's own event: answered (posted by `resolve`) or
+/// timed out. It runs the subrequest's phases again as nginx runs
+/// subrequests: posted to its main request, then the posted requests of
+/// the connection run.
+unsafe extern "C" fn wake_sub(ev: *mut ngx_event_t) {
+    // SAFETY: our event, whose data is the wait in the subrequest's pool.
+    unsafe {
+        let w = (*ev).data.cast::<Wait>();
+        let r = (*w).r;
+        if (*ev).timedout() != 0 {
+            (*ev).set_timedout(0);
+            waits::unregister((*w).base);
+        }
+        (*r).write_event_handler = Some(ngx_http_core_run_phases);
+        let c = (*r).connection;
+        if ngx_http_post_request(r, ptr::null_mut()) != NGX_OK as ngx_int_t {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+        }
+        ngx_http_run_posted_requests(c);
+    }
 }
 
 /// The write event handler of a waiting request: answered (posted) or

@@ -10,7 +10,10 @@ use std::ffi::c_void;
 use std::hash::BuildHasherDefault;
 use std::ptr;
 
-use nginx_sys::{ngx_del_timer, ngx_http_request_t, ngx_post_event, ngx_posted_events};
+use nginx_sys::{
+    ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_request_t, ngx_post_event,
+    ngx_posted_events,
+};
 use ratelimit_core::batch::ItemHasher;
 
 /// What Redis said for one strict limit of a waiting request.
@@ -32,6 +35,14 @@ pub(super) struct Wait {
     pub(super) base: u64,
     pub(super) verdicts: [Verdict; 16],
     pub(super) waiting: u8,
+    /// A subrequest's own event (its timer, and what wakes it): a
+    /// subrequest shares its connection's write event with the main
+    /// request and its other subrequests, so it is woken as nginx wakes
+    /// subrequests, as a posted request (`strict.rs`). Unused (all zero)
+    /// for a main request, which waits on its connection's write event as
+    /// `limit_req` does.
+    pub(super) ev: ngx_event_t,
+    pub(super) sub: bool,
 }
 
 thread_local! {
@@ -45,9 +56,23 @@ thread_local! {
 /// The pool cleanup of a wait: the request ended (answered, or its client
 /// went away): a late answer must not find it.
 pub(super) unsafe extern "C" fn forget(data: *mut c_void) {
+    let w = data.cast::<Wait>();
     // SAFETY: `data` is the `Wait` written in `suspend`.
-    let base = unsafe { (*data.cast::<Wait>()).base };
+    let base = unsafe { (*w).base };
     WAITS.with(|m| m.borrow_mut().remove(&base));
+    // SAFETY: the wait's own event, if it is a subrequest's: neither its
+    // timer nor its posting may outlive the pool it lives in.
+    unsafe {
+        if (*w).sub {
+            let ev = ptr::addr_of_mut!((*w).ev);
+            if (*ev).timer_set() != 0 {
+                ngx_del_timer(ev);
+            }
+            if (*ev).posted() != 0 {
+                ngx_delete_posted_event(ev);
+            }
+        }
+    }
 }
 
 /// Redis's answer for some tickets (`None`: no answer); a request with all
@@ -72,6 +97,18 @@ pub fn resolve(tickets: &[u64], allowed: Option<&[Option<bool>]>) {
         wait.waiting = wait.waiting.saturating_sub(1);
         if wait.waiting == 0 {
             WAITS.with(|m| m.borrow_mut().remove(&wait.base));
+            if wait.sub {
+                // SAFETY: the wait (and its event) is alive while it is in
+                // the map; posted, it runs in this event loop's turn.
+                unsafe {
+                    let ev = ptr::addr_of_mut!(wait.ev);
+                    if (*ev).timer_set() != 0 {
+                        ngx_del_timer(ev);
+                    }
+                    ngx_post_event(ev, ptr::addr_of_mut!(ngx_posted_events));
+                }
+                continue;
+            }
             // SAFETY: the request is alive while its wait is; its write
             // event is posted to run `wake` in this event loop's turn.
             unsafe {

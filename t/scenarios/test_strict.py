@@ -204,6 +204,43 @@ def test_a_script_run_after_the_timeout_counts_nothing(h):
 test_a_script_run_after_the_timeout_counts_nothing.timeout = 60
 
 
+def test_a_subrequest_that_waits_times_out_and_a_client_that_leaves(h):
+    """An SSI include of a strict location while Redis is paused: the
+    include waits on its own timer and is decided by on_error=deny after
+    timeout=300ms (the page comes whole, with the 429 page in it); a client
+    that closes while an include waits leaves no timer behind (the worker
+    goes on, no crash)."""
+    r = h.redis()
+    http = ("    redis_ratelimit_zone $arg_k zone=s:1m redis=%s timeout=300ms on_error=deny;\n" % r.url)
+    server = ("        location = /page.html { ssi on; }\n"
+              "        location = /s { redis_ratelimit s 100r/m strict; }\n"
+              "        location = /t { }\n")
+    files = {"page.html": "before <!--# include virtual=\"/s?k=sub\" --> after\n", "s": "ok\n", "t": "ok\n"}
+    n = h.nginx(http, server, files=files)
+    h.check(n.get("/page.html")[0] == 200, "a first page")
+    r.cmd("CLIENT", "PAUSE", "1500", "ALL")
+    t0 = time.monotonic()
+    st, _, body, _ = http_get(n.port, "/page.html", timeout=5.0)
+    el = time.monotonic() - t0
+    # a client that goes away while its include waits
+    s = socket.create_connection((HOST, n.port), timeout=2.0)
+    s.sendall(b"GET /page.html HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(0.05)
+    s.close()
+    time.sleep(1.6)
+    after = n.get("/t")[0]
+    log = n.error_log_text()
+    h.note("paused: the page %s in %.0f ms (%d bytes); after a client left mid-wait: %s"
+           % (st, el * 1000, len(body), after))
+    # (chunked: the page's three parts in order)
+    parts = [body.find(b"before "), body.find(b"429 Too Many"), body.find(b" after\n")]
+    h.check(st == 200 and -1 not in parts and parts == sorted(parts),
+            "the page, with the include decided by on_error=deny: %r" % body[:200])
+    h.check(0.25 <= el <= 0.6, "decided after timeout=300ms: %.0f ms" % (el * 1000))
+    h.check(after == 200, "the worker goes on")
+    h.check("[alert]" not in log and "signal 11" not in log and "panicked" not in log, "no crash")
+
+
 def test_client_disconnect_and_reload_while_waiting(h):
     """Clients that close while their strict request waits leave nothing
     behind (the worker goes on, the late answers find no one); a reload
