@@ -36,7 +36,7 @@ redis_ratelimit: zone
 
 
 
-=== TEST 2: the count 5 is in the cluster, on the master owning the key's slot (TTL <= 2P); a fresh node learns it from the first reply
+=== TEST 2: the count 5 is in the cluster, on the master owning the key's slot (TTL <= 2P); a fresh node asks the cluster before its first request (a small limit)
 --- init
 use IO::Socket::INET;
 my @ports = split ' ', $ENV{TEST_NGINX_REDIS_CLUSTER_PORTS};
@@ -66,11 +66,11 @@ for my $p (grep { $_ != $own } keys %{ masters() }) {
 >>> t
 ok
 --- request eval
-# this nginx is new (fresh shared memory): it lets its first request for
-# the key through, and the cluster's reply tells it the key is over the limit
+# this nginx is new (fresh shared memory): a small limit is decided in
+# the cluster, which says the key is over, from the first request on
 ["GET /t?k=erin", "GET /t?k=erin", "GET /t?k=erin"]
 --- error_code eval
-[200, 429, 429]
+[429, 429, 429]
 --- wait: 0.1
 --- no_error_log
 redis_ratelimit: zone
@@ -205,7 +205,7 @@ ok
 --- request eval
 ["GET /t?k=solo", "GET /t?k=solo"]
 --- error_code eval
-[200, 429]
+[429, 429]
 --- wait: 0.1
 --- no_error_log
 redis_ratelimit: zone

@@ -38,11 +38,11 @@ pub struct ZoneSpec {
 
 impl ZoneSpec {
     /// Whether the zone's strict calls may go down a worker's own
-    /// connection (`link.rs`): a strict limit uses it, on a single Redis
-    /// or through Sentinel, without TLS.
+    /// connection (`link.rs`): on a single Redis or through Sentinel,
+    /// without TLS. A zone that a `strict` limit uses gets one at once;
+    /// another when a small limit is first decided by Redis (`exact`).
     pub fn may_link(&self) -> bool {
-        self.strict
-            && !self.cluster
+        !self.cluster
             && self.urls.iter().all(|u| {
                 let u = u.to_ascii_lowercase();
                 !u.starts_with("rediss:") && !u.starts_with("valkeys:")

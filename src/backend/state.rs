@@ -110,7 +110,7 @@ pub struct Backend {
 
 impl Backend {
     pub fn new(spec: ZoneSpec, now: Instant) -> Backend {
-        let may_link = spec.may_link();
+        let may_link = spec.may_link() && spec.strict;
         let mut secrets: Vec<String> = Vec::new();
         for u in &spec.urls {
             if let Ok(ci) = u.as_str().into_connection_info() {

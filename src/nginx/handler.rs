@@ -63,6 +63,9 @@ fn limit(
         let Some(rate) = rate(r, mcf, l)? else {
             return Ok(NGX_DECLINED as ngx_int_t);
         };
+        if exact(mcf, l.zone, rate) {
+            return limit_all(r, mcf, lcf, limits);
+        }
         let key = key(r, mcf, l.zone)?;
         if key.is_empty() {
             not_limited(mcf, l.zone);
@@ -76,6 +79,36 @@ fn limit(
         };
         return finish(r, mcf, lcf, now, &asks, &decision);
     }
+    limit_all(r, mcf, lcf, limits)
+}
+
+/// A small limit on a Redis zone is decided by Redis, as `strict` is: at
+/// most `EXACT_MAX` requests a period, and no more than one a second on
+/// average. Decided in the background, each node's first requests for a
+/// key (before its first reply) and those of the nodes that count while
+/// it waits for one could pass the limit several times over, which a
+/// login or password-reset rule cannot afford; such a key's allowed
+/// requests are few, so a round trip each costs little (a key over its
+/// limit is refused at once, without one).
+pub(super) const EXACT_MAX: u32 = 20;
+
+#[inline]
+pub(super) fn exact(mcf: &MainConf, zone: usize, rate: Rate) -> bool {
+    rate.limit <= EXACT_MAX
+        && rate.limit <= rate.period
+        && mcf
+            .zones
+            .get(zone)
+            .is_some_and(|z| z.params.as_ref().is_some_and(|p| p.backend.is_some()))
+}
+
+/// Every limit of the location, each key evaluated once.
+fn limit_all(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    limits: &[Limit],
+) -> Result<ngx_int_t, ()> {
     let mut keys: SmallVec<[(usize, &[u8]); INLINE]> = SmallVec::new();
     let mut asks: SmallVec<[Ask<'_>; INLINE]> = SmallVec::new();
     let mut wants: SmallVec<[bool; INLINE]> = SmallVec::new();
@@ -101,7 +134,7 @@ fn limit(
         // response (`count.rs`)
         let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
         asks.push(ask(mcf, l, line as u32, key, rate, cost));
-        wants.push(l.strict);
+        wants.push(l.strict || exact(mcf, l.zone, rate));
     }
     if asks.is_empty() {
         return Ok(NGX_DECLINED as ngx_int_t);

@@ -71,6 +71,8 @@ struct Link {
     /// Redis's clock minus ours, learnt when the link was made (`None`:
     /// unknown, calls carry no deadline).
     clock_offset_ms: Option<i64>,
+    /// The thread was asked for a link when a call found none.
+    asked: bool,
     /// Posted to write what waits, once per turn of the event loop.
     flush: ngx_event_t,
     out: Vec<u8>,
@@ -99,6 +101,7 @@ fn link(zone: usize) -> *mut Link {
                 c: ptr::null_mut(),
                 timeout_ms: 1000,
                 clock_offset_ms: None,
+                asked: false,
                 // SAFETY: an all-zero event is nginx's idle event (as
                 // `ngx_pcalloc` gives); `take` sets its handler and data.
                 flush: unsafe { std::mem::zeroed() },
@@ -174,6 +177,12 @@ pub fn send(ch: &Channel, asks: Vec<StrictAsk>) {
         // SAFETY: as in `take`.
         let link = unsafe { &mut *link(a.id.zone as usize) };
         if link.c.is_null() {
+            if !link.asked {
+                // a zone without a `strict` limit, first decided by Redis
+                // (a small limit): its link is made now
+                link.asked = true;
+                ch.want_link(a.id.zone as usize);
+            }
             rest.push(a);
             continue;
         }

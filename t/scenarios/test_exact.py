@@ -1,0 +1,65 @@
+"""Small limits are exact across nodes: the rules people write most (a
+login or password-reset limit of a few requests a period) are decided by
+Redis, as `strict` is, without the word `strict`. Requests to one fresh
+key, round-robin over 2 and 4 real nginx nodes, spaced far more than a
+Redis round trip: exactly L pass and Redis holds exactly L. Large limits
+keep the background path (no round trip on the request path)."""
+
+import json
+import time
+
+from harness import wait_for
+
+HTTP = """
+    redis_ratelimit_zone $arg_k zone=x:1m redis=%s;
+    map $arg_l $exact_rate { default 1r/h; 3 3r/h; 5 5r/h; 10 10r/h; 20 20r/m; big 1000r/h; }
+"""
+SERVER = """
+        location = /x { redis_ratelimit x $exact_rate; }
+"""
+
+
+def redis_count(r, key):
+    return sum(int(r.cmd("GET", k) or 0) for k in r.keys("rl:{x:%s}:*" % key))
+
+
+def evalsha_calls(r):
+    return int(r.commandstats().get("evalsha", {}).get("calls", 0))
+
+
+def test_small_limits_are_exact_on_two_and_four_nodes(h):
+    r = h.redis()
+    nodes = [h.nginx(HTTP % r.url, SERVER, files={"x": "ok\n"}) for _ in range(4)]
+    h.wait_minute_room(20)
+    rows = []
+    ok = True
+    for n_nodes in (2, 4):
+        for limit, arg in ((1, "1"), (3, "3"), (5, "5"), (10, "10"), (20, "20")):
+            k = h.key("x%d-%d" % (n_nodes, limit))
+            sts = []
+            for i in range(limit + 2 * n_nodes):
+                node = nodes[i % n_nodes]
+                sts.append(node.get("/x?k=%s&l=%s" % (k, arg))[0])
+                time.sleep(0.03)
+            allowed = sts.count(200)
+            held = redis_count(r, k)
+            rows.append("%d nodes L=%d: %d allowed, Redis %d" % (n_nodes, limit, allowed, held))
+            ok = ok and allowed == limit and held == limit
+    h.note("; ".join(rows))
+    h.check(ok, "exactly L allowed and held in every row: %s" % rows)
+
+
+def test_a_large_limit_stays_off_the_request_path(h):
+    """1000r/h: decided from the node's counts, counted in the background
+    (no script call)."""
+    r = h.redis()
+    n = h.nginx(HTTP % r.url, SERVER, files={"x": "ok\n"})
+    before = evalsha_calls(r)
+    k = h.key("big")
+    sts = [n.get("/x?k=%s&l=big" % k)[0] for _ in range(20)]
+    landed = wait_for(lambda: redis_count(r, k) == 20, 8.0)
+    h.note("1000r/h: %s; EVALSHA calls %d; Redis %d" % (sorted(set(sts)), evalsha_calls(r) - before,
+                                                        redis_count(r, k)))
+    h.check(sts == [200] * 20, "all pass")
+    h.check(evalsha_calls(r) - before == 0, "no script call for a large limit")
+    h.check(landed, "counted in Redis in the background")
