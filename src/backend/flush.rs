@@ -75,8 +75,8 @@ impl Backend {
     ) {
         if !(self.health.is_up() || probe) {
             // down: what came waits with the rest, without walking all of
-            // it again (each flush of an outage used to take every kept
-            // increment out and put it back: a worker's CPU went there)
+            // it again (taking every kept increment out and putting it back
+            // at each flush of an outage would spend a worker's CPU there)
             self.keep_for_retry(&items);
             return;
         }

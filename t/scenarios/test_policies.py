@@ -1,4 +1,4 @@
-"""Per-request policies through Redis on two nginx nodes (issue 12): a
+"""Per-request policies through Redis on two nginx nodes: a
 request's cost, rates from a map (tiers) and the legacy headers are global,
 not per node. Requests are 0.2 s apart, so that every reply is in before
 the next request: what each node decides is then fixed by the counts.

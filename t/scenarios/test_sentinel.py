@@ -1,4 +1,4 @@
-"""Redis Sentinel (issue 13): `redis=` lists sentinels and `sentinel=name`
+"""Redis Sentinel: `redis=` lists sentinels and `sentinel=name`
 names the master they watch. 1 master + 1 replica + 3 sentinels on
 loopback; the master is killed under traffic, the sentinels promote the
 replica, and the module follows: counting (background and strict) resumes

@@ -1,4 +1,4 @@
-"""Strict mode (issue 13): the decision waits for Redis, atomically, the
+"""Strict mode: the decision waits for Redis, atomically, the
 request suspended on the event loop (never the worker). Exact global counts
 across nodes, the wait bounded by timeout= (then on_error decides), reloads
 and client disconnects while requests wait, and a Redis Cluster.

@@ -1,4 +1,4 @@
-"""When counts reach Redis (issue 11, `ratelimit_core::sync`): a key far
+"""When counts reach Redis (`ratelimit_core::sync`): a key far
 from its limit waits up to `hold=` on the node, a key near its limit goes
 at once, nothing held is lost on a reload, and many
 keys far below their limits cost far less than a command per request while
