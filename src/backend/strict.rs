@@ -11,7 +11,7 @@
 //! requests are decided by the zone's `on_error`, at once.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ratelimit_core::key::redis_key_for_tag;
 use ratelimit_core::strict::{self, Answer, SCRIPT};
@@ -36,6 +36,9 @@ pub(super) fn send_all(backends: &mut [Backend], asks: Vec<StrictAsk>, events: &
         }
     }
 }
+
+/// Pauses before a script call that got `TRYAGAIN` is made again.
+const TRYAGAIN_PAUSES_MS: [u64; 3] = [10, 20, 40];
 
 impl Backend {
     fn send_strict(&mut self, groups: Vec<StrictGroup>, events: &mut Vec<Event>) {
@@ -70,8 +73,10 @@ impl Backend {
         redis_key_for_tag(&self.spec.prefix, &g.tag, g.period, g.id.window * p)
     }
 
-    /// The `EVALSHA` for one group.
-    fn strict_cmd(&self, g: &StrictGroup, now_ms: u64) -> Cmd {
+    /// The `EVALSHA` for one group, or with `text` the `EVAL` of the
+    /// script itself (for a server that does not know it: routed by the
+    /// key like any call, it also leaves the script in that server's cache).
+    fn strict_cmd(&self, g: &StrictGroup, now_ms: u64, text: bool) -> Cmd {
         let deadlines: Vec<u64> =
             g.deadlines.iter().map(|&d| strict::redis_deadline(d, self.clock_offset_ms)).collect();
         let call = strict::Call {
@@ -84,9 +89,13 @@ impl Backend {
             costs: &g.costs,
             deadlines: &deadlines,
         };
-        let mut c = redis::cmd("EVALSHA");
-        for w in call.words().iter().skip(1) {
-            c.arg(w);
+        let mut c = redis::cmd(if text { "EVAL" } else { "EVALSHA" });
+        for (i, w) in call.words().iter().enumerate().skip(1) {
+            if i == 1 && text {
+                c.arg(SCRIPT);
+            } else {
+                c.arg(w);
+            }
         }
         c
     }
@@ -98,21 +107,23 @@ impl Backend {
         events: &mut Vec<Event>,
     ) {
         let now_ms = unix_ms();
-        let cmds: Vec<Cmd> = groups.iter().map(|g| self.strict_cmd(g, now_ms)).collect();
+        let cmds: Vec<Cmd> = groups.iter().map(|g| self.strict_cmd(g, now_ms, false)).collect();
         let Some((mut replies, broken)) = self.exec_counted(&cmds, node) else {
             groups.into_iter().for_each(|g| events.push(g.answered(None)));
             return;
         };
-        // calls the server did not know the script for: load it, call again
+        // calls the server did not know the script for (a restart, a
+        // SCRIPT FLUSH, a cluster master that never ran it): called again
+        // with the script's text, which the server then keeps
         let missing: Vec<usize> = (0..replies.len())
             .filter(|&i| matches!(&replies[i], Reply::Refused { code, .. } if code == "NOSCRIPT"))
             .collect();
         if broken.is_none() && !missing.is_empty() {
-            let mut again = vec![redis::cmd("SCRIPT").arg("LOAD").arg(SCRIPT).clone()];
-            again.extend(missing.iter().map(|&i| cmds[i].clone()));
+            let again: Vec<Cmd> =
+                missing.iter().map(|&i| self.strict_cmd(&groups[i], now_ms, true)).collect();
             match self.exec_counted(&again, node) {
                 Some((r, None)) => {
-                    for (&i, reply) in missing.iter().zip(r.into_iter().skip(1)) {
+                    for (&i, reply) in missing.iter().zip(r) {
                         replies[i] = reply;
                     }
                 }
@@ -125,6 +136,30 @@ impl Backend {
                     return;
                 }
                 None => {}
+            }
+        }
+        // a key's two windows split between two nodes while its slot
+        // migrates (a reshard): the call did nothing; it is called again
+        // once the slot has moved on, a few times, within the deadline its
+        // requests carry
+        for pause_ms in TRYAGAIN_PAUSES_MS {
+            let again: Vec<usize> = (0..replies.len())
+                .filter(
+                    |&i| matches!(&replies[i], Reply::Refused { code, .. } if code == "TRYAGAIN"),
+                )
+                .collect();
+            if broken.is_some() || again.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(pause_ms));
+            let cmds: Vec<Cmd> = again.iter().map(|&i| cmds[i].clone()).collect();
+            match self.exec_counted(&cmds, node) {
+                Some((r, None)) => {
+                    for (&i, reply) in again.iter().zip(r) {
+                        replies[i] = reply;
+                    }
+                }
+                _ => break,
             }
         }
         let down = replies.iter().find(|r| self.master_lost(r)).map(ToString::to_string);

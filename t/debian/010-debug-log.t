@@ -20,7 +20,9 @@ my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- log_level: debug
 --- http_config eval: $::HttpConfig
 --- config
-    location = /t { redis_ratelimit dbg 1r/m; }
+    # a background limit (the smallest are decided in Redis) that one
+    # request fills
+    location = /t { redis_ratelimit dbg 30r/m cost=30; }
 --- user_files
 >>> t
 ok
@@ -32,8 +34,8 @@ GET /t?k=debug-one
 [
 qr/redis_ratelimit: zone "dbg" fresh: \d+ entries in \d+ bytes/,
 qr/redis_ratelimit: background thread started, 1 Redis zone\(s\)/,
-qr/redis_ratelimit: zone "dbg" key #[0-9a-f]{16} 1r\/m: estimate 0\.00, 1\.00 after, mode redis: pass/,
-qr/redis_ratelimit: reply applied: zone 0 key #[0-9a-f]{16} window \d+: 1 sent, count 1, previous -1/,
+qr/redis_ratelimit: zone "dbg" key #[0-9a-f]{16} 30r\/m: estimate 0\.00, 30\.00 after, mode redis: pass/,
+qr/redis_ratelimit: reply applied: zone 0 key #[0-9a-f]{16} window \d+: 30 sent, count 30, previous -1/,
 qr/redis_ratelimit: breaker armed: zone 0 key #[0-9a-f]{16} limited for \d+ ms/,
 ]
 

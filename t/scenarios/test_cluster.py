@@ -4,6 +4,7 @@ started per test by cluster.Cluster; every process stopped by its pid).
 Each test states the bound it asserts; figures are printed as notes.
 """
 
+import json
 import os
 import re
 import signal
@@ -240,7 +241,8 @@ def test_reshard_under_traffic(h):
     [alert]/[crit]."""
     c = Cluster(h).start()
     http = czone(c, "cz")
-    server = loc("/t", "redis_ratelimit cz 20r/h;") + loc("/bg", "redis_ratelimit cz 1000000r/h;")
+    server = (loc("/t", "redis_ratelimit cz 20r/h;") + loc("/bg", "redis_ratelimit cz 1000000r/h;")
+              + loc("/metrics", "redis_ratelimit_metrics;"))
     files = {"t": "ok\n", "bg": "ok\n"}
     a = h.nginx(http, server, files=files)
     b = h.nginx(http, server, files=files)
@@ -320,6 +322,9 @@ def test_reshard_under_traffic(h):
             sum(1 for x in hot_log[k] if x[0] == "B" and x[1] == 200), counts_str(sts), hot_counts[k]))
     ea, eb = fail_lines(a, "cz"), fail_lines(b, "cz")
     h.note("redis_ratelimit error lines: node A %d, node B %d; messages: %s" % (len(ea), len(eb), err_msgs(ea + eb)))
+    h.note("strict (small limits decided in the cluster) on A and B: %s; refused keys: %s" % (
+        [json.loads(ng.request("/metrics?format=json")[2])["zones"]["cz"]["redis"]["strict"] for ng in (a, b)],
+        [l[l.find("refused"):][:160] for ng in (a, b) for l in ng.error_log_text().splitlines() if "refused" in l][:4]))
     # afterwards: does each node's backend count again?
     fresh = h.key("after")
     after = [ng.get("/bg?k=%s-%s" % (fresh, ng.name))[0] for ng in (a, b)]
