@@ -126,7 +126,8 @@ impl Channel {
     /// Redis as `send` says (`ratelimit_core::sync`). One that must go at
     /// once skips the flush pacing: other nodes should learn of it as soon
     /// as possible. The thread is woken only when the increment is due
-    /// before it planned to wake.
+    /// before it planned to wake, or when what waits holds more bytes than
+    /// the hold budget.
     pub fn push(&self, id: ItemId, inc: Increment<'_>, send: Send) -> bool {
         let mut b = self.batch.lock();
         let added =
@@ -136,7 +137,11 @@ impl Channel {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
         let first_urgent = ok && due == 0 && !self.urgent.swap(true, Ordering::AcqRel);
-        let wake = ok && due < b.wake_at && (due > 0 || first_urgent);
+        // what waits crossed the hold budget: the thread sends the longest
+        // held now (it may sleep until the earliest is due, seconds away,
+        // while a spray of new keys fills the batch)
+        let over = ok && b.wake_at > 1 && b.bytes() > self.bounds.hold;
+        let wake = over || ok && due < b.wake_at && (due > 0 || first_urgent);
         if wake {
             // it plans anew when woken
             b.wake_at = 0;
