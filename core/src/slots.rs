@@ -29,9 +29,13 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// From a `CLUSTER SLOTS` reply: `[[start, end, [host, port, ...], ...], ...]`.
-    /// `None` if it is not one.
-    pub fn parse(v: &Value) -> Option<Topology> {
+    /// From a `CLUSTER SLOTS` reply: `[[start, end, [host, port, ...], ...], ...]`,
+    /// asked of the server at `asked` (its host). As Redis documents the
+    /// endpoint: empty is "the host you asked" (a one-node cluster, or
+    /// nodes that announce no address), `?` is not known yet (that range
+    /// is left out: its keys go through the cluster connection, which
+    /// follows redirections). `None` if it is not a reply of that form.
+    pub fn parse(v: &Value, asked: &str) -> Option<Topology> {
         let Value::Array(entries) = v else {
             return None;
         };
@@ -55,6 +59,11 @@ impl Topology {
             };
             let start = u16::try_from(*start).ok()?;
             let end = u16::try_from(*end).ok()?;
+            let host = match host.as_str() {
+                "" => asked.to_string(),
+                "?" => continue,
+                _ => host,
+            };
             ranges.push((start, end, format!("{host}:{port}")));
         }
         ranges.sort();
@@ -111,13 +120,33 @@ mod tests {
             range(0, 5460, "127.0.0.1", 7000),
             range(5461, 10922, "127.0.0.1", 7001),
         ]);
-        let t = Topology::parse(&v).unwrap();
+        let t = Topology::parse(&v, "127.0.0.1").unwrap();
         assert_eq!(t.node(b"foo"), Some("127.0.0.1:7002"));
         assert_eq!(t.node(b"{z:a}"), t.node(b"rl:{z:a}:1:5"));
         assert_eq!(t.nodes().count(), 3);
         // a slot no range covers
-        let part = Topology::parse(&Value::Array(vec![range(0, 8191, "h", 1)])).unwrap();
+        let part = Topology::parse(&Value::Array(vec![range(0, 8191, "h", 1)]), "h").unwrap();
         assert_eq!(part.node(b"foo"), None);
-        assert!(Topology::parse(&Value::Int(3)).is_none());
+        assert!(Topology::parse(&Value::Int(3), "h").is_none());
+    }
+
+    #[test]
+    fn an_empty_host_is_the_one_asked_and_an_unknown_one_is_left_out() {
+        // a one-node cluster holding every slot names itself with ""
+        let one = Value::Array(vec![range(0, 16383, "", 7000)]);
+        let t = Topology::parse(&one, "10.1.2.3").unwrap();
+        assert_eq!(t.node(b"foo"), Some("10.1.2.3:7000"));
+        assert_eq!(t.nodes().collect::<Vec<_>>(), ["10.1.2.3:7000"]);
+        let partly = Value::Array(vec![range(0, 8191, "?", 7000), range(8192, 16383, "h2", 7001)]);
+        let t = Topology::parse(&partly, "h1").unwrap();
+        assert_eq!(t.node(b"foo"), Some("h2:7001"), "slot 12182");
+        assert_eq!(t.node(b"123456789"), Some("h2:7001"), "slot 12739");
+        let low = (0..).map(|i| format!("k{i}")).find(|k| slot(k.as_bytes()) < 8192).unwrap();
+        assert_eq!(t.node(low.as_bytes()), None, "a slot whose master is not known yet");
+        // hostnames and IPv6 addresses are kept as announced
+        let named = Value::Array(vec![range(0, 16383, "redis-0.example", 7000)]);
+        assert_eq!(Topology::parse(&named, "h").unwrap().node(b"x"), Some("redis-0.example:7000"));
+        let v6 = Value::Array(vec![range(0, 16383, "::1", 7000)]);
+        assert_eq!(Topology::parse(&v6, "h").unwrap().node(b"x"), Some("::1:7000"));
     }
 }

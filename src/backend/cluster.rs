@@ -196,11 +196,15 @@ impl Backend {
             .as_ref()
             .and_then(|t| t.nodes().find(|n| !self.nodes.contains_key(*n)).map(str::to_string));
         let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
-        let reply = match healthy {
-            Some(n) => c.query_on(&n, &slots),
-            None => slots.query::<Value>(&mut c.router),
+        // the host asked, for the endpoints a node leaves empty
+        let (reply, asked) = match healthy {
+            Some(n) => {
+                let host = n.rsplit_once(':').map_or(n.as_str(), |(h, _)| h).to_string();
+                (c.query_on(&n, &slots), host)
+            }
+            None => (slots.query::<Value>(&mut c.router), c.seed_host()),
         };
-        if let Some(t) = reply.ok().as_ref().and_then(Topology::parse) {
+        if let Some(t) = reply.ok().as_ref().and_then(|v| Topology::parse(v, &asked)) {
             self.topo = Some(t);
         }
     }

@@ -120,6 +120,15 @@ impl Cluster {
         self.on_link(node, |con| cmd.query::<Value>(con))
     }
 
+    /// The host of the first URL (the cluster connection's seed): a node
+    /// that names itself with an empty endpoint was reached there.
+    pub fn seed_host(&self) -> String {
+        match self.base.addr() {
+            ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. } => host.clone(),
+            _ => String::new(),
+        }
+    }
+
     /// PING and `CLUSTER INFO` through the cluster connection (any node).
     pub fn check(&mut self) -> redis::RedisResult<()> {
         redis::cmd("PING").query::<Value>(&mut self.router)?;

@@ -615,3 +615,36 @@ def test_master_hung_others_flow(h):
 
 test_master_killed_others_flow.timeout = 45
 test_master_hung_others_flow.timeout = 45
+
+
+def test_a_one_node_cluster_counts_and_decides(h):
+    """A one-node Redis Cluster holding every slot (the usual development
+    and small production setup) names itself with an empty host in
+    CLUSTER SLOTS, which Redis documents as "the host you asked": counts
+    land (background, 1000r/h), small limits and strict ones are decided
+    there (5r/h: exactly 5), and no send fails."""
+    from cluster import NODE_ARGS, cluster_port
+    p = cluster_port()
+    node = h.redis(port=p, extra_args=NODE_ARGS)
+    node.cmd("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+    h.check(wait_for(lambda: "cluster_state:ok" in node.cmd("CLUSTER", "INFO"), 5.0), "the cluster is ok")
+    http = "    redis_ratelimit_zone $arg_k zone=one:1m redis=redis://%s:%d cluster hold=0;\n" % (HOST, p)
+    server = (loc("/b", "redis_ratelimit one 1000r/h;") + loc("/s", "redis_ratelimit one 5r/h;")
+              + loc("/st", "redis_ratelimit one 100r/h strict;"))
+    ng = h.nginx(http, server, files={"b": "ok\n", "s": "ok\n", "st": "ok\n"})
+    kb, ks, kt = h.key("b"), h.key("s"), h.key("st")
+    b = [ng.get("/b?k=" + kb)[0] for _ in range(3)]
+    s = [ng.get("/s?k=" + ks)[0] for _ in range(7)]
+    st = [ng.get("/st?k=" + kt)[0] for _ in range(2)]
+
+    def total(k):
+        return sum(int(node.cmd("GET", c) or 0) for c in node.cmd("KEYS", "rl:{one:%s}:*" % k))
+
+    landed = wait_for(lambda: total(kb) == 3, 3.0)
+    errs = [l for l in ng.error_log_text().splitlines() if "[error]" in l and "redis_ratelimit:" in l]
+    h.note("one-node cluster: background %s (in Redis %d), 5r/h %s (in Redis %d), strict %s (%d); "
+           "error lines %s" % (b, total(kb), s, total(ks), st, total(kt), errs[:2]))
+    h.check(landed, "background counts land: %d" % total(kb))
+    h.check(s == [200] * 5 + [429] * 2 and total(ks) == 5, "5r/h exact: %s, %d" % (s, total(ks)))
+    h.check(st == [200, 200] and total(kt) == 2, "strict decided there: %s" % st)
+    h.check(not errs, "no send fails: %s" % errs[:3])
