@@ -32,41 +32,42 @@ pub struct RequestState {
     /// when a configuration reads it.
     pub after: Estimate,
     pub limit: u32,
-    /// The location whose `count_if=` limits the log phase counts (null:
-    /// none). Its configuration lives as long as the cycle, which outlives
-    /// the request.
-    pub deferred: *const LocConf,
-    /// Those limits as this phase checked them (`n_counts` of them, in the
-    /// main request's pool): the log phase counts these keys and rates,
-    /// not values read again after an internal redirect has changed the
-    /// request's URI, arguments or variables.
-    pub counts: *const Deferred,
-    pub n_counts: usize,
+    /// The `count_if=` limits the log phase counts (null: none).
+    pub deferred: *const Deferred,
 }
 
-/// A `count_if=` limit that a request passed: its line in the location's
-/// list, and the key (a copy in the main request's pool) and rate checked.
-#[derive(Clone, Copy)]
+/// The `count_if=` limits a request passed, as this phase checked them, in
+/// the main request's pool: the location (its configuration lives as long
+/// as the cycle, which outlives the request), then `n` entries. The log
+/// phase counts these keys and rates, not values read again after an
+/// internal redirect has changed the request's URI, arguments or
+/// variables.
+#[repr(C)]
 pub struct Deferred {
+    pub lcf: *const LocConf,
+    pub n: usize,
+}
+
+/// One of them: its line in the location's list, and the key (a copy in
+/// the main request's pool) and rate checked.
+#[derive(Clone, Copy)]
+pub struct Counted {
     pub line: u32,
     pub rate: Rate,
     pub key: *const u8,
     pub key_len: usize,
 }
 
-impl RequestState {
-    /// The `count_if=` limits to count in the log phase.
-    pub fn counts(&self) -> &[Deferred] {
-        if self.counts.is_null() || self.n_counts == 0 {
-            return &[];
-        }
-        // SAFETY: `n_counts` entries written by `defer`, in the main
-        // request's pool, which lives as long as this state.
-        unsafe { std::slice::from_raw_parts(self.counts, self.n_counts) }
+impl Deferred {
+    /// The limits to count.
+    pub fn counts(&self) -> &[Counted] {
+        // SAFETY: `defer` wrote `n` entries right after the header, in one
+        // allocation of the main request's pool.
+        unsafe { std::slice::from_raw_parts(ptr::from_ref(self).add(1).cast::<Counted>(), self.n) }
     }
 }
 
-impl Deferred {
+impl Counted {
     pub fn key(&self) -> &[u8] {
         // SAFETY: `key_len` bytes copied by `defer` into the main request's
         // pool (never empty: an empty key is not limited).
@@ -210,14 +211,8 @@ pub(super) fn finish(
     if rejected {
         log_rejection(r, mcf, lcf, tightest, d);
     }
-    let mut st = RequestState {
-        outcome,
-        after: d.said.after,
-        limit: d.limit,
-        deferred: ptr::null(),
-        counts: ptr::null(),
-        n_counts: 0,
-    };
+    let mut st =
+        RequestState { outcome, after: d.said.after, limit: d.limit, deferred: ptr::null() };
     if mcf.count_if && !rejected {
         defer(r, lcf, limits, &mut st)?;
     }
@@ -251,13 +246,17 @@ fn defer(
         return Ok(());
     }
     // SAFETY: the main request's pool lives as long as the request; the
-    // array and the key copies are written before anything reads them.
+    // header, its entries and the key copies are written before anything
+    // reads them. The entries follow the header, aligned for them.
     unsafe {
         let pool = (*r.main).pool;
-        let counts = ngx_palloc(pool, n * std::mem::size_of::<Deferred>()).cast::<Deferred>();
-        if counts.is_null() {
+        let size = std::mem::size_of::<Deferred>() + n * std::mem::size_of::<Counted>();
+        let d = ngx_palloc(pool, size).cast::<Deferred>();
+        if d.is_null() {
             return Err(());
         }
+        ptr::write(d, Deferred { lcf, n });
+        let counts = d.add(1).cast::<Counted>();
         for (i, a) in asks.iter().filter(later).enumerate() {
             let key = ngx_pnalloc(pool, a.key.len()).cast::<u8>();
             if key.is_null() {
@@ -266,13 +265,11 @@ fn defer(
             ptr::copy_nonoverlapping(a.key.as_ptr(), key, a.key.len());
             ptr::write(
                 counts.add(i),
-                Deferred { line: a.line, rate: a.rate, key, key_len: a.key.len() },
+                Counted { line: a.line, rate: a.rate, key, key_len: a.key.len() },
             );
         }
-        st.counts = counts;
+        st.deferred = d;
     }
-    st.n_counts = n;
-    st.deferred = lcf;
     Ok(())
 }
 

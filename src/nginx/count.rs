@@ -28,12 +28,13 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
     if !std::ptr::eq(r.main, r) {
         return NGX_OK as ngx_int_t;
     }
-    let Some(st) = state(r).filter(|s| !s.deferred.is_null()).copied() else {
+    let Some(deferred) = state(r).map(|s| s.deferred).filter(|d| !d.is_null()) else {
         return NGX_OK as ngx_int_t;
     };
-    // SAFETY: the location's configuration belongs to the cycle the request
-    // runs in, which lives until the request is freed.
-    let lcf = unsafe { &*st.deferred };
+    // SAFETY: written by `defer` in the main request's pool; the location's
+    // configuration belongs to the cycle the request runs in, which lives
+    // until the request is freed.
+    let (deferred, lcf) = unsafe { (&*deferred, &*(*deferred).lcf) };
     // SAFETY: the request is valid; `Request` is a transparent wrapper.
     let req = unsafe { Request::from_ngx_http_request(r) };
     let Some(mcf) = Module::main_conf(req) else {
@@ -43,7 +44,7 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
         return NGX_OK as ngx_int_t;
     };
     let mut asks: SmallVec<[Ask<'_>; 4]> = SmallVec::new();
-    for d in st.counts() {
+    for d in deferred.counts() {
         let Some(l) = limits.get(d.line as usize) else {
             continue;
         };

@@ -102,7 +102,9 @@ pub(super) fn exact(mcf: &MainConf, zone: usize, rate: Rate) -> bool {
             .is_some_and(|z| z.params.as_ref().is_some_and(|p| p.backend.is_some()))
 }
 
-/// Every limit of the location, each key evaluated once.
+/// Every limit of the location, each key evaluated once (out of line: the
+/// one-limit path above stays small).
+#[inline(never)]
 fn limit_all(
     r: &mut ngx_http_request_t,
     mcf: &MainConf,
