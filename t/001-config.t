@@ -639,3 +639,75 @@ ok
 --- request
 GET /t?k=a
 --- error_code: 200
+
+
+
+=== TEST 59: password_file= that cannot be read names the file, not a secret
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 password_file=no/such/file;
+--- config
+--- must_die
+--- error_log eval
+qr/\[emerg\] .*redis_ratelimit_zone: cannot read password_file ".*conf\/no\/such\/file": No such file or directory/
+
+
+
+=== TEST 60: a password file of three lines is refused without its contents
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 password_file=../html/pw;
+--- config
+--- user_files
+>>> pw
+user
+hunter2
+more
+--- must_die
+--- error_log eval
+qr/redis_ratelimit_zone: password_file ".*html\/pw": the password file must hold one line \(the password\) or two \(the user, then the password\)/
+--- no_error_log
+hunter2
+
+
+
+=== TEST 61: password_file= beside a URL with a password of its own
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://:inurl@127.0.0.1:1 password_file=../html/pw;
+--- config
+--- user_files
+>>> pw
+hunter2
+--- must_die
+--- error_log eval
+qr/redis_ratelimit_zone: password_file ".*": the URL "redis:\/\/:\*\*\*\@127.0.0.1:1" has credentials of its own beside "password_file="/
+--- no_error_log
+hunter2
+
+
+
+=== TEST 62: password_file= without redis=
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m password_file=../html/pw;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: "password_file=" needs "redis=URL"
+
+
+
+=== TEST 63: a password file of one line (the password) or two (user, password), accepted
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 password_file=../html/pw;
+    redis_ratelimit_zone $arg_k zone=y:1m redis=redis://127.0.0.1:1 password_file=../html/pw2;
+--- config
+    location = /t { redis_ratelimit z 5r/m; }
+--- user_files
+>>> pw
+hunter2
+>>> pw2
+app
+hunter2
+>>> t
+ok
+--- request
+GET /t?k=a
+--- error_code: 200

@@ -58,6 +58,10 @@ pub struct ZoneParams {
     /// `hold=`: the longest a key far from its limit keeps its increments
     /// on this node before they go to Redis (0: the next flush). See `sync`.
     pub hold_ms: u64,
+    /// `password_file=` as written (the module reads it, relative to
+    /// nginx's configuration prefix, and `with_password_file` puts what it
+    /// holds into the URLs).
+    pub password_file: Option<Vec<u8>>,
 }
 
 pub const DEFAULT_PREFIX: &[u8] = b"rl:";
@@ -161,6 +165,7 @@ pub fn parse_zone_params(
     let mut timeout_ms: Option<u64> = None;
     let mut on_error: Option<OnError> = None;
     let mut hold_ms: Option<u64> = None;
+    let mut password_file: Option<Vec<u8>> = None;
 
     for &arg in args {
         let (name, value) = match arg.iter().position(|&b| b == b'=') {
@@ -226,6 +231,15 @@ pub fn parse_zone_params(
                     ));
                 }
                 sentinel = Some(show(v));
+            }
+            (b"password_file", Some(v)) => {
+                if password_file.is_some() {
+                    return Err(dup());
+                }
+                if v.is_empty() {
+                    return Err("invalid password_file \"\": a file name expected".to_string());
+                }
+                password_file = Some(v.to_vec());
             }
             (b"sentinel_user", Some(v)) => {
                 if sentinel_user.is_some() {
@@ -355,6 +369,7 @@ pub fn parse_zone_params(
                 (on_error.is_some(), "on_error="),
                 (prefix.is_some(), "prefix="),
                 (hold_ms.is_some(), "hold="),
+                (password_file.is_some(), "password_file="),
             ] {
                 if set {
                     return Err(format!("\"{what}\" needs \"redis=URL\""));
@@ -371,7 +386,75 @@ pub fn parse_zone_params(
         timeout_ms: timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
         on_error: on_error.unwrap_or(OnError::Local),
         hold_ms: hold_ms.unwrap_or(DEFAULT_HOLD_MS),
+        password_file,
     })
+}
+
+/// Puts the credentials a `password_file=` holds into the zone's URLs:
+/// one line (the password, for the default user) or two (the user, then
+/// the password); a final newline is fine. A URL that holds credentials of
+/// its own is an error (which one would count?). With `sentinel=` the
+/// credentials are the master's, as a URL's are. Messages never show the
+/// file's contents.
+pub fn with_password_file(p: &mut ZoneParams, contents: &[u8]) -> Result<(), String> {
+    let text = std::str::from_utf8(contents)
+        .map_err(|_| "the password file is not UTF-8 text".to_string())?;
+    let mut lines: Vec<&str> =
+        text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).collect();
+    while lines.last().is_some_and(|l| l.is_empty()) {
+        lines.pop();
+    }
+    let (user, password) = match lines.as_slice() {
+        [pass] => (None, *pass),
+        [user, pass] if !user.is_empty() => (Some(*user), *pass),
+        _ => {
+            return Err("the password file must hold one line (the password) or two (the user, \
+                        then the password)"
+                .to_string())
+        }
+    };
+    if password.is_empty() {
+        return Err("the password file holds an empty password".to_string());
+    }
+    let Some(backend) = p.backend.as_mut() else {
+        return Err("\"password_file=\" needs \"redis=URL\"".to_string());
+    };
+    for url in backend.urls.iter_mut() {
+        if userinfo(url).is_some() || url.contains("pass=") {
+            return Err(format!(
+                "the URL \"{}\" has credentials of its own beside \"password_file=\"",
+                redact(url)
+            ));
+        }
+        *url = with_credentials(url, user, password);
+    }
+    Ok(())
+}
+
+/// `url` with `user` and `password` in it, percent-encoded: after the
+/// scheme for a TCP URL, as `user=` and `pass=` for a Unix socket's.
+fn with_credentials(url: &str, user: Option<&str>, password: &str) -> String {
+    let enc = |s: &str| {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    let lower = url.to_ascii_lowercase();
+    if lower.starts_with("redis+unix:") || lower.starts_with("unix:") {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let user = user.map(|u| format!("user={}&", enc(u))).unwrap_or_default();
+        return format!("{url}{sep}{user}pass={}", enc(password));
+    }
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let user = user.map(enc).unwrap_or_default();
+    format!("{}{}:{}@{}", &url[..start], user, enc(password), &url[start..])
 }
 
 #[cfg(test)]
@@ -589,5 +672,59 @@ mod tests {
             let err = parse(conf).expect_err(conf);
             assert!(!err.contains("hunter2"), "{conf}: {err}");
         }
+    }
+
+    #[test]
+    fn a_password_file_goes_into_every_url() {
+        let mut p =
+            parse("zone=a:1m redis=redis://h1:7000,redis://[::1]:7001 cluster password_file=x")
+                .unwrap();
+        assert_eq!(p.password_file.as_deref(), Some(&b"x"[..]));
+        with_password_file(&mut p, b"s3cr/t@:pw\n").unwrap();
+        let urls = &p.backend.as_ref().unwrap().urls;
+        assert_eq!(urls[0], "redis://:s3cr%2Ft%40%3Apw@h1:7000");
+        assert_eq!(urls[1], "redis://:s3cr%2Ft%40%3Apw@[::1]:7001");
+        for u in urls {
+            let ci = u.as_str().into_connection_info().unwrap();
+            assert_eq!(ci.redis_settings().password(), Some("s3cr/t@:pw"));
+        }
+
+        let mut p = parse("zone=a:1m redis=rediss://h:6380/2 password_file=x").unwrap();
+        with_password_file(&mut p, b"app\r\npass word\r\n").unwrap();
+        let ci = p.backend.as_ref().unwrap().urls[0].as_str().into_connection_info().unwrap();
+        assert_eq!(ci.redis_settings().username(), Some("app"));
+        assert_eq!(ci.redis_settings().password(), Some("pass word"));
+        assert_eq!(ci.redis_settings().db(), 2);
+
+        let mut p = parse("zone=a:1m redis=redis+unix:///run/redis.sock password_file=x").unwrap();
+        with_password_file(&mut p, b"u\np&q").unwrap();
+        let ci = p.backend.as_ref().unwrap().urls[0].as_str().into_connection_info().unwrap();
+        assert_eq!(ci.redis_settings().password(), Some("p&q"));
+        assert_eq!(ci.redis_settings().username(), Some("u"));
+    }
+
+    #[test]
+    fn a_password_file_is_refused_without_showing_it() {
+        for (conf, contents, needle) in [
+            ("zone=a:1m redis=redis://h:1 password_file=x", &b""[..], "one line"),
+            ("zone=a:1m redis=redis://h:1 password_file=x", b"\n\n", "one line"),
+            ("zone=a:1m redis=redis://h:1 password_file=x", b"a\nb\nhunter2", "one line"),
+            ("zone=a:1m redis=redis://h:1 password_file=x", b"\nhunter2", "one line"),
+            ("zone=a:1m redis=redis://h:1 password_file=x", b"\xffhunter2", "UTF-8"),
+            (
+                "zone=a:1m redis=redis://:0ld-pw@h:1 password_file=x",
+                b"hunter2",
+                "credentials of its own",
+            ),
+        ] {
+            let mut p = parse(conf).unwrap();
+            let err = with_password_file(&mut p, contents).expect_err(conf);
+            assert!(err.contains(needle), "{conf}: {err}");
+            assert!(!err.contains("hunter2") && !err.contains("0ld-pw"), "{err}");
+        }
+        assert!(parse("zone=a:1m password_file=x").unwrap_err().contains("needs \"redis=URL\""));
+        assert!(parse("zone=a:1m redis=redis://h:1 password_file=")
+            .unwrap_err()
+            .contains("a file name"));
     }
 }

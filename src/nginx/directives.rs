@@ -4,13 +4,15 @@
 
 use std::ffi::{c_char, c_void};
 use std::fmt::Display;
+use std::os::unix::ffi::OsStrExt;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
-    ngx_http_complex_value_t, ngx_http_get_variable_index, ngx_int_t, ngx_pagesize, ngx_parse_size,
-    ngx_parse_time, ngx_shared_memory_add, ngx_shm_zone_t, ngx_str_t, ngx_uint_t, NGX_LOG_EMERG,
-    NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
+    ngx_command_t, ngx_conf_full_name, ngx_conf_t, ngx_http_compile_complex_value,
+    ngx_http_compile_complex_value_t, ngx_http_complex_value_t, ngx_http_get_variable_index,
+    ngx_int_t, ngx_pagesize, ngx_parse_size, ngx_parse_time, ngx_shared_memory_add, ngx_shm_zone_t,
+    ngx_str_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
+    NGX_OK,
 };
 use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::http::HttpModuleMainConf;
@@ -34,6 +36,23 @@ unsafe fn args<'a>(cf: *mut ngx_conf_t) -> &'a [ngx_str_t] {
     // SAFETY: nginx fills `cf->args` with at least the directive name before
     // calling a handler; the array lives in the configuration pool.
     unsafe { (*(*cf).args).as_slice() }
+}
+
+/// A file name as nginx reads one: relative to the configuration prefix
+/// (`ngx_conf_full_name`). `None` when nginx could not make it.
+///
+/// # Safety
+/// `cf` is the configuration being read.
+unsafe fn full_name(cf: *mut ngx_conf_t, name: &[u8]) -> Option<Vec<u8>> {
+    // SAFETY: copies the name into the configuration pool, where nginx
+    // makes the full name; both are read back at once.
+    unsafe {
+        let mut s = ngx_str_t::from_bytes((*cf).pool, name)?;
+        if ngx_conf_full_name((*cf).cycle, &mut s, 1) != NGX_OK as ngx_int_t {
+            return None;
+        }
+        Some(s.as_bytes().to_vec())
+    }
 }
 
 fn refuse(cf: *mut ngx_conf_t, directive: &str, msg: impl Display) -> *mut c_char {
@@ -142,10 +161,26 @@ pub extern "C" fn cmd_zone(
     let rest: Vec<&[u8]> = args[2..].iter().map(|a| a.as_bytes()).collect();
     // SAFETY: ngx_pagesize is set by nginx before any configuration is read.
     let min_size = 8 * unsafe { ngx_pagesize };
-    let params = match params::parse_zone_params(&rest, min_size, NGINX_UNITS) {
+    let mut params = match params::parse_zone_params(&rest, min_size, NGINX_UNITS) {
         Ok(p) => p,
         Err(e) => return refuse(cf, D, e),
     };
+    if let Some(file) = params.password_file.clone() {
+        // SAFETY: `cf` is the configuration being read.
+        let path = match unsafe { full_name(cf, &file) } {
+            Some(p) => p,
+            None => return NGX_CONF_ERROR,
+        };
+        let shown = String::from_utf8_lossy(&path).into_owned();
+        let read = std::fs::read(std::ffi::OsStr::from_bytes(&path));
+        let contents = match read {
+            Ok(c) => c,
+            Err(e) => return refuse(cf, D, format!("cannot read password_file \"{shown}\": {e}")),
+        };
+        if let Err(e) = params::with_password_file(&mut params, &contents) {
+            return refuse(cf, D, format!("password_file \"{shown}\": {e}"));
+        }
+    }
     let existing = mcf.zones.iter().position(|z| z.name == params.name);
     if let Some(i) = existing {
         if mcf.zones[i].declared {

@@ -141,9 +141,18 @@ def nginx_t(h, nginx, conf_text, modules):
     conf = os.path.join(prefix, "conf", "nginx.conf")
     with open(conf, "w") as f:
         f.write(conf_text)
+    # the files the examples name, which nginx -t reads (password_file=)
+    for name in PASSWORD_FILES:
+        with open(os.path.join(prefix, "conf", name), "w") as f:
+            f.write("example-password\n")
     p = subprocess.run([nginx, "-p", prefix + "/", "-c", conf, "-t"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
     return p.returncode, p.stdout.decode("utf-8", "replace"), conf
+
+
+# password files the docs' examples name, relative to nginx's configuration
+# prefix (as a relative `password_file=` is)
+PASSWORD_FILES = ("redis-ratelimit.pw",)
 
 
 def where(out, conf, rel, first, offset, nlines):

@@ -25,6 +25,9 @@ def nginx_t(h, nginx, conf_text, modules):
     conf = os.path.join(prefix, "conf", "nginx.conf")
     with open(conf, "w") as f:
         f.write(conf_text)
+    # the password file strict.conf names (read by nginx -t)
+    with open(os.path.join(prefix, "conf", "redis-ratelimit.pw"), "w") as f:
+        f.write("example-password\n")
     p = subprocess.run([nginx, "-p", prefix + "/", "-c", conf, "-t"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
     return p.returncode, p.stdout.decode("utf-8", "replace")

@@ -488,3 +488,45 @@ def test_wrong_password(h):
     for secret in ("wrongpass", "s3cret"):
         leaks = [l for l in text.splitlines() if secret in l]
         h.expect(not leaks, "%r appears in the log: %s" % (secret, leaks[:2]))
+
+
+def test_a_password_file_keeps_the_secret_out_of_nginx_conf(h):
+    """Redis behind a password given only in password_file= (user and
+    password, the user an ACL user): background counts and strict limits
+    work; the password is in no log line and not in nginx.conf. After the
+    password changes in Redis and in the file, a reload reads the file
+    again and counting goes on."""
+    import os
+    r = h.redis()
+    r.cmd("ACL", "SETUSER", "rl", "on", ">first/pw@1", "~*", "+@all")
+    pw = os.path.join(h.tmp, "redis.pw")
+    with open(pw, "w") as f:
+        f.write("rl\nfirst/pw@1\n")
+    os.chmod(pw, 0o644)
+    http = "    redis_ratelimit_zone $arg_k zone=pf:1m redis=redis://%s:%d password_file=%s hold=0;\n" % (
+        HOST, r.port, pw)
+    server = ("        location = /b { redis_ratelimit pf 1000r/h; }\n"
+              "        location = /s { redis_ratelimit pf 3r/h; }\n")
+    n = h.nginx(http, server, files={"b": "ok\n", "s": "ok\n"})
+    k1 = h.key("pf1")
+    b = [n.get("/b?k=" + k1)[0] for _ in range(2)]
+    s = [n.get("/s?k=" + k1 + "s")[0] for _ in range(4)]
+    landed = wait_for(lambda: redis_sum(r, "rl:{pf:%s}:3600:*" % k1) == 2, 3.0)
+    h.check(b == [200, 200] and landed, "background counts land: %s, %s" % (b, redis_sum(r, "rl:{pf:%s}:*" % k1)))
+    h.check(s == [200, 200, 200, 429], "a small limit decided in Redis: %s" % s)
+
+    r.cmd("ACL", "SETUSER", "rl", "resetpass", ">second:pw")
+    r.cmd("CLIENT", "KILL", "USER", "rl")
+    with open(pw, "w") as f:
+        f.write("rl\nsecond:pw\n")
+    n.reload()
+    k2 = h.key("pf2")
+    after = [n.get("/b?k=" + k2)[0] for _ in range(3)]
+    landed = wait_for(lambda: redis_sum(r, "rl:{pf:%s}:3600:*" % k2) == 3, 4.0)
+    log = n.error_log_text()
+    h.note("before the change: background %s, 3r/h %s; after the new password and a reload: %s, "
+           "in Redis %d" % (b, s, after, redis_sum(r, "rl:{pf:%s}:*" % k2)))
+    h.check(after == [200] * 3 and landed, "counts land with the new password: %s" % after)
+    h.check("first/pw@1" not in log and "second:pw" not in log and "first%2Fpw" not in log,
+            "no password in the log")
+    h.check("first/pw" not in n.conf_text, "no password in nginx.conf")
