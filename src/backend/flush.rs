@@ -24,6 +24,7 @@ use ratelimit_core::counter::{Confirmation, Fresh};
 use ratelimit_core::key::redis_key_for_tag;
 use redis::{Cmd, Value};
 
+use super::clock::unix_ms;
 use super::event::{Event, PIPELINE_ITEMS};
 use super::io::Reply;
 use super::refresh::{near_limit, refresh_due};
@@ -43,13 +44,6 @@ const PREV_BYTES: usize = 80;
 /// flushes of other workers and nodes): a tenth of the period, at most 2 s.
 pub(super) fn prev_settle_ms(period: u32) -> u64 {
     (u64::from(period) * 100).min(2000)
-}
-
-pub(super) fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// The commands of one item, by position in the pipeline.

@@ -22,8 +22,8 @@ use ratelimit_core::stats::Stats;
 use ratelimit_core::strict::{self, sha1_hex, SCRIPT};
 use redis::ConnectionAddr;
 
+use super::clock::unix_ms;
 use super::event::{Event, ZoneSpec};
-use super::flush::unix_ms;
 use super::io;
 use super::state::Backend;
 

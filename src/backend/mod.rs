@@ -10,6 +10,7 @@
 //! lives without a TTL, also after a `DEL`. Each reply is handled on its own
 //! (see `flush.rs`): an error reply fails that item only.
 
+mod clock;
 mod cluster;
 mod event;
 mod flush;

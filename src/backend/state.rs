@@ -164,7 +164,7 @@ impl Backend {
     pub(super) fn publish_waiting(&mut self, queued: u64) {
         let now = queued + self.retry.values().map(|i| u64::from(i.n)).sum::<u64>();
         if let Some(st) = self.spec.stats.as_ref().map(StatsRef::get) {
-            let at = super::flush::unix_ms();
+            let at = super::clock::unix_ms();
             st.waiting.set(&mut self.waiting_slot, own_pid(), now, at, process_alive);
         }
     }

@@ -17,8 +17,8 @@ use ratelimit_core::key::redis_key_for_tag;
 use ratelimit_core::strict::{self, Answer, SCRIPT};
 use redis::{Cmd, Value};
 
+use super::clock::unix_ms;
 use super::event::{Event, StrictAsk, StrictGroup, PIPELINE_ITEMS};
-use super::flush::unix_ms;
 use super::io::Reply;
 use super::state::Backend;
 

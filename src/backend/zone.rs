@@ -13,8 +13,9 @@ use ratelimit_core::params::redact;
 use ratelimit_core::stats::Stats;
 use redis::Cmd;
 
+use super::clock::unix_ms;
 use super::event::{Event, Level};
-use super::flush::{cmds_key, held_note, unix_ms};
+use super::flush::{cmds_key, held_note};
 use super::io::{self, Conn};
 use super::state::{Backend, RETRY_BYTES};
 

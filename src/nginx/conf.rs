@@ -3,8 +3,8 @@
 //! levels.
 
 use nginx_sys::{
-    ngx_cycle_t, ngx_flag_t, ngx_http_complex_value_t, ngx_int_t, ngx_uint_t, NGX_CONF_UNSET,
-    NGX_LOG_ERR,
+    ngx_conf_full_name, ngx_conf_t, ngx_cycle_t, ngx_flag_t, ngx_http_complex_value_t, ngx_int_t,
+    ngx_str_t, ngx_uint_t, NGX_CONF_UNSET, NGX_LOG_ERR, NGX_OK,
 };
 use ngx::http::{Merge, MergeConfigError};
 use ratelimit_core::params::ZoneParams;
@@ -152,5 +152,22 @@ impl Merge for LocConf {
         merge(&mut self.log_level, prev.log_level, UNSET_UINT, NGX_LOG_ERR as ngx_uint_t);
         merge(&mut self.headers, prev.headers, UNSET_UINT, HEADERS_OFF);
         Ok(())
+    }
+}
+
+/// A file name as nginx reads one: relative to the configuration prefix
+/// (`ngx_conf_full_name`). `None` when nginx could not make it.
+///
+/// # Safety
+/// `cf` is the configuration being read.
+pub unsafe fn full_name(cf: *mut ngx_conf_t, name: &[u8]) -> Option<Vec<u8>> {
+    // SAFETY: copies the name into the configuration pool, where nginx
+    // makes the full name; both are read back at once.
+    unsafe {
+        let mut s = ngx_str_t::from_bytes((*cf).pool, name)?;
+        if ngx_conf_full_name((*cf).cycle, &mut s, 1) != NGX_OK as ngx_int_t {
+            return None;
+        }
+        Some(s.as_bytes().to_vec())
     }
 }

@@ -8,11 +8,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_command_t, ngx_conf_full_name, ngx_conf_t, ngx_http_compile_complex_value,
-    ngx_http_compile_complex_value_t, ngx_http_complex_value_t, ngx_http_get_variable_index,
-    ngx_int_t, ngx_pagesize, ngx_parse_size, ngx_parse_time, ngx_shared_memory_add, ngx_shm_zone_t,
-    ngx_str_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
-    NGX_OK,
+    ngx_command_t, ngx_conf_t, ngx_http_compile_complex_value, ngx_http_compile_complex_value_t,
+    ngx_http_complex_value_t, ngx_http_get_variable_index, ngx_int_t, ngx_pagesize, ngx_parse_size,
+    ngx_parse_time, ngx_shared_memory_add, ngx_shm_zone_t, ngx_str_t, ngx_uint_t, NGX_LOG_EMERG,
+    NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN, NGX_OK,
 };
 use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::http::HttpModuleMainConf;
@@ -36,23 +35,6 @@ unsafe fn args<'a>(cf: *mut ngx_conf_t) -> &'a [ngx_str_t] {
     // SAFETY: nginx fills `cf->args` with at least the directive name before
     // calling a handler; the array lives in the configuration pool.
     unsafe { (*(*cf).args).as_slice() }
-}
-
-/// A file name as nginx reads one: relative to the configuration prefix
-/// (`ngx_conf_full_name`). `None` when nginx could not make it.
-///
-/// # Safety
-/// `cf` is the configuration being read.
-unsafe fn full_name(cf: *mut ngx_conf_t, name: &[u8]) -> Option<Vec<u8>> {
-    // SAFETY: copies the name into the configuration pool, where nginx
-    // makes the full name; both are read back at once.
-    unsafe {
-        let mut s = ngx_str_t::from_bytes((*cf).pool, name)?;
-        if ngx_conf_full_name((*cf).cycle, &mut s, 1) != NGX_OK as ngx_int_t {
-            return None;
-        }
-        Some(s.as_bytes().to_vec())
-    }
 }
 
 fn refuse(cf: *mut ngx_conf_t, directive: &str, msg: impl Display) -> *mut c_char {
@@ -167,7 +149,7 @@ pub extern "C" fn cmd_zone(
     };
     if let Some(file) = params.password_file.clone() {
         // SAFETY: `cf` is the configuration being read.
-        let path = match unsafe { full_name(cf, &file) } {
+        let path = match unsafe { super::conf::full_name(cf, &file) } {
             Some(p) => p,
             None => return NGX_CONF_ERROR,
         };

@@ -21,6 +21,8 @@
 //!   decides), calls not written go to the thread, which checks the
 //!   backend and makes a new link after a backoff.
 
+mod fail;
+
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::os::fd::{IntoRawFd, OwnedFd};
@@ -53,14 +55,6 @@ const MAX_INPUT: usize = 4 << 20;
 const LOST: [&str; 6] = ["READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "LOADING", "MOVED"];
 
 type Key = (ItemId, u32);
-
-/// Why a link is dropped.
-enum Drop<'a> {
-    /// Redis closed it while nothing was out.
-    Idle,
-    /// Closed, unreadable, no answer within `timeout=`.
-    Failed { why: &'a str, timed_out: bool },
-}
 
 /// A zone's link. It lives as long as the worker (its flush event may be
 /// posted); its connection comes and goes.
@@ -355,7 +349,7 @@ impl Link {
                 if !self.calls.in_flight() && self.input.is_empty() {
                     // Redis's own `timeout` closing a link that had
                     // nothing out: not a failure, a new link is made
-                    self.drop_link(Drop::Idle);
+                    self.closed_idle();
                 } else {
                     self.fail("connection closed by Redis", false);
                 }
@@ -477,69 +471,5 @@ impl Link {
     /// The log its connection was attached with.
     fn log(&self) -> *mut ngx_log_t {
         self.flush.log
-    }
-
-    /// Drops the connection: calls out get no answer, what waits goes to
-    /// the thread, which checks the backend.
-    fn fail(&mut self, why: &str, timed_out: bool) {
-        self.drop_link(Drop::Failed { why, timed_out });
-    }
-
-    /// Drops the connection (see `fail`). A link that Redis closed while
-    /// nothing was out (`Drop::Idle`: its `timeout` setting) is not an
-    /// error: no transport error is counted, the line is at `info`.
-    fn drop_link(&mut self, how: Drop<'_>) {
-        let timed_out = matches!(how, Drop::Failed { timed_out: true, .. });
-        if self.c.is_null() {
-            return;
-        }
-        let log = self.log();
-        // SAFETY: our connection; nginx removes its events and timers.
-        unsafe { ngx_close_connection(self.c) };
-        self.c = ptr::null_mut();
-        self.out.clear();
-        self.written = 0;
-        self.input.clear();
-        let (flight, waiting) = self.calls.drain();
-        let waiting: Vec<StrictAsk> =
-            waiting.into_iter().flat_map(StrictGroup::into_asks).collect();
-        let ch = self.channel();
-        if let Some(ch) = ch {
-            if !waiting.is_empty() {
-                ch.push_strict(waiting);
-            }
-            ch.link_lost(self.zone, timed_out);
-        }
-        let Some(mcf) = main_conf().filter(|_| ch.is_some()) else {
-            for g in flight {
-                super::waits::resolve(&g.tickets, None);
-            }
-            return;
-        };
-        let name = mcf.zones.get(self.zone).map_or("", |z| z.name.as_str());
-        let Drop::Failed { why, .. } = how else {
-            let message = format!(
-                "redis_ratelimit: zone \"{name}\": Redis closed the idle strict link (its timeout setting); a new one is made"
-            );
-            zone_log(mcf, log, self.zone as u32, Level::Info, &message);
-            return;
-        };
-        if let Some(st) = zone_stats(mcf, self.zone) {
-            Stats::bump(&st.errors_transport);
-        }
-        for g in flight {
-            strict_answered(
-                mcf,
-                log,
-                g.id,
-                Rate { limit: g.limit, period: g.period },
-                &g.tickets,
-                None,
-            );
-        }
-        let message = format!(
-            "redis_ratelimit: zone \"{name}\": the strict link to Redis failed: {why}; strict requests go through the background thread until a new one is made"
-        );
-        zone_log(mcf, log, self.zone as u32, Level::Error, &message);
     }
 }

@@ -5,6 +5,8 @@
 //! read (applied) and which commands may or may not have run (never sent
 //! again).
 
+mod links;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -73,73 +75,6 @@ pub struct Cluster {
     base: redis::ConnectionInfo,
     links: HashMap<String, redis::Connection>,
     timeout: Duration,
-}
-
-impl Cluster {
-    /// The connection to master `node` (`host:port`), made if needed.
-    fn link(&mut self, node: &str) -> redis::RedisResult<&mut redis::Connection> {
-        if !self.links.contains_key(node) {
-            let bad =
-                || RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad node address"));
-            let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
-            let port: u16 = port.parse().map_err(|_| bad())?;
-            let con = open(at(&self.base, host.to_string(), port), self.timeout)?;
-            self.links.insert(node.to_string(), con);
-        }
-        self.links
-            .get_mut(node)
-            .ok_or_else(|| RedisError::from((redis::ErrorKind::Client, "no link")))
-    }
-
-    /// Forgets the connection to a master that failed.
-    pub fn drop_link(&mut self, node: &str) {
-        self.links.remove(node);
-    }
-
-    /// `f` on master `node`'s own connection; a connection that failed (not
-    /// an error reply) is dropped.
-    fn on_link<T>(
-        &mut self,
-        node: &str,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> redis::RedisResult<T> {
-        let r = self.link(node).and_then(f);
-        if r.as_ref().is_err_and(|e| !is_reply(e)) {
-            self.drop_link(node);
-        }
-        r
-    }
-
-    /// PING on master `node`'s own connection.
-    pub fn ping(&mut self, node: &str) -> redis::RedisResult<()> {
-        self.on_link(node, |con| redis::cmd("PING").query::<Value>(con).map(drop))
-    }
-
-    /// A command on master `node`'s own connection.
-    pub fn query_on(&mut self, node: &str, cmd: &Cmd) -> redis::RedisResult<Value> {
-        self.on_link(node, |con| cmd.query::<Value>(con))
-    }
-
-    /// The host of the first URL (the cluster connection's seed): a node
-    /// that names itself with an empty endpoint was reached there.
-    pub fn seed_host(&self) -> String {
-        match self.base.addr() {
-            ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. } => host.clone(),
-            _ => String::new(),
-        }
-    }
-
-    /// PING and `CLUSTER INFO` through the cluster connection (any node).
-    pub fn check(&mut self) -> redis::RedisResult<()> {
-        redis::cmd("PING").query::<Value>(&mut self.router)?;
-        cluster_state_ok(&mut self.router)
-    }
-
-    /// `CLUSTER INFO` on master `node`'s own connection: an error unless
-    /// the cluster is `ok`.
-    pub fn state_on(&mut self, node: &str) -> redis::RedisResult<()> {
-        self.on_link(node, |con| cluster_state_ok(con))
-    }
 }
 
 /// Opens a connection, bounded by `timeout` for connecting and for every
@@ -355,12 +290,12 @@ impl Conn {
     /// router picks; `None`: refused, an ACL without `TIME`).
     pub fn clock_offset(&mut self) -> Option<i64> {
         let time = redis::cmd("TIME");
-        let before = super::flush::unix_ms();
+        let before = super::clock::unix_ms();
         let t: (u64, u64) = match self {
             Conn::Single(con) => time.query(con).ok()?,
             Conn::Cluster(c) => time.query(&mut c.router).ok()?,
         };
-        Some(ratelimit_core::strict::clock_offset(t.0, t.1, before, super::flush::unix_ms()))
+        Some(ratelimit_core::strict::clock_offset(t.0, t.1, before, super::clock::unix_ms()))
     }
 
     /// PING; for a cluster also `CLUSTER INFO`, which must say
