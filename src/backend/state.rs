@@ -110,7 +110,9 @@ pub struct Backend {
 
 impl Backend {
     pub fn new(spec: ZoneSpec, now: Instant) -> Backend {
-        let may_link = spec.may_link() && spec.strict;
+        // a zone a `strict` limit uses gets its link as soon as it is up;
+        // another when a small limit first needs one (`want_link`)
+        let link_at_once = spec.strict && spec.may_link();
         let mut secrets: Vec<String> = Vec::new();
         for u in &spec.urls {
             if let Ok(ci) = u.as_str().into_connection_info() {
@@ -146,8 +148,7 @@ impl Backend {
             topo_at: None,
             nodes: HashMap::new(),
             waiting_slot: None,
-            // a zone that may have links gets one as soon as it is up
-            link_wanted: may_link,
+            link_wanted: link_at_once,
             link_tried: None,
             link_backoff: Duration::from_secs(1),
             first: FirstCounts::default(),

@@ -59,7 +59,7 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
             continue;
         };
         let mut a = ask(mcf, l, d.line, d.key(), d.rate, cost);
-        if l.strict || super::handler::exact(mcf, l.zone, d.rate) {
+        if super::handler::in_redis(mcf, l, d.rate) {
             // the next strict decision must see it
             a.strict = Strict::Later;
         }

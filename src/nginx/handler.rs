@@ -93,13 +93,19 @@ fn limit(
 pub(super) const EXACT_MAX: u32 = 20;
 
 #[inline]
-pub(super) fn exact(mcf: &MainConf, zone: usize, rate: Rate) -> bool {
+fn exact(mcf: &MainConf, zone: usize, rate: Rate) -> bool {
     rate.limit <= EXACT_MAX
         && rate.limit <= rate.period
         && mcf
             .zones
             .get(zone)
             .is_some_and(|z| z.params.as_ref().is_some_and(|p| p.backend.is_some()))
+}
+
+/// Whether Redis decides limit `l` at `rate`: `strict`, or a small limit.
+#[inline]
+pub(super) fn in_redis(mcf: &MainConf, l: &Limit, rate: Rate) -> bool {
+    l.strict || exact(mcf, l.zone, rate)
 }
 
 /// Every limit of the location, each key evaluated once (out of line: the
@@ -136,7 +142,7 @@ fn limit_all(
         // response (`count.rs`)
         let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
         asks.push(ask(mcf, l, line as u32, key, rate, cost));
-        wants.push(l.strict || exact(mcf, l.zone, rate));
+        wants.push(in_redis(mcf, l, rate));
     }
     if asks.is_empty() {
         return Ok(NGX_DECLINED as ngx_int_t);

@@ -53,12 +53,12 @@ pub(super) fn strict_answered(
     super::waits::resolve(tickets, answer.map(|a| &a.allowed[..]));
 }
 
-/// A line for the error log, at most one a second per zone over all
-/// workers (`claim_log`).
 /// The longest message a zone writes to the error log (nginx's own line
 /// is 2048 bytes).
 const MAX_LINE: usize = 1536;
 
+/// A line for the error log, at most one a second per zone over all
+/// workers (`claim_log`; an outage's end is never held back), as one line.
 pub(super) fn zone_log(
     mcf: &MainConf,
     log: *mut ngx_log_t,
