@@ -4,6 +4,7 @@
 //! what the Redis thread hands back (`worker.rs`) and for what a strict
 //! link reads (`link.rs`).
 
+use std::cell::RefCell;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -58,7 +59,11 @@ pub(super) fn strict_answered(
 const MAX_LINE: usize = 1536;
 
 /// A line for the error log, at most one a second per zone over all
-/// workers (`claim_log`; an outage's end is never held back), as one line.
+/// workers (`claim_log`), as one line. An outage's end (`Recovery`) is not
+/// held back by that gate, but is written only by a worker that wrote an
+/// error line of the zone since its last one: each recovery line answers a
+/// failure an operator saw, and there are never more of them than of
+/// those.
 pub(super) fn zone_log(
     mcf: &MainConf,
     log: *mut ngx_log_t,
@@ -69,16 +74,37 @@ pub(super) fn zone_log(
     let Some(shared) = mcf.zones.get(zone as usize).and_then(|z| z.shared.as_ref()) else {
         return;
     };
-    let (lvl, gate) = match level {
-        Level::Error => (NGX_LOG_ERR, Some(true)),
-        Level::Info => (NGX_LOG_INFO, Some(false)),
-        Level::Recovery => (NGX_LOG_ERR, None),
+    let (lvl, claimed) = match level {
+        Level::Error => (NGX_LOG_ERR, shared.lock().table.claim_log(true, now_ms() / 1000)),
+        Level::Info => (NGX_LOG_INFO, shared.lock().table.claim_log(false, now_ms() / 1000)),
+        Level::Recovery => (NGX_LOG_ERR, failure_shown(zone, false)),
     };
-    let claimed = gate.is_none_or(|error| shared.lock().table.claim_log(error, now_ms() / 1000));
     if claimed {
+        if level == Level::Error {
+            failure_shown(zone, true);
+        }
         // one line, whatever a library or a server put in it
         ngx_log_error!(lvl as ngx_uint_t, log, "{}", text::one_line(message, MAX_LINE));
     }
+}
+
+thread_local! {
+    /// Per zone index: this worker wrote an error line of the zone since
+    /// its last recovery line (the worker's thread only).
+    static FAILURE_SHOWN: RefCell<Vec<bool>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Sets whether this worker has an error line of `zone` unanswered, and
+/// says whether it had one.
+fn failure_shown(zone: u32, shown: bool) -> bool {
+    FAILURE_SHOWN.with(|f| {
+        let mut f = f.borrow_mut();
+        let i = zone as usize;
+        if f.len() <= i {
+            f.resize(i + 1, false);
+        }
+        std::mem::replace(&mut f[i], shown)
+    })
 }
 
 /// A zone's figures in shared memory, if it is mapped here.
