@@ -711,3 +711,58 @@ ok
 --- request
 GET /t?k=a
 --- error_code: 200
+
+
+
+=== TEST 64: ssl_certificate= without its key
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=rediss://127.0.0.1:1 ssl_certificate=../html/c.pem;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: "ssl_certificate=" needs "ssl_certificate_key="
+
+
+
+=== TEST 65: ssl_trusted_certificate= needs a TLS URL
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 ssl_trusted_certificate=../html/ca.pem;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: "ssl_trusted_certificate=" needs a TLS URL (rediss://host:port)
+
+
+
+=== TEST 66: ssl_trusted_certificate= beside #insecure
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=rediss://127.0.0.1:1/#insecure ssl_trusted_certificate=../html/ca.pem;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: "ssl_trusted_certificate=" verifies the server, and the URL's "#insecure" turns verification off: remove one
+
+
+
+=== TEST 67: ssl_certificate_key= without redis=, and without its certificate
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m ssl_certificate_key=../html/k.pem;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: "ssl_certificate_key=" needs "ssl_certificate="
+
+
+
+=== TEST 68: a CA file that is not PEM: the file is named, not shown
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=rediss://127.0.0.1:1 ssl_trusted_certificate=../html/ca.pem;
+--- config
+--- user_files
+>>> ca.pem
+secret-looking garbage
+--- must_die
+--- error_log eval
+qr/redis_ratelimit_zone: ssl_trusted_certificate ".*\/html\/ca.pem": no PEM certificate in it/
+--- no_error_log
+secret-looking

@@ -20,6 +20,7 @@
 //! | `strict` | strict mode: the script that decides in Redis, its arguments and answer |
 //! | `calls` | a strict link's calls: one out per key, answers in order |
 //! | `text` | outside text made safe for one log line |
+//! | `tls` | the `ssl_*=` parameters, a certificate's validity |
 //! | `resp` | the Redis protocol for a strict link: commands, bounded reply parsing |
 
 pub mod batch;
@@ -38,4 +39,5 @@ pub mod strict;
 pub mod sync;
 pub mod table;
 pub mod text;
+pub mod tls;
 pub mod window;

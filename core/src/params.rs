@@ -4,6 +4,8 @@
 
 use redis::IntoConnectionInfo;
 
+use crate::tls::{SslParams, TlsFiles};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnError {
     /// Keep limiting from this node's own counts.
@@ -22,6 +24,9 @@ pub struct Backend {
     /// `sentinel=name`: the URLs are Redis Sentinels, and the master they
     /// name `name` is the backend (followed through failovers).
     pub sentinel: Option<Sentinel>,
+    /// What the `ssl_*=` files hold (the module reads them; `None`: no
+    /// such parameter).
+    pub tls: Option<TlsFiles>,
 }
 
 /// `sentinel=name [sentinel_user=u] [sentinel_password=p]`.
@@ -62,6 +67,10 @@ pub struct ZoneParams {
     /// nginx's configuration prefix, and `with_password_file` puts what it
     /// holds into the URLs).
     pub password_file: Option<Vec<u8>>,
+    /// `ssl_trusted_certificate=`, `ssl_certificate=`,
+    /// `ssl_certificate_key=` as written (the module reads the files into
+    /// `Backend::tls`).
+    pub ssl: SslParams,
 }
 
 pub const DEFAULT_PREFIX: &[u8] = b"rl:";
@@ -166,6 +175,7 @@ pub fn parse_zone_params(
     let mut on_error: Option<OnError> = None;
     let mut hold_ms: Option<u64> = None;
     let mut password_file: Option<Vec<u8>> = None;
+    let mut ssl = SslParams::default();
 
     for &arg in args {
         let (name, value) = match arg.iter().position(|&b| b == b'=') {
@@ -324,6 +334,7 @@ pub fn parse_zone_params(
                     }
                 });
             }
+            (n, Some(v)) if ssl.take(n, v)? => {}
             // a misspelt secret parameter must not show its value
             _ if value.is_some() && may_be_secret(name) => {
                 return Err(format!("invalid parameter \"{}=***\"", show(name)))
@@ -333,6 +344,7 @@ pub fn parse_zone_params(
     }
 
     let (name, size) = zone.ok_or_else(|| "no \"zone=name:size\" parameter".to_string())?;
+    ssl.check(urls.as_deref())?;
     let backend = match urls {
         Some(urls) => {
             if cluster && sentinel.is_some() {
@@ -355,7 +367,7 @@ pub fn parse_zone_params(
             if sentinel.as_ref().is_some_and(|s| s.user.is_some() && s.password.is_none()) {
                 return Err("\"sentinel_user=\" needs \"sentinel_password=\"".to_string());
             }
-            Some(Backend { urls, cluster, sentinel })
+            Some(Backend { urls, cluster, sentinel, tls: None })
         }
         None => {
             if cluster {
@@ -387,6 +399,7 @@ pub fn parse_zone_params(
         on_error: on_error.unwrap_or(OnError::Local),
         hold_ms: hold_ms.unwrap_or(DEFAULT_HOLD_MS),
         password_file,
+        ssl,
     })
 }
 

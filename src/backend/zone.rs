@@ -234,7 +234,13 @@ impl Backend {
             return true;
         }
         let sentinel = self.spec.sentinel.as_ref();
-        match io::connect(&self.spec.urls, self.spec.cluster, sentinel, self.spec.timeout) {
+        match io::connect(
+            &self.spec.urls,
+            self.spec.cluster,
+            sentinel,
+            self.spec.tls.as_ref(),
+            self.spec.timeout,
+        ) {
             Ok(mut c) => {
                 self.clock_offset_ms = c.clock_offset();
                 self.conn = Some(c);

@@ -4,7 +4,6 @@
 
 use std::ffi::{c_char, c_void};
 use std::fmt::Display;
-use std::os::unix::ffi::OsStrExt;
 use std::ptr;
 
 use nginx_sys::{
@@ -147,21 +146,11 @@ pub extern "C" fn cmd_zone(
         Ok(p) => p,
         Err(e) => return refuse(cf, D, e),
     };
-    if let Some(file) = params.password_file.clone() {
-        // SAFETY: `cf` is the configuration being read.
-        let path = match unsafe { super::conf::full_name(cf, &file) } {
-            Some(p) => p,
-            None => return NGX_CONF_ERROR,
-        };
-        let shown = String::from_utf8_lossy(&path).into_owned();
-        let read = std::fs::read(std::ffi::OsStr::from_bytes(&path));
-        let contents = match read {
-            Ok(c) => c,
-            Err(e) => return refuse(cf, D, format!("cannot read password_file \"{shown}\": {e}")),
-        };
-        if let Err(e) = params::with_password_file(&mut params, &contents) {
-            return refuse(cf, D, format!("password_file \"{shown}\": {e}"));
-        }
+    // SAFETY: `cf` is the configuration being read.
+    match unsafe { super::zone_files::load(cf, &mut params) } {
+        Ok(()) => {}
+        Err(Some(e)) => return refuse(cf, D, e),
+        Err(None) => return NGX_CONF_ERROR,
     }
     let existing = mcf.zones.iter().position(|z| z.name == params.name);
     if let Some(i) = existing {

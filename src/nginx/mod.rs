@@ -6,6 +6,7 @@
 //! | `conf.rs` | what the directives store; location inheritance |
 //! | `directives.rs` | one handler per directive; `[emerg]` refusals |
 //! | `zone.rs` | a zone's shared memory: mapping, locking |
+//! | `zone_files.rs` | the files a zone names (`password_file=`, `ssl_*=`), read and checked |
 //! | `handler.rs` | the preaccess handler: evaluates keys, asks the engine |
 //! | `answer.rs` | how a decided request is answered: log line, state for the variables, headers, status |
 //! | `count.rs` | the log phase handler: counts `count_if=` limits after the response |
@@ -35,3 +36,4 @@ pub mod vars;
 pub mod waits;
 pub mod worker;
 pub mod zone;
+pub mod zone_files;

@@ -24,19 +24,22 @@ class Sentinel(Redis):
     in its own dir, given first on the command line; stopped by its PID like
     every server of the test."""
 
-    def __init__(self, ctx, master_port, tls=None, requirepass=None):
+    def __init__(self, ctx, master_port, tls=None, requirepass=None, ca=None):
         super().__init__(ctx)
         self.tls = tls
+        self.ca = ca
         # a sentinel protected by a password (and asking the other
         # sentinels with it); cmd() authenticates with it
         self.password = requirepass
         self.conf = os.path.join(self.dir, "sentinel.conf")
         if tls:
-            # TLS only (port 0: no plain port), and TLS to the master
+            # TLS only (port 0: no plain port), and TLS to the master; with
+            # `ca`, client certificates of that CA are required (Redis's
+            # default), and its own certificate is its client certificate
             cert, key = tls
             listen = ("port 0\ntls-port %d\ntls-cert-file %s\ntls-key-file %s\n"
-                      "tls-ca-cert-file %s\ntls-auth-clients no\ntls-replication yes\n"
-                      % (self.port, cert, key, cert))
+                      "tls-ca-cert-file %s\ntls-auth-clients %s\ntls-replication yes\n"
+                      % (self.port, cert, key, ca or cert, "yes" if ca else "no"))
         else:
             listen = "port %d\n" % self.port
         with open(self.conf, "w") as f:
@@ -53,7 +56,7 @@ class Sentinel(Redis):
 
     def start(self, timeout=5.0):
         self._spawn([self.binary, self.conf, "--sentinel"], self.out, cwd=self.dir)
-        ready = (lambda: tls_ping(self.port)) if self.tls else self._pings
+        ready = (lambda: tls_ping(self.port, self.tls if self.ca else None)) if self.tls else self._pings
         self._wait_ready(ready, timeout, "sentinel on %d not ready" % self.port)
         return self
 
@@ -240,12 +243,15 @@ def test_sentinel_over_tls(h):
             "strict decided on the master over TLS: %s" % st)
 
 
-def tls_ping(port):
+def tls_ping(port, client=None):
+    """PING over TLS, unverified; `client`: (cert, key) to present."""
     import socket
     import ssl
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
+    if client:
+        ctx.load_cert_chain(*client)
     try:
         with socket.create_connection((HOST, port), timeout=0.5) as raw:
             with ctx.wrap_socket(raw) as t:

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ratelimit_core::params::Sentinel;
-use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, RedisError, Value};
+use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, RedisError, TlsCertificates, Value};
 
 /// What became of one command of a pipeline.
 #[derive(Debug)]
@@ -84,18 +84,29 @@ pub fn connect(
     urls: &[String],
     cluster: bool,
     sentinel: Option<&Sentinel>,
+    tls: Option<&TlsCertificates>,
     timeout: Duration,
 ) -> redis::RedisResult<Conn> {
     if let Some(s) = sentinel {
-        return Ok(Conn::Single(sentinel_master(urls, s, timeout)?.0));
+        return Ok(Conn::Single(sentinel_master(urls, s, tls, timeout)?.0));
     }
+    let first = urls.first().map(String::as_str).unwrap_or_default();
     if cluster {
-        let client = redis::cluster::ClusterClient::builder(urls.to_vec())
+        let mut builder = redis::cluster::ClusterClient::builder(urls.to_vec())
             .connection_timeout(timeout)
             .response_timeout(timeout)
-            .retries(1)
-            .build()?;
-        let base = urls.first().map(String::as_str).unwrap_or_default().into_connection_info()?;
+            .retries(1);
+        if let Some(t) = tls {
+            // `certs` alone would also turn the first URL's `#insecure` off
+            if let ConnectionAddr::TcpTls { insecure: true, .. } =
+                first.into_connection_info()?.addr()
+            {
+                builder = builder.tls(redis::TlsMode::Insecure);
+            }
+            builder = builder.certs(t.clone());
+        }
+        let client = builder.build()?;
+        let base = info(first, tls)?;
         Ok(Conn::Cluster(Box::new(Cluster {
             router: client.get_connection()?,
             base,
@@ -103,8 +114,7 @@ pub fn connect(
             timeout,
         })))
     } else {
-        let url = urls.first().map(String::as_str).unwrap_or_default();
-        let mut con = open(url.into_connection_info()?, timeout)?;
+        let mut con = open(info(first, tls)?, timeout)?;
         writable(&mut con)?;
         Ok(Conn::Single(con))
     }
@@ -134,11 +144,24 @@ fn writable(con: &mut redis::Connection) -> redis::RedisResult<()> {
 pub fn master_info(
     urls: &[String],
     sentinel: Option<&Sentinel>,
+    tls: Option<&TlsCertificates>,
     timeout: Duration,
 ) -> redis::RedisResult<redis::ConnectionInfo> {
     match sentinel {
-        Some(s) => Ok(sentinel_master(urls, s, timeout)?.1),
-        None => urls.first().map(String::as_str).unwrap_or_default().into_connection_info(),
+        Some(s) => Ok(sentinel_master(urls, s, tls, timeout)?.1),
+        None => info(urls.first().map(String::as_str).unwrap_or_default(), tls),
+    }
+}
+
+/// A URL's connection settings, with the zone's `ssl_*=` certificates
+/// when it is a `rediss://` one.
+fn info(url: &str, tls: Option<&TlsCertificates>) -> redis::RedisResult<redis::ConnectionInfo> {
+    let ci = url.into_connection_info()?;
+    match tls {
+        Some(t) if matches!(ci.addr(), ConnectionAddr::TcpTls { .. }) => {
+            Ok(redis::Client::build_with_tls(ci, t.clone())?.get_connection_info().clone())
+        }
+        _ => Ok(ci),
     }
 }
 
@@ -176,13 +199,13 @@ fn at(base: &redis::ConnectionInfo, host: String, port: u16) -> redis::Connectio
 fn sentinel_master(
     urls: &[String],
     s: &Sentinel,
+    tls: Option<&TlsCertificates>,
     timeout: Duration,
 ) -> redis::RedisResult<(redis::Connection, redis::ConnectionInfo)> {
-    let base = urls.first().map(String::as_str).unwrap_or_default().into_connection_info()?;
+    let base = info(urls.first().map(String::as_str).unwrap_or_default(), tls)?;
     let mut last = RedisError::from((redis::ErrorKind::Io, "no sentinel answered"));
     for url in urls {
-        let asked =
-            url.as_str().into_connection_info().and_then(|ci| ask_sentinel(&ci, s, timeout));
+        let asked = info(url, tls).and_then(|ci| ask_sentinel(&ci, s, timeout));
         let (host, port) = match asked {
             Ok(a) => a,
             Err(e) => {
