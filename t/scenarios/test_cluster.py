@@ -648,3 +648,113 @@ def test_a_one_node_cluster_counts_and_decides(h):
     h.check(s == [200] * 5 + [429] * 2 and total(ks) == 5, "5r/h exact: %s, %d" % (s, total(ks)))
     h.check(st == [200, 200] and total(kt) == 2, "strict decided there: %s" % st)
     h.check(not errs, "no send fails: %s" % errs[:3])
+
+
+def _three_masters(h, extra):
+    """Three masters on cluster ports, met and given a third of the slots
+    each by hand (no replicas), with `extra` arguments each; waits until
+    every node is ok and knows the others."""
+    from cluster import NODE_ARGS, cluster_port
+    ports = []
+    while len(ports) < 3:
+        p = cluster_port()
+        if p not in ports:
+            ports.append(p)
+    nodes = [h.redis(port=p, extra_args=tuple(NODE_ARGS) + tuple(extra)) for p in ports]
+    for n in nodes[1:]:
+        nodes[0].cmd("CLUSTER", "MEET", HOST, str(n.port))
+    for n, (lo, hi) in zip(nodes, [(0, 5460), (5461, 10922), (10923, 16383)]):
+        n.cmd("CLUSTER", "ADDSLOTSRANGE", str(lo), str(hi))
+
+    def ok():
+        return all("cluster_state:ok" in n.cmd("CLUSTER", "INFO")
+                   and "cluster_known_nodes:3" in n.cmd("CLUSTER", "INFO") for n in nodes)
+    h.check(wait_for(ok, 10.0), "three masters ok")
+    return nodes
+
+
+def _counts_on(nodes, zone, key):
+    return sum(int(n.cmd("GET", k) or 0) for n in nodes for k in n.cmd("KEYS", "rl:{%s:%s}:*" % (zone, key)))
+
+
+def _spread(h, nodes, zone, url, extra, addr_prefix=None):
+    """Keys over every master through `url`: counts land on every master,
+    small limits decided there, no send fails; with `addr_prefix`, every
+    master sees the module's connection from that address family."""
+    http = "    redis_ratelimit_zone $arg_k zone=%s:1m redis=%s cluster hold=0 %s;\n" % (zone, url, extra)
+    server = loc("/b", "redis_ratelimit %s 1000r/h;" % zone) + loc("/s", "redis_ratelimit %s 3r/h;" % zone)
+    ng = h.nginx(http, server, files={"b": "ok\n", "s": "ok\n"})
+    keys = []
+    owners = set()
+    i = 0
+    while len(owners) < 3 and i < 200:
+        k = h.key("k%d" % i)
+        i += 1
+        owner = next(n.port for n, (lo, hi) in zip(nodes, [(0, 5460), (5461, 10922), (10923, 16383)])
+                     if lo <= keyslot("%s:%s" % (zone, k)) <= hi)
+        if owner not in owners:
+            owners.add(owner)
+            keys.append(k)
+    b = [ng.get("/b?k=" + k)[0] for k in keys for _ in range(2)]
+    ks = h.key("small")
+    s = [ng.get("/s?k=" + ks)[0] for _ in range(4)]
+    landed = wait_for(lambda: all(_counts_on(nodes, zone, k) == 2 for k in keys), 3.0)
+    errs = [l for l in ng.error_log_text().splitlines() if "[error]" in l and "redis_ratelimit:" in l]
+    per = [_counts_on([n], zone, k) for n in nodes for k in keys]
+    h.note("%s: background %s, per master and key %s; 3r/h %s; error lines %s" % (
+        zone, b, per, s, errs[:2]))
+    h.check(b == [200] * 6 and landed, "counts land on all three masters: %s" % per)
+    h.check(s == [200] * 3 + [429], "3r/h decided in the cluster: %s" % s)
+    h.check(not errs, "no send fails: %s" % errs[:2])
+    if addr_prefix:
+        for n in nodes:
+            clients = n.cmd("CLIENT", "LIST")
+            h.check(any(l.startswith("id=") and (" addr=%s" % addr_prefix) in l for l in clients.splitlines()),
+                    "master :%d sees a connection from %s" % (n.port, addr_prefix))
+
+
+def test_a_cluster_that_announces_hostnames(h):
+    """Three masters announcing a hostname (cluster-announce-hostname,
+    cluster-preferred-endpoint-type hostname, as managed services do): the
+    slot map names them by hostname, which the module resolves and
+    reaches; counts land on every master."""
+    nodes = _three_masters(h, ("--cluster-announce-hostname", "localhost",
+                               "--cluster-preferred-endpoint-type", "hostname"))
+    slots = nodes[0].cmd("CLUSTER", "SLOTS")
+    named = sorted({str(s[2][0]) for s in slots})
+    h.note("CLUSTER SLOTS endpoints: %s" % named)
+    h.check(named == ["localhost"], "the slot map names hostnames: %s" % named)
+    _spread(h, nodes, "hn", "redis://%s:%d" % (HOST, nodes[0].port), "")
+
+
+def test_a_cluster_on_ipv6(h):
+    """Three masters on ::1 announcing ::1: the seed URL in brackets
+    (redis://[::1]:port), IPv6 addresses in the slot map; every master sees
+    the module's connections from ::1."""
+    nodes = _three_masters(h, ("--bind", "127.0.0.1", "::1", "--cluster-announce-ip", "::1"))
+    slots = nodes[0].cmd("CLUSTER", "SLOTS")
+    named = sorted({str(s[2][0]) for s in slots})
+    h.note("CLUSTER SLOTS endpoints: %s" % named)
+    h.check(named == ["::1"], "the slot map holds IPv6 addresses: %s" % named)
+    _spread(h, nodes, "v6", "redis://[::1]:%d" % nodes[0].port, "", addr_prefix="[::1]")
+
+
+def test_redis_on_ipv6(h):
+    """A standalone Redis reached at redis://[::1]:port: counts land, small
+    limits and strict ones are decided there, from a ::1 connection."""
+    r = h.redis(extra_args=("--bind", "127.0.0.1", "::1"))
+    http = "    redis_ratelimit_zone $arg_k zone=s6:1m redis=redis://[::1]:%d hold=0;\n" % r.port
+    server = (loc("/b", "redis_ratelimit s6 1000r/h;") + loc("/s", "redis_ratelimit s6 3r/h;")
+              + loc("/st", "redis_ratelimit s6 100r/h strict;"))
+    ng = h.nginx(http, server, files={"b": "ok\n", "s": "ok\n", "st": "ok\n"})
+    kb, ks, kt = h.key("b"), h.key("s"), h.key("t")
+    b = [ng.get("/b?k=" + kb)[0] for _ in range(2)]
+    s = [ng.get("/s?k=" + ks)[0] for _ in range(4)]
+    st = [ng.get("/st?k=" + kt)[0] for _ in range(2)]
+    landed = wait_for(lambda: _counts_on([r], "s6", kb) == 2, 3.0)
+    clients = [l for l in r.cmd("CLIENT", "LIST").splitlines() if " addr=[::1]:" in l]
+    h.note("IPv6: background %s, 3r/h %s, strict %s; connections from ::1: %d" % (b, s, st, len(clients)))
+    h.check(landed and b == [200, 200], "counts land over IPv6")
+    h.check(s == [200] * 3 + [429] and st == [200, 200] and _counts_on([r], "s6", kt) == 2,
+            "decided in Redis over IPv6: %s %s" % (s, st))
+    h.check(clients, "Redis sees the module's connections from ::1")
