@@ -38,6 +38,7 @@ import subprocess
 
 import harness
 from harness import ROOT
+from test_tls import example_certificates
 
 DEBIAN_NGINX = "/usr/sbin/nginx"
 DEBIAN_MODULE = os.path.join(ROOT, "build", "debian", "modules", "ngx_http_redis_ratelimit_module.so")
@@ -141,10 +142,13 @@ def nginx_t(h, nginx, conf_text, modules):
     conf = os.path.join(prefix, "conf", "nginx.conf")
     with open(conf, "w") as f:
         f.write(conf_text)
-    # the files the examples name, which nginx -t reads (password_file=)
+    # the files the examples name, which nginx -t reads (password_file=, ssl_*=)
     for name in PASSWORD_FILES:
         with open(os.path.join(prefix, "conf", name), "w") as f:
             f.write("example-password\n")
+    # the certificates TLS examples name (ssl_*=, read and checked by nginx -t)
+    for name, path in example_certificates(h.tmp).items():
+        shutil.copy(path, os.path.join(prefix, "conf", name))
     p = subprocess.run([nginx, "-p", prefix + "/", "-c", conf, "-t"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
     return p.returncode, p.stdout.decode("utf-8", "replace"), conf

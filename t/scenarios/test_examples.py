@@ -8,6 +8,7 @@ import subprocess
 
 import harness
 from harness import ROOT
+from test_tls import example_certificates
 
 DEBIAN_NGINX = "/usr/sbin/nginx"
 DEBIAN_MODULE = os.path.join(ROOT, "build", "debian", "modules", "ngx_http_redis_ratelimit_module.so")
@@ -25,9 +26,12 @@ def nginx_t(h, nginx, conf_text, modules):
     conf = os.path.join(prefix, "conf", "nginx.conf")
     with open(conf, "w") as f:
         f.write(conf_text)
-    # the password file strict.conf names (read by nginx -t)
+    # the password file strict.conf and tls.conf name (read by nginx -t)
     with open(os.path.join(prefix, "conf", "redis-ratelimit.pw"), "w") as f:
         f.write("example-password\n")
+    # the certificates TLS examples name (ssl_*=, read and checked by nginx -t)
+    for name, path in example_certificates(h.tmp).items():
+        shutil.copy(path, os.path.join(prefix, "conf", name))
     p = subprocess.run([nginx, "-p", prefix + "/", "-c", conf, "-t"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
     return p.returncode, p.stdout.decode("utf-8", "replace")
@@ -72,3 +76,11 @@ def test_strict_conf(h):
     nginx -t (no sentinel needed for that)."""
     rc, out = nginx_t(h, harness.NGINX_BIN, read("strict.conf"), [harness.MODULE_SO])
     h.check(rc == 0, "nginx -t failed on strict.conf:\n" + out)
+
+
+def test_tls_conf(h):
+    """nginx-conf/tls.conf (a private CA and client certificates, a managed
+    TLS endpoint with a password file, a one-node cluster) passes nginx -t
+    with the files it names beside it (no Redis needed for that)."""
+    rc, out = nginx_t(h, harness.NGINX_BIN, read("tls.conf"), [harness.MODULE_SO])
+    h.check(rc == 0, "nginx -t failed on tls.conf:\n" + out)

@@ -324,3 +324,18 @@ def test_ssl_files_that_cannot_work_fail_nginx_t(h):
                    "ssl_trusted_certificate=%s" % both]:
         rc, err = nginx_t(params)
         h.check(rc == 0, "%s: accepted, got %s" % (params, err[-300:]))
+
+
+# the certificate files the examples (docs/, nginx-conf/) name, relative to
+# nginx's configuration prefix
+EXAMPLE_FILES = ("redis-ca.pem", "redis-client.pem", "redis-client.key")
+
+
+def example_certificates(directory):
+    """A CA and a client certificate it signed, under the names the
+    examples use, made once in `directory`; {name: path}."""
+    pki = Pki(directory)
+    if not os.path.exists(pki.path("redis-client.key")):
+        pki.ca("redis-ca")
+        pki.issue("redis-client", "redis-ca")
+    return {name: pki.path(name) for name in EXAMPLE_FILES}
