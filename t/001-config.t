@@ -766,3 +766,23 @@ secret-looking garbage
 qr/redis_ratelimit_zone: ssl_trusted_certificate ".*\/html\/ca.pem": no PEM certificate in it/
 --- no_error_log
 secret-looking
+
+
+
+=== TEST 69: ssl_name= with cluster
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=rediss://127.0.0.1:1 cluster ssl_name=redis.internal;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: "ssl_name=" does not apply to "cluster": each node is verified by the endpoint it announces
+
+
+
+=== TEST 70: ssl_name= that is not a host name
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=rediss://127.0.0.1:1 ssl_name=-bad..name;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid ssl_name "-bad..name": a host name or IP address expected

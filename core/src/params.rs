@@ -344,7 +344,7 @@ pub fn parse_zone_params(
     }
 
     let (name, size) = zone.ok_or_else(|| "no \"zone=name:size\" parameter".to_string())?;
-    ssl.check(urls.as_deref())?;
+    ssl.check(urls.as_deref(), cluster)?;
     let backend = match urls {
         Some(urls) => {
             if cluster && sentinel.is_some() {

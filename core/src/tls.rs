@@ -8,6 +8,9 @@
 //! - `ssl_certificate=file` and `ssl_certificate_key=file`: the client's
 //!   certificate (chain) and key, for a server that asks for one
 //!   (`tls-auth-clients yes`, Redis's default).
+//! - `ssl_name=name`: the name verified in the server's certificate, and
+//!   sent as SNI, instead of the address connected to (a URL or a
+//!   sentinel may give an IP address while the certificate names a host).
 //!
 //! They apply to every `rediss://` connection of the zone: the server,
 //! the sentinels and the master they name, the nodes of a cluster.
@@ -18,6 +21,7 @@ pub struct SslParams {
     pub trusted_certificate: Option<Vec<u8>>,
     pub certificate: Option<Vec<u8>>,
     pub certificate_key: Option<Vec<u8>>,
+    pub name: Option<String>,
 }
 
 fn show(b: &[u8]) -> String {
@@ -28,6 +32,16 @@ impl SslParams {
     /// Takes `name=value` if it is an `ssl_*` parameter (`Ok(false)`: it is
     /// not one).
     pub fn take(&mut self, name: &[u8], value: &[u8]) -> Result<bool, String> {
+        if name == b"ssl_name" {
+            if self.name.is_some() {
+                return Err("duplicate parameter \"ssl_name\"".to_string());
+            }
+            if value.is_empty() || !value.iter().all(|b| b.is_ascii_graphic()) {
+                return Err(format!("invalid ssl_name \"{}\": a host name expected", show(value)));
+            }
+            self.name = Some(show(value));
+            return Ok(true);
+        }
         let slot = match name {
             b"ssl_trusted_certificate" => &mut self.trusted_certificate,
             b"ssl_certificate" => &mut self.certificate,
@@ -45,7 +59,7 @@ impl SslParams {
     }
 
     pub fn any(&self) -> bool {
-        self.trusted_certificate.is_some() || self.certificate.is_some()
+        self.trusted_certificate.is_some() || self.certificate.is_some() || self.name.is_some()
     }
 
     /// The first parameter given, for "needs" messages.
@@ -54,6 +68,8 @@ impl SslParams {
             "ssl_trusted_certificate="
         } else if self.certificate.is_some() {
             "ssl_certificate="
+        } else if self.name.is_some() {
+            "ssl_name="
         } else {
             "ssl_certificate_key="
         }
@@ -62,8 +78,9 @@ impl SslParams {
     /// Checks the parameters against each other and against the zone's
     /// URLs (as written, lowercase scheme checked here): a certificate
     /// needs its key and the other way round; they need a `rediss://`
-    /// URL; a CA to verify against contradicts a URL's `#insecure`.
-    pub fn check(&self, urls: Option<&[String]>) -> Result<(), String> {
+    /// URL; verifying (a CA, a name) contradicts a URL's `#insecure`; a
+    /// cluster's nodes are verified by the endpoints they announce.
+    pub fn check(&self, urls: Option<&[String]>, cluster: bool) -> Result<(), String> {
         match (&self.certificate, &self.certificate_key) {
             (Some(_), None) => {
                 return Err("\"ssl_certificate=\" needs \"ssl_certificate_key=\"".to_string())
@@ -86,9 +103,21 @@ impl SslParams {
         if !urls.iter().any(tls) {
             return Err(format!("\"{}\" needs a TLS URL (rediss://host:port)", self.first()));
         }
-        if self.trusted_certificate.is_some() && urls.iter().any(|u| u.ends_with("#insecure")) {
-            return Err("\"ssl_trusted_certificate=\" verifies the server, and the URL's \
-                        \"#insecure\" turns verification off: remove one"
+        let verifies = if self.trusted_certificate.is_some() {
+            Some("ssl_trusted_certificate=")
+        } else {
+            self.name.as_ref().map(|_| "ssl_name=")
+        };
+        if let Some(p) = verifies.filter(|_| urls.iter().any(|u| u.ends_with("#insecure"))) {
+            return Err(format!(
+                "\"{p}\" verifies the server, and the URL's \"#insecure\" turns \
+                 verification off: remove one"
+            ));
+        }
+        if cluster && self.name.is_some() {
+            return Err("\"ssl_name=\" does not apply to \"cluster\": each node is verified \
+                        by the endpoint it announces (its IP address, or its hostname with \
+                        cluster-preferred-endpoint-type hostname)"
                 .to_string());
         }
         Ok(())
@@ -104,6 +133,8 @@ pub struct TlsFiles {
     /// PEM certificate chain and key of the client.
     pub certificate: Option<Vec<u8>>,
     pub key: Option<Vec<u8>>,
+    /// `ssl_name=`.
+    pub name: Option<String>,
 }
 
 impl std::fmt::Debug for TlsFiles {
@@ -113,6 +144,7 @@ impl std::fmt::Debug for TlsFiles {
             .field("trusted", &set(&self.trusted))
             .field("certificate", &set(&self.certificate))
             .field("key", &set(&self.key))
+            .field("name", &self.name)
             .finish()
     }
 }

@@ -79,13 +79,25 @@ fn ssl_parameters_are_taken_and_checked() {
     let urls = |u: &[&str]| u.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let p = params(&[("ssl_certificate", "c.pem"), ("ssl_certificate_key", "k.pem")]).unwrap();
     assert_eq!(p.certificate.as_deref(), Some(&b"c.pem"[..]));
-    assert!(p.check(Some(&urls(&["rediss://h:6380"]))).is_ok());
+    assert!(p.check(Some(&urls(&["rediss://h:6380"])), false).is_ok());
     // a client certificate beside #insecure: sent, the server not verified
-    assert!(p.check(Some(&urls(&["rediss://h:6380/#insecure"]))).is_ok());
+    assert!(p.check(Some(&urls(&["rediss://h:6380/#insecure"])), true).is_ok());
     let ca = params(&[("ssl_trusted_certificate", "ca.pem")]).unwrap();
-    assert!(ca.check(Some(&urls(&["redis://s1:26379", "rediss://s2:26379"]))).is_ok());
-    assert!(SslParams::default().check(None).is_ok());
-    assert!(!SslParams::default().take(b"ssl_name", b"x").unwrap());
+    assert!(ca.check(Some(&urls(&["redis://s1:26379", "rediss://s2:26379"])), false).is_ok());
+    assert!(SslParams::default().check(None, true).is_ok());
+    assert!(!SslParams::default().take(b"ssl_names", b"x").unwrap());
+    let named = params(&[("ssl_name", "redis.internal")]).unwrap();
+    assert_eq!(named.name.as_deref(), Some("redis.internal"));
+    assert!(named.check(Some(&urls(&["rediss://10.0.0.5:6380"])), false).is_ok());
+    let e = named.check(Some(&urls(&["rediss://10.0.0.5:6380"])), true).unwrap_err();
+    assert!(e.contains("does not apply to \"cluster\""), "{e}");
+    let e = named.check(Some(&urls(&["rediss://10.0.0.5:6380/#insecure"])), false).unwrap_err();
+    assert!(e.contains("\"ssl_name=\" verifies the server"), "{e}");
+    assert!(named
+        .check(Some(&urls(&["redis://10.0.0.5:6379"])), false)
+        .unwrap_err()
+        .contains("TLS URL"));
+    assert!(params(&[("ssl_name", "a b")]).is_err());
 
     type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a [&'a str]>, &'a str);
     let refused: [Case; 6] = [
@@ -106,7 +118,7 @@ fn ssl_parameters_are_taken_and_checked() {
     ];
     for (pairs, u, want) in refused {
         let p = params(pairs).unwrap();
-        let e = p.check(u.map(urls).as_deref()).unwrap_err();
+        let e = p.check(u.map(urls).as_deref(), false).unwrap_err();
         assert!(e.contains(want), "{pairs:?} {u:?}: {e}");
     }
     assert!(params(&[("ssl_certificate", "a"), ("ssl_certificate", "b")])
@@ -121,6 +133,7 @@ fn tls_files_never_show_their_contents() {
         trusted: None,
         certificate: Some(b"CERT".to_vec()),
         key: Some(b"SECRET KEY".to_vec()),
+        name: None,
     };
     let shown = format!("{f:?}");
     assert!(!shown.contains("SECRET") && !shown.contains("CERT\""), "{shown}");

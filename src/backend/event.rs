@@ -28,8 +28,8 @@ pub struct ZoneSpec {
     pub prefix: Vec<u8>,
     pub timeout: Duration,
     /// `ssl_*=`: the CA and client certificate every `rediss://`
-    /// connection uses (`None`: the system's store, no client certificate).
-    pub tls: Option<redis::TlsCertificates>,
+    /// connection uses, and the name it verifies.
+    pub tls: super::io::Tls,
     /// A `strict` limit uses the zone (its workers may get strict links).
     pub strict: bool,
     /// The zone's shared memory: how many keys the operator expects it to

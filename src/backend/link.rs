@@ -87,7 +87,7 @@ impl Backend {
 /// Connects and prepares a link (blocking, each step within the zone's
 /// `timeout=`), and learns Redis's clock (`TIME`) for the deadlines.
 fn open(spec: &ZoneSpec) -> Result<(OwnedFd, Option<i64>), String> {
-    let info = io::master_info(&spec.urls, spec.sentinel.as_ref(), spec.tls.as_ref(), spec.timeout)
+    let info = io::master_info(&spec.urls, spec.sentinel.as_ref(), &spec.tls, spec.timeout)
         .map_err(|e| super::zone::error_text(&e))?;
     let settings = info.redis_settings();
     let mut hello = Vec::new();

@@ -37,6 +37,7 @@ use ratelimit_core::params;
 use ratelimit_core::sync::Send;
 
 pub use event::{Event, Level, StatsRef, StrictAsk, StrictGroup, ZoneSpec};
+pub use io::Tls;
 pub use state::{process_alive, Backend};
 
 /// Increments wait at least this long after a flush, so that a hot key

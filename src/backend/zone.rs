@@ -238,7 +238,7 @@ impl Backend {
             &self.spec.urls,
             self.spec.cluster,
             sentinel,
-            self.spec.tls.as_ref(),
+            &self.spec.tls,
             self.spec.timeout,
         ) {
             Ok(mut c) => {

@@ -107,15 +107,18 @@ unsafe fn start_thread(cycle: *mut ngx_cycle_t) {
                 sentinel: b.sentinel.clone(),
                 prefix: p.prefix.clone(),
                 timeout: Duration::from_millis(p.timeout_ms),
-                tls: b.tls.as_ref().map(|t| redis::TlsCertificates {
-                    client_tls: t.certificate.clone().zip(t.key.clone()).map(
-                        |(client_cert, client_key)| redis::ClientTlsConfig {
-                            client_cert,
-                            client_key,
-                        },
-                    ),
-                    root_cert: t.trusted.clone(),
-                }),
+                tls: backend::Tls {
+                    certs: b.tls.as_ref().map(|t| redis::TlsCertificates {
+                        client_tls: t.certificate.clone().zip(t.key.clone()).map(
+                            |(client_cert, client_key)| redis::ClientTlsConfig {
+                                client_cert,
+                                client_key,
+                            },
+                        ),
+                        root_cert: t.trusted.clone(),
+                    }),
+                    name: b.tls.as_ref().and_then(|t| t.name.clone()),
+                },
                 strict: z.strict_at.is_some(),
                 bytes: p.size,
                 stats: z.shared.as_ref().map(|s| StatsRef::new(s.stats())),

@@ -14,7 +14,7 @@ use nginx_sys::ngx_conf_t;
 use ratelimit_core::params::{self, ZoneParams};
 use ratelimit_core::tls::{self, TlsFiles};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 /// Why a zone's files were refused: a message for `[emerg]`, or nothing
 /// when nginx has logged the reason already.
@@ -103,6 +103,14 @@ pub unsafe fn load(cf: *mut ngx_conf_t, p: &mut ZoneParams) -> Result<(), Refusa
         }
         files.certificate = Some(c.contents);
         files.key = Some(k.contents);
+    }
+    if let Some(name) = &ssl.name {
+        if ServerName::try_from(name.as_str()).is_err() {
+            return Err(Some(format!(
+                "invalid ssl_name \"{name}\": a host name or IP address expected"
+            )));
+        }
+        files.name = Some(name.clone());
     }
     if let Some(b) = p.backend.as_mut() {
         b.tls = Some(files);

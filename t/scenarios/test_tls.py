@@ -339,3 +339,63 @@ def example_certificates(directory):
         pki.ca("redis-ca")
         pki.issue("redis-client", "redis-ca")
     return {name: pki.path(name) for name in EXAMPLE_FILES}
+
+
+def test_ssl_name_verifies_a_name_where_the_address_is_an_ip(h):
+    """Certificates that name a host only (DNS:redis.test), reached by IP
+    address: with ssl_name=redis.test the server is verified by that name
+    (counts land, a small limit decided in Redis); without it the
+    connection is refused (the certificate does not hold 127.0.0.1); with
+    another name too. The same through a TLS sentinel, which names the
+    master by IP address: both the sentinel and the master are verified by
+    ssl_name=."""
+    from test_sentinel import Sentinel
+
+    pki = Pki(h.tmp)
+    pki.ca("ca")
+    client, client_key = pki.issue("client", "ca")
+    scert, skey = pki.issue("named", "ca", ["DNS:redis.test"])
+    tls = ("--tls-cert-file", scert, "--tls-key-file", skey, "--tls-ca-cert-file", pki.path("ca.pem"))
+    port = free_port()
+    r = h.redis(extra_args=("--tls-port", str(port), "--tls-replication", "yes") + tls)
+    s = Sentinel(h, port, tls=(scert, skey), ca=pki.path("ca.pem"))
+    h.procs.append(s)
+    s.start()
+    ssl = "ssl_trusted_certificate=%s ssl_certificate=%s ssl_certificate_key=%s" % (
+        pki.path("ca.pem"), client, client_key)
+    url = "rediss://%s:%d" % (HOST, port)
+    http = zone_lines(h, ssl,
+                      ("nd", url, "ssl_name=redis.test hold=0"),
+                      ("ip", url, "on_error=allow"),
+                      ("wn", url, "ssl_name=other.test on_error=allow"),
+                      ("sn", "rediss://%s:%d" % (HOST, s.port), "sentinel=mymaster ssl_name=redis.test hold=0"))
+    server = (loc("/b", "redis_ratelimit nd 1000r/m;") + loc("/s", "redis_ratelimit nd 3r/m;")
+              + loc("/i", "redis_ratelimit ip 2r/m;") + loc("/w", "redis_ratelimit wn 2r/m;")
+              + loc("/e", "redis_ratelimit sn 1000r/m;") + loc("/es", "redis_ratelimit sn 3r/m strict;"))
+    ng = h.nginx(http, server, files={p: "x\n" for p in ("b", "s", "i", "w", "e", "es")})
+    h.wait_minute_room(5)
+    kb, ks, ki, kw, ke, kes = (h.key(x) for x in ("b", "s", "i", "w", "e", "es"))
+    b = [ng.get("/b?k=" + kb)[0] for _ in range(3)]
+    sm = [ng.get("/s?k=" + ks)[0] for _ in range(4)]
+    e = [ng.get("/e?k=" + ke)[0] for _ in range(3)]
+    es = [ng.get("/es?k=" + kes)[0] for _ in range(4)]
+    for path, k in (("/i", ki), ("/w", kw)):
+        ng.get("%s?k=%s" % (path, k))
+    landed = wait_for(lambda: redis_sum(r, "rl:{nd:%s}:60:*" % kb) == 3
+                      and redis_sum(r, "rl:{sn:%s}:60:*" % ke) == 3, 3.0)
+    got = wait_for(lambda: fail_lines(ng.error_log_text(), "ip") and fail_lines(ng.error_log_text(), "wn"), 3.0)
+    log = ng.error_log_text().splitlines()
+    ip = [l for l in log if 'zone "ip"' in l and "[error]" in l]
+    wn = [l for l in log if 'zone "wn"' in l and "[error]" in l]
+    others = [l for l in log if "[error]" in l and "redis_ratelimit:" in l and 'zone "ip"' not in l
+              and 'zone "wn"' not in l]
+    h.note("ssl_name=redis.test by IP: background %s (in Redis %d), 3r/m %s; through the sentinel: %s, strict %s"
+           % (statuses_str(b), redis_sum(r, "rl:{nd:%s}:60:*" % kb), statuses_str(sm), statuses_str(e),
+              statuses_str(es)))
+    h.note("without ssl_name: %s" % (ip[0][ip[0].find("redis_ratelimit"):][:200] if ip else "none"))
+    h.note("ssl_name=other.test: %s" % (wn[0][wn[0].find("redis_ratelimit"):][:200] if wn else "none"))
+    h.check(landed, "counts land, directly and through the sentinel")
+    h.check(sm == [200] * 3 + [429] and es == [200] * 3 + [429], "small and strict limits decided in Redis")
+    h.check(got and any("not valid for name" in l for l in ip + wn), "the other zones are refused by name")
+    h.check(not others, "no error for the named zones: %s" % others[:2])
+    h.check(not r.keys("rl:{ip:*") and not r.keys("rl:{wn:*"), "nothing written by the refused zones")

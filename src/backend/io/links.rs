@@ -3,17 +3,17 @@
 
 use redis::{Cmd, ConnectionAddr, RedisError, Value};
 
-use super::{at, cluster_state_ok, is_reply, open, Cluster};
+use super::{at, cluster_state_ok, is_reply, Cluster, Wire};
 
 impl Cluster {
     /// The connection to master `node` (`host:port`), made if needed.
-    pub(super) fn link(&mut self, node: &str) -> redis::RedisResult<&mut redis::Connection> {
+    pub(super) fn link(&mut self, node: &str) -> redis::RedisResult<&mut Wire> {
         if !self.links.contains_key(node) {
             let bad =
                 || RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad node address"));
             let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
             let port: u16 = port.parse().map_err(|_| bad())?;
-            let con = open(at(&self.base, host.to_string(), port), self.timeout)?;
+            let con = Wire::open(at(&self.base, host.to_string(), port), &self.tls, self.timeout)?;
             self.links.insert(node.to_string(), con);
         }
         self.links
@@ -31,7 +31,7 @@ impl Cluster {
     fn on_link<T>(
         &mut self,
         node: &str,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+        f: impl FnOnce(&mut Wire) -> redis::RedisResult<T>,
     ) -> redis::RedisResult<T> {
         let r = self.link(node).and_then(f);
         if r.as_ref().is_err_and(|e| !is_reply(e)) {

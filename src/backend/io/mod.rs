@@ -6,12 +6,16 @@
 //! again).
 
 mod links;
+mod named;
+
+pub use named::Tls;
+use named::Wire;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ratelimit_core::params::Sentinel;
-use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, RedisError, TlsCertificates, Value};
+use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, RedisError, Value};
 
 /// What became of one command of a pipeline.
 #[derive(Debug)]
@@ -60,7 +64,7 @@ fn is_reply(e: &RedisError) -> bool {
 }
 
 pub enum Conn {
-    Single(redis::Connection),
+    Single(Wire),
     Cluster(Box<Cluster>),
 }
 
@@ -73,7 +77,8 @@ pub struct Cluster {
     /// The first URL's settings (credentials, TLS, database): every master
     /// is reached with them, at its own address.
     base: redis::ConnectionInfo,
-    links: HashMap<String, redis::Connection>,
+    tls: Tls,
+    links: HashMap<String, Wire>,
     timeout: Duration,
 }
 
@@ -84,7 +89,7 @@ pub fn connect(
     urls: &[String],
     cluster: bool,
     sentinel: Option<&Sentinel>,
-    tls: Option<&TlsCertificates>,
+    tls: &Tls,
     timeout: Duration,
 ) -> redis::RedisResult<Conn> {
     if let Some(s) = sentinel {
@@ -96,7 +101,7 @@ pub fn connect(
             .connection_timeout(timeout)
             .response_timeout(timeout)
             .retries(1);
-        if let Some(t) = tls {
+        if let Some(t) = &tls.certs {
             // `certs` alone would also turn the first URL's `#insecure` off
             if let ConnectionAddr::TcpTls { insecure: true, .. } =
                 first.into_connection_info()?.addr()
@@ -110,11 +115,12 @@ pub fn connect(
         Ok(Conn::Cluster(Box::new(Cluster {
             router: client.get_connection()?,
             base,
+            tls: tls.clone(),
             links: HashMap::new(),
             timeout,
         })))
     } else {
-        let mut con = open(info(first, tls)?, timeout)?;
+        let mut con = Wire::open(info(first, tls)?, tls, timeout)?;
         writable(&mut con)?;
         Ok(Conn::Single(con))
     }
@@ -125,7 +131,7 @@ pub fn connect(
 /// which refuses every count (`READONLY`); the backend stays down until
 /// the address leads to a master again. A user whose ACL refuses `ROLE`
 /// is taken at its word (a `READONLY` reply takes the backend down again).
-fn writable(con: &mut redis::Connection) -> redis::RedisResult<()> {
+fn writable(con: &mut Wire) -> redis::RedisResult<()> {
     match redis::cmd("ROLE").query::<Vec<Value>>(con) {
         Ok(role) => match role.first() {
             Some(Value::BulkString(r)) if r == b"master" => Ok(()),
@@ -144,7 +150,7 @@ fn writable(con: &mut redis::Connection) -> redis::RedisResult<()> {
 pub fn master_info(
     urls: &[String],
     sentinel: Option<&Sentinel>,
-    tls: Option<&TlsCertificates>,
+    tls: &Tls,
     timeout: Duration,
 ) -> redis::RedisResult<redis::ConnectionInfo> {
     match sentinel {
@@ -155,23 +161,14 @@ pub fn master_info(
 
 /// A URL's connection settings, with the zone's `ssl_*=` certificates
 /// when it is a `rediss://` one.
-fn info(url: &str, tls: Option<&TlsCertificates>) -> redis::RedisResult<redis::ConnectionInfo> {
+fn info(url: &str, tls: &Tls) -> redis::RedisResult<redis::ConnectionInfo> {
     let ci = url.into_connection_info()?;
-    match tls {
+    match &tls.certs {
         Some(t) if matches!(ci.addr(), ConnectionAddr::TcpTls { .. }) => {
             Ok(redis::Client::build_with_tls(ci, t.clone())?.get_connection_info().clone())
         }
         _ => Ok(ci),
     }
-}
-
-/// A connection, bounded by `timeout` for connecting and every read and
-/// write after.
-fn open(ci: redis::ConnectionInfo, timeout: Duration) -> redis::RedisResult<redis::Connection> {
-    let con = redis::Client::open(ci)?.get_connection_with_timeout(timeout)?;
-    con.set_read_timeout(Some(timeout))?;
-    con.set_write_timeout(Some(timeout))?;
-    Ok(con)
 }
 
 /// `base`'s settings (credentials, database, TLS) at another address: a
@@ -199,13 +196,13 @@ fn at(base: &redis::ConnectionInfo, host: String, port: u16) -> redis::Connectio
 fn sentinel_master(
     urls: &[String],
     s: &Sentinel,
-    tls: Option<&TlsCertificates>,
+    tls: &Tls,
     timeout: Duration,
-) -> redis::RedisResult<(redis::Connection, redis::ConnectionInfo)> {
+) -> redis::RedisResult<(Wire, redis::ConnectionInfo)> {
     let base = info(urls.first().map(String::as_str).unwrap_or_default(), tls)?;
     let mut last = RedisError::from((redis::ErrorKind::Io, "no sentinel answered"));
     for url in urls {
-        let asked = info(url, tls).and_then(|ci| ask_sentinel(&ci, s, timeout));
+        let asked = info(url, tls).and_then(|ci| ask_sentinel(&ci, s, tls, timeout));
         let (host, port) = match asked {
             Ok(a) => a,
             Err(e) => {
@@ -214,7 +211,7 @@ fn sentinel_master(
             }
         };
         let info = at(&base, host, port);
-        let opened = open(info.clone(), timeout).and_then(|mut con| {
+        let opened = Wire::open(info.clone(), tls, timeout).and_then(|mut con| {
             let role: Vec<Value> = redis::cmd("ROLE").query(&mut con)?;
             match role.first() {
                 Some(Value::BulkString(r)) if r == b"master" => Ok((con, info)),
@@ -236,6 +233,7 @@ fn sentinel_master(
 fn ask_sentinel(
     url: &redis::ConnectionInfo,
     s: &Sentinel,
+    tls: &Tls,
     timeout: Duration,
 ) -> redis::RedisResult<(String, u16)> {
     // the sentinel's address and TLS settings, none of the master's
@@ -248,7 +246,7 @@ fn ask_sentinel(
         bare.clone().set_redis_settings(settings)
     };
     let ask = |ci: redis::ConnectionInfo| {
-        let mut con = open(ci, timeout)?;
+        let mut con = Wire::open(ci, tls, timeout)?;
         let addr: Option<(String, u16)> =
             redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(&s.master).query(&mut con)?;
         addr.ok_or_else(|| {
@@ -346,7 +344,7 @@ fn cluster_state_ok(con: &mut dyn redis::ConnectionLike) -> redis::RedisResult<(
     }
 }
 
-fn exec_single(con: &mut redis::Connection, cmds: &[Cmd]) -> (Vec<Reply>, Option<RedisError>) {
+fn exec_single(con: &mut Wire, cmds: &[Cmd]) -> (Vec<Reply>, Option<RedisError>) {
     let mut packed = Vec::new();
     for c in cmds {
         c.write_packed_command(&mut packed);
