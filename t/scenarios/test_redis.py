@@ -530,3 +530,34 @@ def test_a_password_file_keeps_the_secret_out_of_nginx_conf(h):
     h.check("first/pw@1" not in log and "second:pw" not in log and "first%2Fpw" not in log,
             "no password in the log")
     h.check("first/pw" not in n.conf_text, "no password in nginx.conf")
+
+
+def test_a_one_line_password_file_for_the_default_user(h):
+    """password_file= holding only the password (Redis's requirepass, the
+    default user): counts land; after requirepass and the file change, a
+    reload reads the file again and counting goes on."""
+    import os
+    r = h.redis(password="old:pw")
+    pw = os.path.join(h.tmp, "redis.pw")
+    with open(pw, "w") as f:
+        f.write("old:pw\n")
+    os.chmod(pw, 0o644)
+    http = "    redis_ratelimit_zone $arg_k zone=p1:1m redis=redis://%s:%d password_file=%s hold=0;\n" % (
+        HOST, r.port, pw)
+    n = h.nginx(http, "        location = /b { redis_ratelimit p1 1000r/h; }\n", files={"b": "ok\n"})
+    k1, k2 = h.key("one"), h.key("two")
+    before = [n.get("/b?k=" + k1)[0] for _ in range(2)]
+    landed1 = wait_for(lambda: redis_sum(r, "rl:{p1:%s}:3600:*" % k1) == 2, 3.0)
+    r.cmd("CONFIG", "SET", "requirepass", "new:pw")
+    r.password = "new:pw"
+    r.cmd("CLIENT", "KILL", "TYPE", "normal")
+    with open(pw, "w") as f:
+        f.write("new:pw\n")
+    n.reload()
+    after = [n.get("/b?k=" + k2)[0] for _ in range(3)]
+    landed2 = wait_for(lambda: redis_sum(r, "rl:{p1:%s}:3600:*" % k2) == 3, 4.0)
+    h.note("one-line file: %s (in Redis %d); after the change and a reload: %s (in Redis %d)" % (
+        before, redis_sum(r, "rl:{p1:%s}:*" % k1), after, redis_sum(r, "rl:{p1:%s}:*" % k2)))
+    h.check(before == [200, 200] and landed1, "counts land with the password from the file")
+    h.check(after == [200] * 3 and landed2, "counts land with the new password after the reload")
+    h.check("old:pw" not in n.error_log_text() and "new:pw" not in n.error_log_text(), "no password in the log")
