@@ -11,6 +11,8 @@
 #   make build-debian  the module for Debian's nginx, through ./configure
 #                      --add-dynamic-module=. on its nginx-dev source
 #   make test-lua      t/lua (Lua API) and t/debian (debug log) on Debian's nginx
+#   make deb     build/deb/libnginx-mod-http-redis-ratelimit_<version>_<arch>.deb
+#                for Debian's nginx (debhelper + dh_nginx, then lintian)
 #
 # NGINX_BUILD_DIR=/path/to/configured/nginx/objs builds the module for that
 # nginx instead of the vendored one (no nginx binary is copied then).
@@ -32,8 +34,11 @@ DEB_NGINX_SRC := /usr/share/nginx/src
 DEB_BUILD    := build/debian
 DEB_PACKAGES_NGINX := nginx nginx-dev libnginx-mod-http-lua
 LUA_MODULES  := /usr/lib/nginx/modules/ndk_http_module.so /usr/lib/nginx/modules/ngx_http_lua_module.so
+DEB_PACKAGES_PKG := debhelper dpkg-dev fakeroot lintian
+DEB_OUT      := build/deb
+DEB_NAME     := libnginx-mod-http-redis-ratelimit
 
-.PHONY: all build rust deps deps-debian build-debian run test unit integration scenarios test-lua check bench soak clean
+.PHONY: all build rust deps deps-debian deps-deb build-debian deb run test unit integration scenarios test-lua check bench soak clean
 
 all: build
 
@@ -52,6 +57,24 @@ deps:
 # keeps the package from starting an nginx service on port 80.
 deps-debian: deps
 	@bash scripts/ensure-packages $(DEB_PACKAGES_NGINX)
+
+# The Debian packaging tools (make deb and its test).
+deps-deb: deps-debian
+	@bash scripts/ensure-packages $(DEB_PACKAGES_PKG)
+
+# The Debian package, from debian/ with dpkg-buildpackage: debhelper and
+# nginx-dev's dh_nginx (the nginx-abi dependency, the modules-enabled link
+# scripts), the module built by `make build-debian` (debian/rules calls
+# it), and the -dbgsym package with its debug information. Everything lands
+# in build/deb (not in the parent directory); lintian must report no error.
+deb: rust deps-deb
+	@rm -rf $(DEB_OUT) && mkdir -p $(DEB_OUT)
+	@base=$(DEB_OUT)/$(DEB_NAME)_$$(dpkg-parsechangelog -S Version)_$$(dpkg-architecture -qDEB_HOST_ARCH); \
+	DEB_OUT=$(DEB_OUT) dpkg-buildpackage --build=binary --no-sign \
+	  --buildinfo-option=-u$(DEB_OUT) --buildinfo-file=$$base.buildinfo \
+	  --changes-option=-u$(DEB_OUT) --changes-file=$$base.changes && \
+	echo "lintian $$base.changes" && lintian --fail-on error $$base.changes && \
+	ls -l $(DEB_OUT)/*.deb
 
 # The module for Debian's nginx, built the way packagers build third-party
 # modules: its nginx-dev source, configured with the flags Debian used plus
@@ -112,7 +135,7 @@ test-lua: build-debian
 	python3 t/runner.py t/lua t/debian
 
 # Everything, with one summary line at the end.
-test: build build-debian
+test: build build-debian deb
 	@bash t/run-all
 
 bench: build
