@@ -398,35 +398,3 @@ def test_readme_is_short(h):
     n = read("README.md").count("\n")
     h.note("README.md: %d lines" % n)
     h.check(n <= README_MAX_LINES, "README.md has %d lines, more than %d: move detail to docs/" % (n, README_MAX_LINES))
-
-
-def test_alert_rules_pass_promtool(h):
-    """The Prometheus alert rules the docs give (```yaml blocks starting
-    with `groups:`) pass `promtool check rules`, and name only metrics the
-    module serves."""
-    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "ensure-promtool")],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
-    h.check(p.returncode == 0, "no promtool: %s" % p.stderr.decode(errors="replace"))
-    tool = p.stdout.decode().strip().splitlines()[-1]
-    with open(os.path.join(ROOT, "core", "src", "metrics.rs")) as f:
-        served = set(re.findall(r'"(nginx_redis_ratelimit_\w+)"', f.read()))
-    found = 0
-    for rel in doc_files():
-        for lang, line, kind, text in blocks(rel):
-            if lang not in ("yaml", "yml") or not text.lstrip().startswith("groups:"):
-                continue
-            found += 1
-            path = os.path.join(h.tmp, "rules-%d.yml" % found)
-            with open(path, "w") as f:
-                f.write(text)
-            r = subprocess.run([tool, "check", "rules", path], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, timeout=60)
-            h.expect(r.returncode == 0, "%s:%d: promtool check rules failed:\n%s"
-                     % (rel, line, r.stdout.decode(errors="replace")))
-            for name in set(re.findall(r"\bnginx_redis_ratelimit_\w+", text)):
-                base = re.sub(r"_(bucket|sum|count)$", "", name)
-                h.expect(name in served or base in served,
-                         "%s:%d: %s is not a metric the module serves" % (rel, line, name))
-    h.note("%d rule files checked" % found)
-    h.check(found > 0, "no alert rules found in the docs")
-test_alert_rules_pass_promtool.timeout = 300
