@@ -19,7 +19,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use common::{Arrivals, Kind, Rng, SlidingLog};
-use ratelimit_core::counter::{cap_to_share, check, confirm, count, counter_is_new, Confirmation};
+use ratelimit_core::counter::{
+    cap_to_share, check, confirm, count, counter_is_new, stale_after_ms, wait, Confirmation,
+};
 use ratelimit_core::rate::Rate;
 use ratelimit_core::sync::{self, Send};
 use ratelimit_core::table::Entry;
@@ -180,7 +182,7 @@ impl<'a> Sim<'a> {
         let n = &mut self.nodes[i];
         let mut c = check(&mut n.e, rate, now);
         if rule == Rule::Hold {
-            cap_to_share(&n.e, rate, now, 1, 1, &mut c);
+            cap_to_share(&n.e, rate, now, 1, 1, stale_after_ms(self.s.rtt_us), &mut c);
         }
         if !c.allowed {
             return false;
@@ -216,6 +218,7 @@ impl<'a> Sim<'a> {
                 let unsent = self.nodes[i].e.inflight;
                 let share = self.nodes[i].e.share;
                 let send = sync::when(rate, after, unsent, share, now, HOLD_MS);
+                wait(&mut self.nodes[i].e, send.prompt(), now);
                 let mut t = match send {
                     Send::Now => t_us + WAKE_US,
                     Send::By(ms) if ms <= now => t_us + FLUSH_US,

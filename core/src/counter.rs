@@ -48,6 +48,7 @@ pub fn roll(e: &mut Entry, now_ms: u64, period_ms: u64) -> u64 {
     e.prev = if idx == stored + 1 { e.cur.saturating_add(e.inflight) } else { 0 };
     e.cur = 0;
     e.inflight = 0;
+    e.waiting = 0;
     e.window = idx as u32;
     idx
 }
@@ -123,6 +124,50 @@ pub fn check_cost(e: &mut Entry, rate: Rate, now_ms: u64, cost: u32) -> Check {
     }
 }
 
+/// The share a node assumes of a key it has no reply for yet: one node in
+/// 32. Up to 128 nodes meeting a key at once then hold no more than the
+/// headroom below half its limit together (`sync`), and a node whose first
+/// reply is late spends no more than that of the headroom (`cap_to_share`).
+pub const FIRST_SHARE: u16 = u16::MAX / 32;
+
+/// The least time a node waits for Redis's answer to increments it sent
+/// promptly before its view of the key counts as stale; the zone's round
+/// trip adds to it (`stale_after_ms`). A node whose Redis thread does not
+/// get the CPU (a busy machine), or whose Redis stalls, must not keep
+/// spending the headroom it last saw (`cap_to_share`).
+pub const STALE_MIN_MS: u64 = 5;
+
+/// How long a node may wait for Redis's answer before its view counts as
+/// stale, for a zone whose recent round trip is `rtt_us`: `STALE_MIN_MS`
+/// and two round trips (a flush may wait for the one before).
+#[inline]
+pub fn stale_after_ms(rtt_us: u64) -> u64 {
+    STALE_MIN_MS + 2 * rtt_us.div_ceil(1000)
+}
+
+/// The node counted a request of the key and queued it to reach Redis
+/// `prompt`ly (near the limit, or past what it may hold: `sync::when`):
+/// from the first such request since Redis last answered, it waits.
+/// Increments held far from the limit wait for nothing (`sync` bounds
+/// them).
+#[inline]
+pub fn wait(e: &mut Entry, prompt: bool, now_ms: u64) {
+    if prompt && e.waiting == 0 {
+        e.waiting = 1;
+        e.waiting_since = now_ms as u16;
+    }
+}
+
+/// How long the node has waited for Redis's answer (0: not waiting). Ages
+/// wrap after 65.5 s, far beyond any wait that matters here.
+#[inline]
+pub fn waited_ms(e: &Entry, now_ms: u64) -> u64 {
+    if e.waiting == 0 {
+        return 0;
+    }
+    u64::from((now_ms as u16).wrapping_sub(e.waiting_since))
+}
+
 /// Unconfirmed requests a node may always have near the limit, whatever
 /// its share (`cap_to_share`): a lone client's few requests in flight are
 /// never refused for a share learnt too small.
@@ -132,34 +177,57 @@ pub const CAP_FLOOR: u64 = 4;
 /// Redis confirmed before it hears back. With the near-limit rule every
 /// node sends at once from `L/2` on, but each would otherwise pass all of
 /// the headroom it sees during a round trip, and `N` nodes together up to
-/// `N` times it. A node whose share `f` of the key's traffic is below one
-/// half keeps its unconfirmed requests within
-/// `max(CAP_FLOOR, ⌈f · (L − g)⌉)` (`g`: the estimate from Redis's counts
-/// alone): what all of them pass blind then adds up to the headroom (plus
-/// `CAP_FLOOR` a node) when the shares add up to 1. A request past it is
-/// rejected; the next reply (within a round trip) moves `g` and the cap on.
-/// No cap far from the limit, without a share (no reply yet), or for a
-/// node with half the key's traffic or more whose last reply grew by its
-/// own increments alone (a node alone, whose share is still being learnt:
-/// the first reply says half). A node with half or more while others
-/// count too is capped like the rest: two nodes near half each would
-/// otherwise both pass blind whatever their round trips let through.
+/// `N` times it. A node whose share of the key's traffic is `f` keeps its
+/// unconfirmed requests within `max(CAP_FLOOR, ⌈f · (L − g)⌉)` (`g`: the
+/// estimate from Redis's counts alone): what all of them pass blind then
+/// adds up to the headroom (plus `CAP_FLOOR` a node) when the shares add
+/// up to 1. A request past it is rejected; the next reply (within a round
+/// trip) moves `g` and the cap on. A node alone learns a share near 1
+/// within a few replies (each one alone moves it a quarter of the way), and
+/// then spends the whole headroom.
+///
+/// Fresh (not waiting for Redis longer than `stale_ms`): no cap far from
+/// the limit, nor before the first reply (a lone client's burst on a fresh
+/// key gets the limit while Redis answers in time). Stale (waiting longer),
+/// near the limit or far from it: the node's share of the headroom (one in
+/// 32 before a first reply), shrunk by `stale_ms / waited`: a node that has
+/// not heard back (first contact, a thread that did not run, a Redis that
+/// stalls) may be one of many flooding the key, and the longer it hears
+/// nothing, the less it spends. A node holding increments far from the
+/// limit waits for nothing (`wait`), and is never capped for it.
+///
 /// Turns an allowed `c` into a rejection with a retry time of `retry_ms`
 /// from now.
 #[inline]
-pub fn cap_to_share(e: &Entry, rate: Rate, now_ms: u64, cost: u32, retry_ms: u64, c: &mut Check) {
-    let lone = e.share >= u16::MAX / 2 && e.alone != 0;
-    if !c.allowed || e.inflight == 0 || e.share == 0 || lone {
+pub fn cap_to_share(
+    e: &Entry,
+    rate: Rate,
+    now_ms: u64,
+    cost: u32,
+    retry_ms: u64,
+    stale_ms: u64,
+    c: &mut Check,
+) {
+    if !c.allowed || e.inflight == 0 {
         return;
     }
-    let near = c.estimate.remaining(rate.limit) <= (rate.limit / 2).saturating_add(cost);
-    if !near {
-        return;
+    let waited = waited_ms(e, now_ms);
+    let stale = waited > stale_ms;
+    if !stale {
+        let near = c.estimate.remaining(rate.limit) <= (rate.limit / 2).saturating_add(cost);
+        if !near || e.share == 0 {
+            return;
+        }
+    }
+    let mut share = u64::from(if e.share == 0 { FIRST_SHARE } else { e.share });
+    if stale {
+        // the longer nothing is heard, the less is spent
+        share = share * stale_ms / waited;
     }
     let p = rate.period_ms();
     let known = Estimate::new(e.prev, e.cur, now_ms.saturating_sub(c.window_start_ms), p);
     let headroom = u64::from(known.remaining(rate.limit));
-    let cap = (headroom * u64::from(e.share)).div_ceil(u64::from(u16::MAX)).max(CAP_FLOOR);
+    let cap = (headroom * share).div_ceil(u64::from(u16::MAX)).max(CAP_FLOOR);
     if u64::from(e.inflight) + u64::from(cost.max(1)) > cap {
         c.allowed = false;
         c.retry_at_ms = now_ms.saturating_add(retry_ms);
@@ -290,11 +358,13 @@ pub fn confirm(e: &mut Entry, c: &Confirmation, rate: Rate, now_ms: u64) {
     }
     let w = u64::from(e.window);
     if c.window == w {
+        // answered: what the node sends next starts a new wait
+        e.waiting = 0;
         learn_share(e, c);
         let mine = u64::from(c.sent) + u64::from(c.carried);
         if mine > 0 {
             // the count grew by this node's increments alone since the last
-            e.alone = u16::from(c.cur.saturating_sub(u64::from(e.cur)) == mine);
+            e.alone = u8::from(c.cur.saturating_sub(u64::from(e.cur)) == mine);
         }
         e.inflight = e.inflight.saturating_sub(c.sent);
         e.cur = e.cur.max(clamp(c.cur));
@@ -361,3 +431,7 @@ pub fn keep_local(e: &mut Entry, window: u64, sent: u32) {
 #[cfg(test)]
 #[path = "counter_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "counter_cap_tests.rs"]
+mod cap_tests;

@@ -34,9 +34,9 @@ fn cost_zero_checks_without_counting_and_cost_above_the_limit_never_passes() {
 }
 
 const R: Rate = Rate { limit: 10, period: 60 };
-const T0: u64 = 1_700_000_040_000; // start of a minute
+pub(super) const T0: u64 = 1_700_000_040_000; // start of a minute
 
-fn fresh() -> Entry {
+pub(super) fn fresh() -> Entry {
     Entry::default()
 }
 
@@ -352,86 +352,6 @@ fn replies_teach_the_node_its_share_of_the_key() {
         T0 + 60_001,
     );
     assert_eq!(f.share, 0);
-}
-
-/// Near the limit each node spends its share of the confirmed headroom.
-fn capped(e: &mut Entry, rate: Rate, now: u64) -> bool {
-    let mut c = check_cost(e, rate, now, 1);
-    cap_to_share(e, rate, now, 1, 1, &mut c);
-    if c.allowed {
-        count_cost(e, true, 1);
-    }
-    c.allowed
-}
-
-#[test]
-fn near_the_limit_a_node_spends_only_its_share_of_the_headroom() {
-    let rate = Rate { limit: 1000, period: 60 };
-    let mut e = fresh();
-    roll(&mut e, T0, 60_000);
-    // Redis says 900 (h = 100), this node sends a quarter of the traffic
-    e.cur = 900;
-    e.share = u16::MAX / 4;
-    let passed = (0..100).take_while(|_| capped(&mut e, rate, T0 + 10)).count();
-    assert_eq!(passed, 25, "a quarter of 100");
-    let mut c = check_cost(&mut e, rate, T0 + 10, 1);
-    cap_to_share(&e, rate, T0 + 10, 1, 1, &mut c);
-    assert!(!c.allowed);
-    assert_eq!(c.retry_at_ms, T0 + 11, "until the next reply");
-    // the reply: the others sent 3 × 22 meanwhile
-    let reply =
-        Confirmation { window: e.window.into(), sent: 25, carried: 0, cur: 991, prev: None };
-    confirm(&mut e, &reply, rate, T0 + 11);
-    assert_eq!(e.inflight, 0);
-    // nine left: a quarter is 3, but CAP_FLOOR (4) requests may be in flight
-    assert_eq!((0..10).take_while(|_| capped(&mut e, rate, T0 + 12)).count(), 4);
-}
-
-#[test]
-fn no_cap_far_from_the_limit_or_before_the_first_reply() {
-    let rate = Rate { limit: 1000, period: 60 };
-    // far: 300 unconfirmed with a small share, all pass
-    let mut e = fresh();
-    roll(&mut e, T0, 60_000);
-    e.share = u16::MAX / 32;
-    assert_eq!((0..300).filter(|_| capped(&mut e, rate, T0)).count(), 300);
-    // no reply yet (share 0): one node's burst on a fresh key gets the
-    // whole limit, as without a cap
-    let mut e = fresh();
-    assert_eq!((0..1200).filter(|_| capped(&mut e, rate, T0)).count(), 1000);
-    // a node alone (share 1), or with half the traffic (the first reply
-    // says half) when its last reply grew by its own increments alone,
-    // gets all the headroom
-    for share in [u16::MAX, u16::MAX / 2] {
-        let mut e = fresh();
-        roll(&mut e, T0, 60_000);
-        e.cur = 900;
-        e.share = share;
-        e.alone = 1;
-        assert_eq!((0..200).filter(|_| capped(&mut e, rate, T0)).count(), 100);
-    }
-    // with half the traffic while another node counts too: half of it (two
-    // such nodes together pass the headroom, not twice it)
-    let mut e = fresh();
-    roll(&mut e, T0, 60_000);
-    e.cur = 900;
-    e.share = u16::MAX / 2;
-    e.alone = 0;
-    assert_eq!((0..200).filter(|_| capped(&mut e, rate, T0)).count(), 50);
-    // a lone client's requests one after another at 5r/m, each in flight
-    // when the next comes, the first reply in after the second
-    let five = Rate { limit: 5, period: 60 };
-    let mut e = fresh();
-    let mut got = vec![capped(&mut e, five, T0), capped(&mut e, five, T0)];
-    let w = e.window.into();
-    confirm(
-        &mut e,
-        &Confirmation { window: w, sent: 1, carried: 0, cur: 1, prev: None },
-        five,
-        T0 + 1,
-    );
-    got.extend((0..5).map(|_| capped(&mut e, five, T0 + 2)));
-    assert_eq!(got, [true, true, true, true, true, false, false]);
 }
 
 #[test]

@@ -42,10 +42,7 @@ use crate::counter::Fresh;
 use crate::rate::Rate;
 use crate::window::Estimate;
 
-/// The share a node assumes of a key it has no reply for yet: one node in
-/// 32. Up to 128 nodes meeting a key at once then hold no more than the
-/// headroom below half its limit together.
-pub const FIRST_SHARE: u16 = u16::MAX / 32;
+pub use crate::counter::FIRST_SHARE;
 
 /// When a counted request is to reach Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +70,13 @@ impl Send {
             (Send::Hold(a, r), Send::Hold(b, s)) => Send::Hold(a.min(b), r.min(s)),
             (Send::By(a) | Send::Hold(a, _), Send::By(b) | Send::Hold(b, _)) => Send::By(a.min(b)),
         }
+    }
+
+    /// Within a flush (at once, or past what the node may hold): the node
+    /// then waits for Redis's answer (`counter::wait`).
+    #[inline]
+    pub fn prompt(self) -> bool {
+        !matches!(self, Send::Hold(..))
     }
 
     /// The time to send by (ms; 0: at once).

@@ -69,12 +69,16 @@ pub struct Entry {
     pub share: u16,
     /// 1 when Redis's last count of the key's window held only this node's
     /// increments (see `counter::counter_is_new`).
-    pub alone: u16,
+    pub alone: u8,
+    /// 1 while this node waits for Redis to answer increments it sent
+    /// promptly (`counter::wait`), since `waiting_since`.
+    pub waiting: u8,
     /// The window (its low 15 bits, with the top bit set) in which the
     /// key's breaker last opened and was counted (`counter::opened`): the
     /// metric counts a key once per window, not once per reply.
     pub opened_in: u16,
-    _spare: u16,
+    /// When the wait began: the low 16 bits of the clock in ms.
+    pub waiting_since: u16,
 }
 
 /// Sizes of the three parts of a region of a given length.

@@ -211,8 +211,10 @@ impl Backend {
         let sent_at = Instant::now();
         let (replies, broken) = conn.exec(&cmds, node, stop_at, &readback);
         let now = Instant::now();
+        let rtt_us = now.saturating_duration_since(sent_at).as_micros() as u64;
+        self.rtt_us = if self.rtt_us == 0 { rtt_us } else { (3 * self.rtt_us + rtt_us) / 4 };
         if let Some(st) = self.stats() {
-            st.pipeline(cmds.len(), now.saturating_duration_since(sent_at).as_micros() as u64);
+            st.pipeline(cmds.len(), rtt_us);
         }
         let mut created: Vec<(ItemId, Box<[u8]>, u32)> = Vec::new();
         let mut cluster_down = None;

@@ -17,13 +17,14 @@ mod flush;
 mod io;
 mod link;
 mod refresh;
+mod signals;
 mod state;
 mod strict;
 mod zone;
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use ratelimit_core::batch::{Batch, Bounds, Delete, ItemId};
-use ratelimit_core::counter::Fresh;
+use ratelimit_core::counter::{self, Fresh};
 use ratelimit_core::health;
 use ratelimit_core::params;
 use ratelimit_core::sync::Send;
@@ -83,6 +84,10 @@ pub struct Channel {
     notify_fd: RawFd,
     /// Per zone index: whether its backend is up (transport works).
     up: Vec<AtomicBool>,
+    /// Per zone index: how long (ms) a key's increments may wait for an
+    /// answer before the node's view of the key counts as stale
+    /// (`counter::stale_after_ms` of the zone's recent round trip).
+    stale_ms: Vec<AtomicU32>,
     /// Increments dropped because the batch was full.
     pub dropped: AtomicU64,
     /// An increment of a key near its limit is waiting: flush now.
@@ -112,6 +117,7 @@ impl Channel {
             events: Mutex::new(Vec::new()),
             notify_fd,
             up: (0..zones).map(|_| AtomicBool::new(true)).collect(),
+            stale_ms: (0..zones).map(|_| AtomicU32::new(counter::STALE_MIN_MS as u32)).collect(),
             dropped: AtomicU64::new(0),
             urgent: AtomicBool::new(false),
             done: Mutex::new(false),
@@ -214,6 +220,14 @@ impl Channel {
         self.wake.notify_one();
     }
 
+    /// See `stale_ms` (the field).
+    #[inline]
+    pub fn stale_ms(&self, zone: usize) -> u64 {
+        self.stale_ms
+            .get(zone)
+            .map_or(counter::STALE_MIN_MS, |s| u64::from(s.load(Ordering::Relaxed)))
+    }
+
     pub fn is_up(&self, zone: usize) -> bool {
         self.up.get(zone).is_none_or(|u| u.load(Ordering::Relaxed))
     }
@@ -258,7 +272,7 @@ impl Channel {
 /// calling thread while the new one is created, so that it starts with all
 /// of them blocked: nginx handles signals in the worker's main thread.
 pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<JoinHandle<()>> {
-    let saved = block_signals();
+    let saved = signals::block_all();
     let spawned = std::thread::Builder::new()
         .name("redis_ratelimit".into())
         .spawn(move || {
@@ -287,36 +301,8 @@ pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<Joi
             *channel.done.lock() = true;
             channel.done_cv.notify_all();
         });
-    restore_signals(&saved);
+    signals::restore(&saved);
     spawned
-}
-
-/// The wall clock in ms, as nginx's cached time that set the items' due
-/// times (a step of the clock makes them go early, or at the latest after
-/// `params::MAX_HOLD_MS`).
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Blocks every signal in the calling thread; returns the previous mask.
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: plain libc calls on local signal sets.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-        old
-    }
-}
-
-fn restore_signals(old: &libc::sigset_t) {
-    // SAFETY: restores a mask returned by `block_signals`.
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut());
-    }
 }
 
 fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
@@ -342,7 +328,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                 }
                 // what is due now (within the slack), or everything when
                 // what waits holds too many bytes
-                let now_ms = wall_ms();
+                let now_ms = clock::unix_ms();
                 let due = b.next_due();
                 // due later than any item can be: the clock stepped back
                 let stepped = due.is_some_and(|d| d > now_ms.saturating_add(params::MAX_HOLD_MS));
@@ -383,7 +369,7 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
                     now_ms.saturating_add(next.duration_since(now).as_millis() as u64).max(1);
                 let timed_out = ch.wake.wait_until(&mut b, next).timed_out();
                 b.wake_at = 0;
-                if timed_out && b.next_due().is_none_or(|d| d > wall_ms()) {
+                if timed_out && b.next_due().is_none_or(|d| d > clock::unix_ms()) {
                     break (Vec::new(), Vec::new(), false);
                 }
             }
@@ -488,6 +474,10 @@ fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
 fn show_health(ch: &Channel, b: &Backend) {
     if let Some(up) = ch.up.get(b.zone() as usize) {
         up.store(b.is_up(), Ordering::Relaxed);
+    }
+    if let Some(s) = ch.stale_ms.get(b.zone() as usize) {
+        let ms = counter::stale_after_ms(b.rtt_us);
+        s.store(u32::try_from(ms).unwrap_or(u32::MAX), Ordering::Relaxed);
     }
     if let Some(st) = b.stats() {
         st.backend_up.store(u64::from(b.is_up()), Ordering::Relaxed);

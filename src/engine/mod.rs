@@ -201,7 +201,7 @@ fn decide_many(
         };
         let (entry, _) = guards[guard].table.get_or_insert(id);
         let e = guards[guard].table.entry_mut(entry);
-        let mut s = check(e, a.rate, a.cost, mode, now);
+        let mut s = check(e, a.rate, a.cost, mode, now, stale_ms(channel, a.zone));
         verdict(a.strict, &mut s.check, now);
         slots.push(Slot { guard, entry, id, mode });
         said.push(s);
@@ -249,6 +249,30 @@ fn decide_many(
         out.after = counter::estimate(e, a.rate, now);
         unsent.push((e.inflight, e.share, counter::fresh(e)));
     }
+    // when each increment goes, each as the limits of its entry say
+    // (`sync`): a key near any of them goes at once, and then waits for
+    // Redis's answer
+    let mut due: SmallVec<[Send; 4]> = SmallVec::new();
+    if channel.is_some() {
+        for &(i, _, _) in &sends {
+            let s = &slots[i];
+            let send = asks
+                .iter()
+                .zip(&slots)
+                .zip(&said)
+                .filter(|((_, o), _)| o.guard == s.guard && o.entry == s.entry)
+                .map(|((o, _), x)| {
+                    if o.strict == Strict::Later {
+                        return Send::Now;
+                    }
+                    let (u, share, _) = unsent[i];
+                    sync::when(o.rate, x.after, u, share, now, hold_ms(mcf, o.zone))
+                })
+                .fold(Send::LATEST, Send::min);
+            counter::wait(guards[s.guard].table.entry_mut(s.entry), send.prompt(), now);
+            due.push(send);
+        }
+    }
     drop(guards);
     for ((a, s), x) in asks.iter().zip(&slots).zip(&said) {
         trace(log, mcf, a, s.id, s.mode, x);
@@ -273,26 +297,11 @@ fn decide_many(
         }
     }
 
-    // queue the increments, each as the limits of its entry say (`sync`):
-    // a key near any of them goes at once
+    // queue the increments
     if let Some(ch) = channel {
-        for &(i, limit, n) in &sends {
-            let s = &slots[i];
-            let send = asks
-                .iter()
-                .zip(&slots)
-                .zip(&said)
-                .filter(|((_, o), _)| o.guard == s.guard && o.entry == s.entry)
-                .map(|((o, _), x)| {
-                    if o.strict == Strict::Later {
-                        return Send::Now;
-                    }
-                    let (u, share, _) = unsent[i];
-                    sync::when(o.rate, x.after, u, share, now, hold_ms(mcf, o.zone))
-                })
-                .fold(Send::LATEST, Send::min);
+        for (&(i, limit, n), &send) in sends.iter().zip(&due) {
             let fresh = unsent[i].2;
-            queue(mcf, ch, &asks[i], s.id, said[i].check.window, limit, n, send, fresh);
+            queue(mcf, ch, &asks[i], slots[i].id, said[i].check.window, limit, n, send, fresh);
         }
     }
     let limit = if allowed { asks[tightest].rate.limit } else { 0 };
@@ -314,7 +323,7 @@ fn decide_one(
     let mut locked = shared.lock();
     let (entry, _) = locked.table.get_or_insert(id);
     let e = locked.table.entry_mut(entry);
-    let mut said = check(e, a.rate, a.cost, mode, now);
+    let mut said = check(e, a.rate, a.cost, mode, now, stale_ms(channel, a.zone));
     let allowed = said.check.allowed;
     let counted = take.counts(allowed) && counts(mode);
     let send = counted && count(e, mode, a.cost);
@@ -323,11 +332,15 @@ fn decide_one(
         // `counter::estimate` gives now, without a second pass)
         said.after = said.check.estimate.plus(a.cost);
     }
-    let (unsent, share, fresh) = (e.inflight, e.share, counter::fresh(e));
+    let when = (send && channel.is_some()).then(|| {
+        let w = sync::when(a.rate, said.after, e.inflight, e.share, now, hold_ms(mcf, a.zone));
+        counter::wait(e, w.prompt(), now);
+        w
+    });
+    let fresh = counter::fresh(e);
     drop(locked);
     trace(log, mcf, a, id, mode, &said);
-    if let Some(ch) = channel.filter(|_| send) {
-        let when = sync::when(a.rate, said.after, unsent, share, now, hold_ms(mcf, a.zone));
+    if let (Some(ch), Some(when)) = (channel, when) {
         queue(mcf, ch, a, id, said.check.window, a.rate.limit, a.cost, when, fresh);
     }
     Ok(Decision {
@@ -376,14 +389,21 @@ pub fn entry_id(shared: &Shared, a: &Ask<'_>) -> [u64; 2] {
     shared.ids.id_in(ns, a.rate.period, a.key)
 }
 
+/// How long a key's increments may wait for the zone's Redis before the
+/// node's view of it counts as stale (`counter::cap_to_share`).
+#[inline(always)]
+fn stale_ms(channel: Option<&std::sync::Arc<Channel>>, zone: usize) -> u64 {
+    channel.map_or(counter::STALE_MIN_MS, |ch| ch.stale_ms(zone))
+}
+
 /// Checks one limit against its entry, under the lock.
 #[inline(always)]
-fn check(e: &mut Entry, rate: Rate, cost: u32, mode: Mode, now: u64) -> Said {
+fn check(e: &mut Entry, rate: Rate, cost: u32, mode: Mode, now: u64, stale_ms: u64) -> Said {
     let mut check = counter::check_cost(e, rate, now, cost);
     if mode == Mode::Remote {
-        // near the limit, no more than this node's share of the headroom
-        // before Redis answers
-        counter::cap_to_share(e, rate, now, cost, 1, &mut check);
+        // near the limit, or waiting too long for Redis, no more than this
+        // node's share of the headroom before Redis answers
+        counter::cap_to_share(e, rate, now, cost, 1, stale_ms, &mut check);
     }
     mode.apply(&mut check, now);
     Said { check, after: check.estimate }

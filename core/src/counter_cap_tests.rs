@@ -1,0 +1,150 @@
+//! `counter::cap_to_share` and the wait for Redis's answers: what a node
+//! passes blind near the limit, and once its view is stale.
+use super::tests::{fresh, T0};
+use super::*;
+
+/// Near the limit each node spends its share of the confirmed headroom.
+fn capped(e: &mut Entry, rate: Rate, now: u64) -> bool {
+    let mut c = check_cost(e, rate, now, 1);
+    cap_to_share(e, rate, now, 1, 1, STALE_MIN_MS, &mut c);
+    if c.allowed {
+        count_cost(e, true, 1);
+        // sent within a flush: near the limit, or past what it may hold
+        let after = estimate(e, rate, now);
+        let send = crate::sync::when(rate, after, e.inflight, e.share, now, 5_000);
+        wait(e, send.prompt(), now);
+    }
+    c.allowed
+}
+
+#[test]
+fn near_the_limit_a_node_spends_only_its_share_of_the_headroom() {
+    let rate = Rate { limit: 1000, period: 60 };
+    let mut e = fresh();
+    roll(&mut e, T0, 60_000);
+    // Redis says 900 (h = 100), this node sends a quarter of the traffic
+    e.cur = 900;
+    e.share = u16::MAX / 4;
+    let passed = (0..100).take_while(|_| capped(&mut e, rate, T0 + 10)).count();
+    assert_eq!(passed, 25, "a quarter of 100");
+    let mut c = check_cost(&mut e, rate, T0 + 10, 1);
+    cap_to_share(&e, rate, T0 + 10, 1, 1, STALE_MIN_MS, &mut c);
+    assert!(!c.allowed);
+    assert_eq!(c.retry_at_ms, T0 + 11, "until the next reply");
+    // the reply: the others sent 3 × 22 meanwhile
+    let reply =
+        Confirmation { window: e.window.into(), sent: 25, carried: 0, cur: 991, prev: None };
+    confirm(&mut e, &reply, rate, T0 + 11);
+    assert_eq!(e.inflight, 0);
+    // nine left: a quarter is 3, but CAP_FLOOR (4) requests may be in flight
+    assert_eq!((0..10).take_while(|_| capped(&mut e, rate, T0 + 12)).count(), 4);
+}
+
+#[test]
+fn no_cap_far_from_the_limit_or_before_the_first_reply() {
+    let rate = Rate { limit: 1000, period: 60 };
+    // far: 300 unconfirmed with a small share, all pass
+    let mut e = fresh();
+    roll(&mut e, T0, 60_000);
+    e.share = u16::MAX / 32;
+    assert_eq!((0..300).filter(|_| capped(&mut e, rate, T0)).count(), 300);
+    // no reply yet (share 0): one node's burst on a fresh key gets the
+    // whole limit, as without a cap
+    let mut e = fresh();
+    assert_eq!((0..1200).filter(|_| capped(&mut e, rate, T0)).count(), 1000);
+    // near the limit a node spends its share of the headroom, alone or
+    // not: all of it with all the traffic, half with half (two such nodes
+    // together pass the headroom, not twice it)
+    for (share, alone, passed) in [(u16::MAX, 1, 100), (u16::MAX / 2, 1, 50), (u16::MAX / 2, 0, 50)]
+    {
+        let mut e = fresh();
+        roll(&mut e, T0, 60_000);
+        e.cur = 900;
+        e.share = share;
+        e.alone = alone;
+        assert_eq!((0..200).filter(|_| capped(&mut e, rate, T0)).count(), passed);
+    }
+    // a lone client's requests one after another at 5r/m, each in flight
+    // when the next comes, the first reply in after the second
+    let five = Rate { limit: 5, period: 60 };
+    let mut e = fresh();
+    let mut got = vec![capped(&mut e, five, T0), capped(&mut e, five, T0)];
+    let w = e.window.into();
+    confirm(
+        &mut e,
+        &Confirmation { window: w, sent: 1, carried: 0, cur: 1, prev: None },
+        five,
+        T0 + 1,
+    );
+    got.extend((0..5).map(|_| capped(&mut e, five, T0 + 2)));
+    assert_eq!(got, [true, true, true, true, true, false, false]);
+}
+
+#[test]
+fn a_stale_view_spends_less_the_longer_nothing_is_heard() {
+    let rate = Rate { limit: 1000, period: 60 };
+    // first contact: 600 pass within STALE_MIN_MS of the first request
+    // sent (a lone client's burst gets the limit while Redis answers in
+    // time) ...
+    let mut e = fresh();
+    let near = (0..600).filter(|_| capped(&mut e, rate, T0)).count();
+    assert_eq!(near, 600);
+    assert_eq!(e.waiting, 1, "past FIRST_SHARE's allowance: sent, waiting");
+    // ... but with no reply STALE_MIN_MS later, no more than one in 32 of
+    // the headroom Redis confirmed (1000: nothing confirmed yet) is in
+    // flight beyond CAP_FLOOR: 600 are already, so none passes
+    let late = T0 + STALE_MIN_MS + 1;
+    assert_eq!((0..100).filter(|_| capped(&mut e, rate, late)).count(), 0);
+    // the reply (others counted 300 meanwhile) ends the wait
+    let w = e.window.into();
+    confirm(
+        &mut e,
+        &Confirmation { window: w, sent: 600, carried: 0, cur: 900, prev: None },
+        rate,
+        late,
+    );
+    assert_eq!(waited_ms(&e, late + 100), 0);
+    assert!(capped(&mut e, rate, late + 1));
+
+    // far from the limit: no cap while fresh, the share of the headroom
+    // once stale, less and less as the wait goes on
+    let far = |waited: u64| {
+        let mut e = fresh();
+        roll(&mut e, T0, 60_000);
+        e.share = u16::MAX / 4;
+        // past the allowance (a quarter of 500, over 4): sent
+        let sent = (0..40).filter(|_| capped(&mut e, rate, T0)).count();
+        assert_eq!((sent, e.waiting), (40, 1));
+        sent + (0..400).filter(|_| capped(&mut e, rate, T0 + waited)).count()
+    };
+    assert_eq!(far(STALE_MIN_MS), 440, "fresh: far from the limit, no cap");
+    assert_eq!(far(STALE_MIN_MS + 1), 209, "a quarter of 1000, times 5/6");
+    assert_eq!(far(10 * STALE_MIN_MS), 40, "a quarter of 1000 times 1/10 is 25: none more");
+    assert_eq!(far(1000 * STALE_MIN_MS), 40, "never below CAP_FLOOR, here already passed");
+
+    // increments held far from the limit wait for nothing: a key quiet for
+    // minutes is not capped when it is counted again
+    let mut e = fresh();
+    roll(&mut e, T0, 60_000);
+    e.share = u16::MAX;
+    assert!(capped(&mut e, rate, T0));
+    assert_eq!(e.waiting, 0, "held, not sent");
+    assert_eq!((0..50).filter(|_| capped(&mut e, rate, T0 + 50_000)).count(), 50);
+}
+
+#[test]
+fn waits_wrap_without_harm() {
+    let mut e = fresh();
+    wait(&mut e, true, 65_535);
+    assert_eq!(waited_ms(&e, 65_537), 2);
+    assert_eq!(waited_ms(&e, 65_535 + 65_536), 0);
+    // only the first prompt send starts the wait; a held one none
+    wait(&mut e, true, 70_000);
+    assert_eq!(waited_ms(&e, 70_000), 70_000 - 65_535);
+    let mut h = fresh();
+    wait(&mut h, false, 1);
+    assert_eq!(waited_ms(&h, 1_000), 0);
+    // a new window starts without a wait
+    roll(&mut e, 120_000, 60_000);
+    assert_eq!(waited_ms(&e, 120_001), 0);
+}
