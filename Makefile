@@ -81,7 +81,7 @@ deb: rust deps-deb
 # --add-dynamic-module=. (this repo's `config`), then `make modules`, which
 # runs cargo. Configured again only when `config`, `config.make` or
 # `auto/cargo` change. Debian's tree has no top Makefile: objs/Makefile.
-DEB_HOOK_FILES := config config.make auto/cargo
+DEB_HOOK_FILES := config config.make auto/cargo auto/module.map
 build-debian: rust deps-debian
 	@stamp="$$(cat $(DEB_HOOK_FILES) | sha256sum)"; \
 	if [ "$$(cat $(DEB_BUILD)/src/.configured 2>/dev/null)" != "$$stamp" ]; then \

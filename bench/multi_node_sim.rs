@@ -23,6 +23,7 @@ use ratelimit_core::counter::{
     cap_to_share, check, confirm, count, counter_is_new, stale_after_ms, wait, Confirmation,
 };
 use ratelimit_core::rate::Rate;
+use ratelimit_core::strict;
 use ratelimit_core::sync::{self, Send};
 use ratelimit_core::table::Entry;
 use ratelimit_core::window::window_index;
@@ -135,6 +136,9 @@ struct Scenario {
     flood: bool,
     periods: f64,
     seed: u64,
+    /// Instead of `load` and `kind`: this many requests this many ms
+    /// apart, round-robin over the nodes, from a second into a window.
+    spaced: Option<(u32, u64)>,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -352,8 +356,13 @@ impl<'a> Sim<'a> {
         let end_ms = start_ms + s.periods * p as f64;
         let per_ms = s.load * f64::from(s.rate.limit) / p as f64;
         let from = if s.flood { start_ms + p as f64 / 2.0 } else { start_ms };
-        let arrivals: Vec<u64> =
-            Arrivals::new(rng.next_u64(), s.kind, per_ms, p as f64, from, end_ms).collect();
+        let arrivals: Vec<u64> = match s.spaced {
+            Some((count, gap)) => {
+                let first = (start_ms as u64 / p + 1) * p + 1000;
+                (0..u64::from(count)).map(|k| first + k * gap).collect()
+            }
+            None => Arrivals::new(rng.next_u64(), s.kind, per_ms, p as f64, from, end_ms).collect(),
+        };
         // arrivals in µs with a random sub-millisecond part, one event each
         let mut times: Vec<u64> =
             arrivals.iter().map(|&ms| ms * 1000 + rng.next_u64() % 1000).collect();
@@ -363,11 +372,17 @@ impl<'a> Sim<'a> {
         }
         let mut log = SlidingLog::new(p);
         let mut windows: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        let mut arrived = 0usize;
         while let Some(Reverse((t, _, idx))) = self.heap.pop() {
             let Some(ev) = self.events[idx].take() else { continue };
             match ev {
                 Ev::Arrival => {
-                    let node = (rng.next_u64() % s.nodes as u64) as usize;
+                    let node = if s.spaced.is_some() {
+                        arrived % s.nodes
+                    } else {
+                        (rng.next_u64() % s.nodes as u64) as usize
+                    };
+                    arrived += 1;
                     let now = t / 1000;
                     let exact_allows = log.count_at(now) < s.rate.limit as usize;
                     let allowed = self.request(node, t);
@@ -459,6 +474,7 @@ fn multi_node_simulation() {
                             flood,
                             periods: if rate.period == 1 { 20.0 } else { 4.0 },
                             seed: 0x5eed ^ (nodes as u64) << 8 ^ rtt_us << 16 ^ (i as u64) << 40,
+                            spaced: None,
                         };
                         let o = simulate(&s);
                         let b = bound(&s);
@@ -499,4 +515,81 @@ fn multi_node_simulation() {
     );
         assert!(worst_all > 0.0, "the simulation ran");
     }
+}
+
+/// Requests at Redis for limits it decides (`strict::small`): the
+/// script's own arithmetic (`strict::decide`) on the key's two windows, in
+/// the order the requests reach Redis (half a round trip after they come,
+/// whichever node they came to).
+fn decided_in_redis(rate: Rate, count: u32, gap_ms: u64, rtt_us: u64) -> u64 {
+    let p = rate.period_ms();
+    let first = (1_700_000_000_000 / p + 1) * p + 1000;
+    let mut counts: HashMap<u64, u64> = HashMap::new();
+    let mut allowed = 0;
+    for k in 0..u64::from(count) {
+        let at = first + k * gap_ms + rtt_us / 2000;
+        let w = window_index(at, p);
+        let prev = counts.get(&(w.wrapping_sub(1))).copied().unwrap_or(0);
+        let cur = counts.get(&w).copied().unwrap_or(0);
+        let (after, ok) = strict::decide(rate.limit, p, at - w * p, prev, cur, &[1]);
+        counts.insert(w, after);
+        allowed += u64::from(ok[0]);
+    }
+    allowed
+}
+
+/// Small limits, the rules people write most (a login or password-reset
+/// limit of a few a minute or an hour), with requests to one key spaced
+/// 20 ms to 1 s apart (far more than a round trip), round-robin over 2 and
+/// 4 nodes, `L + 2N` of them: decided in Redis (`strict::small`, every one
+/// of them), exactly `L` pass. The table also shows what the background
+/// rule alone would let through.
+#[test]
+fn small_limits_are_exact() {
+    println!();
+    println!("small limits, spaced requests round-robin over the nodes (RTT 1 ms)");
+    println!("| nodes | gap ms | limit | requests | background alone | decided in Redis |");
+    println!("|---:|---:|---|---:|---:|---:|");
+    let mut off = Vec::new();
+    for period in [60, 3600] {
+        for limit in 1..=strict::SMALL_MAX {
+            let rate = Rate { limit, period };
+            assert!(strict::small(rate), "{rate} is decided in Redis");
+            for nodes in [2, 4] {
+                for gap in [20, 150, 1000] {
+                    let count = limit + 2 * nodes as u32;
+                    let s = Scenario {
+                        rule: Rule::Hold,
+                        nodes,
+                        rtt_us: 1_000,
+                        rate,
+                        load: 0.0,
+                        kind: Kind::Poisson,
+                        flood: false,
+                        periods: 2.0,
+                        seed: 1,
+                        spaced: Some((count, gap)),
+                    };
+                    let background = simulate(&s).allowed;
+                    let exact = decided_in_redis(rate, count, gap, s.rtt_us);
+                    if background != u64::from(limit) {
+                        off.push(background as f64 / f64::from(limit));
+                    }
+                    if matches!(limit, 1 | 3 | 5 | 10 | 20) {
+                        println!("| {nodes} | {gap} | {rate} | {count} | {background} | {exact} |");
+                    }
+                    assert_eq!(exact, u64::from(limit), "{nodes} nodes, {rate}, {gap} ms apart");
+                }
+            }
+        }
+    }
+    let worst = off.iter().copied().fold(1.0, f64::max);
+    println!(
+        "background alone: {} of 240 cases not exact, worst {worst:.2} x L; in Redis: all exact",
+        off.len()
+    );
+    assert!(
+        !strict::small(Rate { limit: 21, period: 60 })
+            && !strict::small(Rate { limit: 5, period: 1 })
+    );
 }

@@ -124,11 +124,9 @@ pub fn check_cost(e: &mut Entry, rate: Rate, now_ms: u64, cost: u32) -> Check {
     }
 }
 
-/// The share a node assumes of a key it has no reply for yet: one node in
-/// 32. Up to 128 nodes meeting a key at once then hold no more than the
-/// headroom below half its limit together (`sync`), and a node whose first
-/// reply is late spends no more than that of the headroom (`cap_to_share`).
-pub const FIRST_SHARE: u16 = u16::MAX / 32;
+/// How many nodes a node that has waited too long for its first reply of a
+/// key assumes flood it with it (`cap_to_share`).
+pub const UNHEARD_NODES: u16 = 8;
 
 /// The least time a node waits for Redis's answer to increments it sent
 /// promptly before its view of the key counts as stale; the zone's round
@@ -189,12 +187,15 @@ pub const CAP_FLOOR: u64 = 4;
 /// Fresh (not waiting for Redis longer than `stale_ms`): no cap far from
 /// the limit, nor before the first reply (a lone client's burst on a fresh
 /// key gets the limit while Redis answers in time). Stale (waiting longer),
-/// near the limit or far from it: the node's share of the headroom (one in
-/// 32 before a first reply), shrunk by `stale_ms / waited`: a node that has
-/// not heard back (first contact, a thread that did not run, a Redis that
-/// stalls) may be one of many flooding the key, and the longer it hears
-/// nothing, the less it spends. A node holding increments far from the
-/// limit waits for nothing (`wait`), and is never capped for it.
+/// near the limit or far from it: the node's share of the headroom, or an
+/// eighth of it before a first reply (`UNHEARD_NODES`): a node that has not
+/// heard back (first contact, a thread that did not run, a Redis that
+/// stalls) may be one of many flooding the key. Four nodes flooding a fresh
+/// key while Redis stalls then pass half of `L` blind together, not `L`
+/// each; a lone client at a modest rate goes on through a stall of seconds.
+/// A node holding increments far from the limit waits for nothing (`wait`),
+/// and is never capped for it; nor is one whose backend is known down
+/// (`on_error` decides then: the caller passes an endless `stale_ms`).
 ///
 /// Turns an allowed `c` into a rejection with a retry time of `retry_ms`
 /// from now.
@@ -211,19 +212,14 @@ pub fn cap_to_share(
     if !c.allowed || e.inflight == 0 {
         return;
     }
-    let waited = waited_ms(e, now_ms);
-    let stale = waited > stale_ms;
-    if !stale {
+    if waited_ms(e, now_ms) <= stale_ms {
         let near = c.estimate.remaining(rate.limit) <= (rate.limit / 2).saturating_add(cost);
         if !near || e.share == 0 {
             return;
         }
     }
-    let mut share = u64::from(if e.share == 0 { FIRST_SHARE } else { e.share });
-    if stale {
-        // the longer nothing is heard, the less is spent
-        share = share * stale_ms / waited;
-    }
+    // stale before a first reply: as one of `UNHEARD_NODES`
+    let share = u64::from(if e.share == 0 { u16::MAX / UNHEARD_NODES } else { e.share });
     let p = rate.period_ms();
     let known = Estimate::new(e.prev, e.cur, now_ms.saturating_sub(c.window_start_ms), p);
     let headroom = u64::from(known.remaining(rate.limit));
@@ -422,6 +418,8 @@ fn learn_share(e: &mut Entry, c: &Confirmation) {
 /// node alone, as final local counts instead of in flight.
 pub fn keep_local(e: &mut Entry, window: u64, sent: u32) {
     if window == u64::from(e.window) {
+        // answered, if not with a count: the wait is over
+        e.waiting = 0;
         let n = sent.min(e.inflight);
         e.inflight -= n;
         e.cur = e.cur.saturating_add(n);

@@ -81,7 +81,7 @@ fn no_cap_far_from_the_limit_or_before_the_first_reply() {
 }
 
 #[test]
-fn a_stale_view_spends_less_the_longer_nothing_is_heard() {
+fn a_stale_view_spends_only_a_share() {
     let rate = Rate { limit: 1000, period: 60 };
     // first contact: 600 pass within STALE_MIN_MS of the first request
     // sent (a lone client's burst gets the limit while Redis answers in
@@ -90,9 +90,9 @@ fn a_stale_view_spends_less_the_longer_nothing_is_heard() {
     let near = (0..600).filter(|_| capped(&mut e, rate, T0)).count();
     assert_eq!(near, 600);
     assert_eq!(e.waiting, 1, "past FIRST_SHARE's allowance: sent, waiting");
-    // ... but with no reply STALE_MIN_MS later, no more than one in 32 of
+    // ... but with no reply STALE_MIN_MS later, no more than an eighth of
     // the headroom Redis confirmed (1000: nothing confirmed yet) is in
-    // flight beyond CAP_FLOOR: 600 are already, so none passes
+    // flight: 600 are already, so none passes
     let late = T0 + STALE_MIN_MS + 1;
     assert_eq!((0..100).filter(|_| capped(&mut e, rate, late)).count(), 0);
     // the reply (others counted 300 meanwhile) ends the wait
@@ -106,8 +106,14 @@ fn a_stale_view_spends_less_the_longer_nothing_is_heard() {
     assert_eq!(waited_ms(&e, late + 100), 0);
     assert!(capped(&mut e, rate, late + 1));
 
+    // a Redis that stalls at first contact: an eighth of the limit, then
+    // nothing until it answers; a lone client at a modest rate goes on
+    let mut e = fresh();
+    let stalled = (0..400).filter(|i| capped(&mut e, rate, T0 + i / 20)).count();
+    assert_eq!(stalled, 125, "an eighth of 1000");
+
     // far from the limit: no cap while fresh, the share of the headroom
-    // once stale, less and less as the wait goes on
+    // once stale, however long the wait
     let far = |waited: u64| {
         let mut e = fresh();
         roll(&mut e, T0, 60_000);
@@ -118,9 +124,17 @@ fn a_stale_view_spends_less_the_longer_nothing_is_heard() {
         sent + (0..400).filter(|_| capped(&mut e, rate, T0 + waited)).count()
     };
     assert_eq!(far(STALE_MIN_MS), 440, "fresh: far from the limit, no cap");
-    assert_eq!(far(STALE_MIN_MS + 1), 209, "a quarter of 1000, times 5/6");
-    assert_eq!(far(10 * STALE_MIN_MS), 40, "a quarter of 1000 times 1/10 is 25: none more");
-    assert_eq!(far(1000 * STALE_MIN_MS), 40, "never below CAP_FLOOR, here already passed");
+    assert_eq!(far(STALE_MIN_MS + 1), 250, "a quarter of 1000");
+    assert_eq!(far(1000 * STALE_MIN_MS), 250, "the same after a long wait");
+    // a backend known down: on_error decides, never stale
+    let mut e = fresh();
+    roll(&mut e, T0, 60_000);
+    e.share = u16::MAX / 4;
+    e.inflight = 300;
+    wait(&mut e, true, T0);
+    let mut c = check_cost(&mut e, rate, T0 + 10_000, 1);
+    cap_to_share(&e, rate, T0 + 10_000, 1, 1, u64::MAX, &mut c);
+    assert!(c.allowed);
 
     // increments held far from the limit wait for nothing: a key quiet for
     // minutes is not capped when it is counted again
@@ -147,4 +161,10 @@ fn waits_wrap_without_harm() {
     // a new window starts without a wait
     roll(&mut e, 120_000, 60_000);
     assert_eq!(waited_ms(&e, 120_001), 0);
+    // an error reply ends it too: the counts stay here, nothing is awaited
+    let w = e.window.into();
+    count_cost(&mut e, true, 2);
+    wait(&mut e, true, 120_002);
+    keep_local(&mut e, w, 2);
+    assert_eq!((waited_ms(&e, 130_000), e.inflight, e.cur), (0, 0, 2));
 }

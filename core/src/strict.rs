@@ -19,7 +19,25 @@
 //! 0, and the script counts whatever time it runs.
 
 use crate::key::write_key_for_tag;
+use crate::rate::Rate;
 use crate::resp;
+
+/// The most requests a period a limit may allow to be decided in Redis
+/// without `strict` (`small`).
+pub const SMALL_MAX: u32 = 20;
+
+/// Whether a limit is small enough to be decided in Redis as `strict` is,
+/// on a zone with Redis: at most `SMALL_MAX` requests a period and no more
+/// than one a second on average. Decided in the background, each node's
+/// first requests for a key (before its first reply) and those of the
+/// nodes that count while it waits for one could pass the limit several
+/// times over, which a login or password-reset rule cannot afford; such a
+/// key's allowed requests are few, so a round trip each costs little (a
+/// key over its limit is refused at once, without one).
+#[inline]
+pub fn small(rate: Rate) -> bool {
+    rate.limit <= SMALL_MAX && rate.limit <= rate.period
+}
 
 /// The script: `KEYS[1]` the current window's counter, `KEYS[2]` the
 /// previous one's; `ARGV` limit, period (ms), time into the window (ms),

@@ -42,7 +42,10 @@ use crate::counter::Fresh;
 use crate::rate::Rate;
 use crate::window::Estimate;
 
-pub use crate::counter::FIRST_SHARE;
+/// The share a node assumes of a key it has no reply for yet: one node in
+/// 32. Up to 128 nodes meeting a key at once then hold no more than the
+/// headroom below half its limit together.
+pub const FIRST_SHARE: u16 = u16::MAX / 32;
 
 /// When a counted request is to reach Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

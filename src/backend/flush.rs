@@ -212,7 +212,13 @@ impl Backend {
         let (replies, broken) = conn.exec(&cmds, node, stop_at, &readback);
         let now = Instant::now();
         let rtt_us = now.saturating_duration_since(sent_at).as_micros() as u64;
-        self.rtt_us = if self.rtt_us == 0 { rtt_us } else { (3 * self.rtt_us + rtt_us) / 4 };
+        // slow to rise, quick to fall: a stall is not a round trip to get
+        // used to (it is what the worker must notice, `Channel::stale_ms`)
+        self.rtt_us = match self.rtt_us {
+            0 => rtt_us,
+            old if rtt_us > old => old + (rtt_us - old) / 16,
+            old => (old + rtt_us) / 2,
+        };
         if let Some(st) = self.stats() {
             st.pipeline(cmds.len(), rtt_us);
         }

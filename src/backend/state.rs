@@ -106,8 +106,9 @@ pub struct Backend {
     /// Redis refused `SET` to this user (`NOPERM`): counters are made by
     /// `INCRBY` only.
     pub(super) set_refused: bool,
-    /// The recent round trip of a flush (µs, a moving average; 0: none
-    /// yet): how long the worker may wait for an answer (`Channel::stale_ms`).
+    /// The recent round trip of a flush (µs, a moving average, slow to
+    /// rise; 0: none yet): how long the worker may wait for an answer
+    /// (`Channel::stale_ms`).
     pub(super) rtt_us: u64,
 }
 

@@ -390,10 +390,15 @@ pub fn entry_id(shared: &Shared, a: &Ask<'_>) -> [u64; 2] {
 }
 
 /// How long a key's increments may wait for the zone's Redis before the
-/// node's view of it counts as stale (`counter::cap_to_share`).
+/// node's view of it counts as stale (`counter::cap_to_share`); forever
+/// while the backend is known down (`on_error` decides then).
 #[inline(always)]
 fn stale_ms(channel: Option<&std::sync::Arc<Channel>>, zone: usize) -> u64 {
-    channel.map_or(counter::STALE_MIN_MS, |ch| ch.stale_ms(zone))
+    match channel {
+        Some(ch) if ch.is_up(zone) => ch.stale_ms(zone),
+        Some(_) => u64::MAX,
+        None => counter::STALE_MIN_MS,
+    }
 }
 
 /// Checks one limit against its entry, under the lock.

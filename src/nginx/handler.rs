@@ -11,7 +11,7 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
-use ratelimit_core::{cost, text};
+use ratelimit_core::{cost, strict, text};
 use smallvec::SmallVec;
 
 use super::answer::{debug_log, finish, request_log, state};
@@ -82,20 +82,11 @@ fn limit(
     limit_all(r, mcf, lcf, limits)
 }
 
-/// A small limit on a Redis zone is decided by Redis, as `strict` is: at
-/// most `EXACT_MAX` requests a period, and no more than one a second on
-/// average. Decided in the background, each node's first requests for a
-/// key (before its first reply) and those of the nodes that count while
-/// it waits for one could pass the limit several times over, which a
-/// login or password-reset rule cannot afford; such a key's allowed
-/// requests are few, so a round trip each costs little (a key over its
-/// limit is refused at once, without one).
-pub(super) const EXACT_MAX: u32 = 20;
-
+/// A small limit (`strict::small`) on a zone with Redis is decided by
+/// Redis, as `strict` is.
 #[inline]
 fn exact(mcf: &MainConf, zone: usize, rate: Rate) -> bool {
-    rate.limit <= EXACT_MAX
-        && rate.limit <= rate.period
+    strict::small(rate)
         && mcf
             .zones
             .get(zone)

@@ -96,6 +96,10 @@ def floods(h, how):
         with how(r, pids):
             allowed, total = flood([g.port for g in group], key, 16, 3)
         tot = sum(allowed)
+        errors = [l[l.find("redis_ratelimit:"):][:160] for g in group for l in g.error_log_text().splitlines()
+                  if "[error]" in l and "redis_ratelimit:" in l]
+        for e in errors[:3]:
+            h.note("error line: %s" % e)
         settled = wait_for(lambda: redis_count(r, key) == tot, 6.0)
         held = redis_count(r, key)
         held_ok = held_ok and settled
