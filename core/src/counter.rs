@@ -193,6 +193,10 @@ pub const CAP_FLOOR: u64 = 4;
 /// stalls) may be one of many flooding the key. Four nodes flooding a fresh
 /// key while Redis stalls then pass half of `L` blind together, not `L`
 /// each; a lone client at a modest rate goes on through a stall of seconds.
+/// Near the limit a stale share shrinks by `stale_ms / waited`: the
+/// headroom a node last saw is the older, and the more of it the others
+/// have spent, the longer it waits (nodes whose threads are starved in
+/// turn would otherwise each spend a share of a different, stale headroom).
 /// A node holding increments far from the limit waits for nothing (`wait`),
 /// and is never capped for it; nor is one whose backend is known down
 /// (`on_error` decides then: the caller passes an endless `stale_ms`).
@@ -212,14 +216,19 @@ pub fn cap_to_share(
     if !c.allowed || e.inflight == 0 {
         return;
     }
-    if waited_ms(e, now_ms) <= stale_ms {
-        let near = c.estimate.remaining(rate.limit) <= (rate.limit / 2).saturating_add(cost);
-        if !near || e.share == 0 {
-            return;
-        }
+    let waited = waited_ms(e, now_ms);
+    let stale = waited > stale_ms;
+    let near = c.estimate.remaining(rate.limit) <= (rate.limit / 2).saturating_add(cost);
+    if !stale && (!near || e.share == 0) {
+        return;
     }
     // stale before a first reply: as one of `UNHEARD_NODES`
-    let share = u64::from(if e.share == 0 { u16::MAX / UNHEARD_NODES } else { e.share });
+    let mut share = u64::from(if e.share == 0 { u16::MAX / UNHEARD_NODES } else { e.share });
+    if stale && near {
+        // near the limit, the headroom seen is older the longer the wait:
+        // the others spent it meanwhile
+        share = share * stale_ms / waited;
+    }
     let p = rate.period_ms();
     let known = Estimate::new(e.prev, e.cur, now_ms.saturating_sub(c.window_start_ms), p);
     let headroom = u64::from(known.remaining(rate.limit));

@@ -126,6 +126,25 @@ fn a_stale_view_spends_only_a_share() {
     assert_eq!(far(STALE_MIN_MS), 440, "fresh: far from the limit, no cap");
     assert_eq!(far(STALE_MIN_MS + 1), 250, "a quarter of 1000");
     assert_eq!(far(1000 * STALE_MIN_MS), 250, "the same after a long wait");
+    // near the limit, a stale share shrinks with the wait: the headroom it
+    // was learnt against is older, and others spent it meanwhile
+    let near = |waited: u64| {
+        let mut e = fresh();
+        roll(&mut e, T0, 60_000);
+        e.cur = 900;
+        e.share = u16::MAX / 4;
+        assert!(capped(&mut e, rate, T0));
+        assert_eq!(e.waiting, 1, "near the limit: sent at once");
+        1 + (0..100).filter(|_| capped(&mut e, rate, T0 + waited)).count()
+    };
+    assert_eq!(near(STALE_MIN_MS), 25, "fresh: a quarter of 100");
+    assert_eq!(near(STALE_MIN_MS + 1), 21, "a quarter of 100, times 5/6");
+    assert_eq!(
+        near(10 * STALE_MIN_MS),
+        CAP_FLOOR as usize,
+        "a quarter of 100 times 1/10: CAP_FLOOR"
+    );
+
     // a backend known down: on_error decides, never stale
     let mut e = fresh();
     roll(&mut e, T0, 60_000);
