@@ -212,8 +212,8 @@ impl Backend {
         let (replies, broken) = conn.exec(&cmds, node, stop_at, &readback);
         let now = Instant::now();
         let rtt_us = now.saturating_duration_since(sent_at).as_micros() as u64;
-        // slow to rise, quick to fall: a stall is not a round trip to get
-        // used to (it is what the worker must notice, `Channel::stale_ms`)
+        // slow to rise, quick to fall: a stall is what the worker must
+        // notice (`Channel::stale_ms`), not part of the round trip
         self.rtt_us = match self.rtt_us {
             0 => rtt_us,
             old if rtt_us > old => old + (rtt_us - old) / 16,

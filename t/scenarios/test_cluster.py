@@ -638,7 +638,7 @@ def test_a_one_node_cluster_counts_and_decides(h):
     st = [ng.get("/st?k=" + kt)[0] for _ in range(2)]
 
     def total(k):
-        return sum(int(node.cmd("GET", c) or 0) for c in node.cmd("KEYS", "rl:{one:%s}:*" % k))
+        return _counts_on([node], "one", k)
 
     landed = wait_for(lambda: total(kb) == 3, 3.0)
     errs = [l for l in ng.error_log_text().splitlines() if "[error]" in l and "redis_ratelimit:" in l]
