@@ -124,6 +124,18 @@ pub fn check_cost(e: &mut Entry, rate: Rate, now_ms: u64, cost: u32) -> Check {
     }
 }
 
+/// `check_cost` on Redis's counts alone, leaving out this node's
+/// increments Redis has not confirmed: what Redis would say, when it
+/// decides the limit itself (`strict`, small limits).
+#[inline]
+pub fn check_known(e: &mut Entry, rate: Rate, now_ms: u64, cost: u32) -> Check {
+    roll(e, now_ms, rate.period_ms());
+    let held = std::mem::take(&mut e.inflight);
+    let c = check_cost(e, rate, now_ms, cost);
+    e.inflight = held;
+    c
+}
+
 /// How many nodes a node that has waited too long for its first reply of a
 /// key assumes flood it with it (`cap_to_share`).
 pub const UNHEARD_NODES: u16 = 8;

@@ -187,6 +187,29 @@ fn breaker_ignores_requests_counted_twice_in_flight() {
     assert!(check(&mut e, r, T0 + 4).allowed);
 }
 
+#[test]
+fn a_check_on_redis_counts_alone_leaves_out_what_is_in_flight() {
+    // A strict answer said 2 of 3, its count already holding this node's
+    // unconfirmed 1: counted twice, the key would look full; Redis would
+    // allow one more. The breaker still rejects.
+    let r = Rate { limit: 3, period: 60 };
+    let mut e = fresh();
+    assert!(check(&mut e, r, T0).allowed);
+    count(&mut e, true);
+    let idx = window_index(T0, r.period_ms());
+    let answer = Confirmation { window: idx, sent: 0, carried: 0, cur: 2, prev: Some(0) };
+    confirm(&mut e, &answer, r, T0 + 1);
+    assert!(!check_cost(&mut e, r, T0 + 2, 0).allowed, "2 + 1 in flight: full");
+    let c = check_known(&mut e, r, T0 + 2, 0);
+    assert!(c.allowed && c.cur == 2, "Redis's 2: one more");
+    assert_eq!(e.inflight, 1, "what is in flight stays");
+    confirm(&mut e, &Confirmation { cur: 3, ..answer }, r, T0 + 3);
+    assert!(!check_known(&mut e, r, T0 + 4, 0).allowed, "Redis's 3: full");
+    // a later window: nothing in flight is carried into the check
+    let next = check_known(&mut e, r, T0 + 60_000, 0);
+    assert_eq!((next.window, e.inflight), (idx + 1, 0));
+}
+
 const HOUR: u64 = 3_600_000;
 
 /// Requests every 10 ms for `ms` from `start`, each confirmed by an

@@ -17,6 +17,11 @@
 //! The node learns the offset of Redis's clock from its own with `TIME`
 //! when it connects; without it (an ACL that refuses `TIME`) deadlines are
 //! 0, and the script counts whatever time it runs.
+//!
+//! A request that happened already (a `count_if=` count, after the
+//! response) goes down the same call as the checks (deadline `COUNTED`):
+//! the script counts it whatever the estimate. On the worker's strict link
+//! it is then in Redis before any later check of the key from that worker.
 
 use crate::key::write_key_for_tag;
 use crate::rate::Rate;
@@ -39,12 +44,17 @@ pub fn small(rate: Rate) -> bool {
     rate.limit <= SMALL_MAX && rate.limit <= rate.period
 }
 
+/// The deadline of a request that happened already: the script counts it
+/// whatever the estimate and whenever it runs (written `-1`).
+pub const COUNTED: u64 = u64::MAX;
+
 /// The script: `KEYS[1]` the current window's counter, `KEYS[2]` the
 /// previous one's; `ARGV` limit, period (ms), time into the window (ms),
 /// TTL (s), then per request its cost and its deadline (ms in Redis's
-/// clock, 0: none). Answers `{cur, prev, a1, a2, ...}` with `ai` 1 when
-/// request `i` is allowed (and counted), 0 when it is not, 2 when the
-/// script ran after its deadline (neither). One `MGET` reads both windows
+/// clock, 0: none, -1: counted whatever the estimate, `COUNTED`). Answers
+/// `{cur, prev, a1, a2, ...}` with `ai` 1 when request `i` is allowed (and
+/// counted), 0 when it is not, 2 when the script ran after its deadline
+/// (neither). One `MGET` reads both windows
 /// (the same slot). A counter that holds something else than an integer
 /// is an error reply (the script's own; a key of another type reads as nil
 /// for `MGET` and then fails `INCRBY` with `WRONGTYPE`), so the item fails
@@ -85,7 +95,10 @@ for i = 5, #ARGV - 1, 2 do
   end
   local k = c
   if k < 1 then k = 1 end
-  if dl > 0 and now > dl then
+  if dl < 0 then
+    added = added + c
+    out[#out + 1] = 1
+  elseif dl > 0 and now > dl then
     out[#out + 1] = 2
   elseif weighted + (cur + added + k - 1) * p < cap then
     added = added + c
@@ -138,6 +151,7 @@ pub fn args<'a>(
 /// known, no deadline).
 pub fn redis_deadline(deadline_ms: u64, offset_ms: Option<i64>) -> u64 {
     match offset_ms {
+        _ if deadline_ms == COUNTED => COUNTED,
         Some(off) if deadline_ms > 0 => deadline_ms.saturating_add_signed(off).max(1),
         _ => 0,
     }
@@ -185,7 +199,11 @@ impl Call<'_> {
         let elapsed = self.now_ms.saturating_sub(self.window * p * 1000);
         for n in args(self.limit, self.period, elapsed, self.costs, self.deadlines) {
             scratch.clear();
-            resp::push_u64(scratch, n);
+            if n == COUNTED {
+                scratch.extend_from_slice(b"-1");
+            } else {
+                resp::push_u64(scratch, n);
+            }
             f(scratch);
         }
     }
@@ -376,8 +394,8 @@ mod tests {
 
     #[test]
     fn a_call_names_both_windows_and_the_time_into_the_current_one() {
-        let costs = [1, 2];
-        let deadlines = [6_000_750, 0];
+        let costs = [1, 2, 3];
+        let deadlines = [6_000_750, 0, COUNTED];
         let c = Call {
             prefix: b"rl:",
             tag: b"z:k",
@@ -404,7 +422,9 @@ mod tests {
                 "1",
                 "6000750",
                 "2",
-                "0"
+                "0",
+                "3",
+                "-1"
             ]
         );
         let (mut out, mut scratch, mut want) = (Vec::new(), Vec::new(), Vec::new());
@@ -421,6 +441,8 @@ mod tests {
         assert_eq!(redis_deadline(10_000, Some(-250)), 9_750);
         assert_eq!(redis_deadline(10_000, None), 0);
         assert_eq!(redis_deadline(0, Some(5)), 0);
+        assert_eq!(redis_deadline(COUNTED, Some(-5)), COUNTED, "a count stays a count");
+        assert_eq!(redis_deadline(COUNTED, None), COUNTED);
         assert_eq!(
             redis_deadline(100, Some(-1_000)),
             1,

@@ -10,7 +10,7 @@ use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter::Confirmation;
 use ratelimit_core::params::Sentinel;
 use ratelimit_core::stats::Stats;
-use ratelimit_core::strict::Answer;
+use ratelimit_core::strict::{self, Answer};
 
 /// Items per pipeline.
 pub const PIPELINE_ITEMS: usize = 1024;
@@ -145,12 +145,23 @@ impl StrictGroup {
         })
     }
 
+    /// What its requests that happened already weigh (`strict::COUNTED`:
+    /// counts after the response, which no request waits for).
+    pub fn counted(&self) -> u32 {
+        self.costs
+            .iter()
+            .zip(&self.deadlines)
+            .filter(|(_, &d)| d == strict::COUNTED)
+            .fold(0u32, |n, (&c, _)| n.saturating_add(c))
+    }
+
     /// The answer for its requests (`None`: no decision).
     pub fn answered(self, answer: Option<Answer>) -> Event {
         Event::Strict {
             id: self.id,
             period: self.period,
             limit: self.limit,
+            counted: self.counted(),
             tickets: self.tickets,
             answer,
         }
@@ -190,6 +201,9 @@ pub enum Event {
         id: ItemId,
         period: u32,
         limit: u32,
+        /// What the group's counts after the response weigh (in flight
+        /// here until the answer).
+        counted: u32,
         tickets: Vec<u64>,
         answer: Option<Answer>,
     },

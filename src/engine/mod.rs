@@ -58,10 +58,19 @@ pub const NO_LINE: u32 = u32::MAX;
 /// A limit's part in strict mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strict {
-    /// A background limit (or a strict one checked before its wait).
+    /// A background limit.
     No,
-    /// A strict limit counted after the response (`count_if=`): its
-    /// increments go to Redis at once, for the next strict decision.
+    /// A strict limit checked before its wait: rejected here only when
+    /// Redis's own counts (or the breaker) put the key at its limit. This
+    /// node's unconfirmed increments are left out: a strict answer's count
+    /// may hold them already (sent by the thread, their reply not applied
+    /// yet), and counted twice they would refuse a small limit's last
+    /// requests that Redis would allow.
+    Before,
+    /// A limit Redis decides, counted after the response (`count_if=`):
+    /// counted here in flight, not queued for the thread; the caller sends
+    /// the count down the zone's strict link, ahead of the next check of
+    /// the key from this worker.
     Later,
     /// Redis allowed the request and counted it.
     Allowed,
@@ -201,7 +210,13 @@ fn decide_many(
         };
         let (entry, _) = guards[guard].table.get_or_insert(id);
         let e = guards[guard].table.entry_mut(entry);
-        let mut s = check(e, a.rate, a.cost, mode, now, stale_ms(channel, a.zone));
+        let mut s = if a.strict == Strict::Before {
+            let mut check = counter::check_known(e, a.rate, now, a.cost);
+            mode.apply(&mut check, now);
+            Said { check, after: check.estimate }
+        } else {
+            check(e, a.rate, a.cost, mode, now, stale_ms(channel, a.zone))
+        };
         verdict(a.strict, &mut s.check, now);
         slots.push(Slot { guard, entry, id, mode });
         said.push(s);
@@ -231,7 +246,9 @@ fn decide_many(
                         .map(|(o, _)| o.cost)
                         .max()
                         .unwrap_or(a.cost);
-                    if count(guards[s.guard].table.entry_mut(s.entry), s.mode, cost) {
+                    if count(guards[s.guard].table.entry_mut(s.entry), s.mode, cost)
+                        && a.strict != Strict::Later
+                    {
                         sends.push((i, a.rate.limit, cost));
                     }
                 }
@@ -262,9 +279,6 @@ fn decide_many(
                 .zip(&said)
                 .filter(|((_, o), _)| o.guard == s.guard && o.entry == s.entry)
                 .map(|((o, _), x)| {
-                    if o.strict == Strict::Later {
-                        return Send::Now;
-                    }
                     let (u, share, _) = unsent[i];
                     sync::when(o.rate, x.after, u, share, now, hold_ms(mcf, o.zone))
                 })
@@ -427,7 +441,7 @@ fn verdict(strict: Strict, check: &mut counter::Check, now: u64) {
             }
             check.allowed = false;
         }
-        Strict::No | Strict::Later | Strict::Failed => {}
+        Strict::No | Strict::Before | Strict::Later | Strict::Failed => {}
     }
 }
 

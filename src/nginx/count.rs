@@ -8,16 +8,26 @@
 //! same engine. The key is not read again: after an internal redirect
 //! (`error_page`, a named location, `try_files`) the URI, the arguments
 //! and variables built from them may differ, and a key that changed (or
-//! became empty) would let failures go uncounted.
+//! became empty) would let failures go uncounted. The count of a limit
+//! Redis decides (`strict`, a small limit) goes down the worker's strict
+//! link, where the worker's next check of the key follows it.
 
 use nginx_sys::{ngx_http_request_t, ngx_int_t, NGX_OK};
 use ngx::http::{HttpModuleMainConf, Request};
 use smallvec::SmallVec;
 
+use ratelimit_core::batch::ItemId;
+use ratelimit_core::key::redis_tag;
+use ratelimit_core::strict;
+use ratelimit_core::window::window_index;
+
 use super::answer::{debug_log, state};
+use super::conf::MainConf;
 use super::handler::{ask, cost, read};
 use super::module::Module;
 use super::time::now_ms;
+use super::waits;
+use crate::backend::StrictAsk;
 use crate::engine::{self, Ask, Strict, Take};
 
 pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
@@ -68,7 +78,61 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
     if !asks.is_empty() {
         // counted whatever the estimate says now: the request was let
         // through, so it happened
-        let _ = engine::decide(mcf, &asks, now_ms(), Take::Always, debug_log(r));
+        let now = now_ms();
+        let _ = engine::decide(mcf, &asks, now, Take::Always, debug_log(r));
+        send_later(mcf, &asks, now);
     }
     NGX_OK as ngx_int_t
+}
+
+/// Sends the counts of limits Redis decides down the zone's strict link
+/// (the engine counted them in flight): on that one connection they reach
+/// Redis before this worker's next check of the key. One per entry, at the
+/// heaviest cost of the limits sharing it, as the engine counted it; an
+/// entry whose first limit is decided in the background went with the
+/// thread's increments.
+fn send_later(mcf: &MainConf, asks: &[Ask<'_>], now: u64) {
+    let Some(ch) = super::channel::channel() else {
+        return;
+    };
+    let mut seen: SmallVec<[[u64; 2]; 4]> = SmallVec::new();
+    let mut sends = Vec::new();
+    for a in asks {
+        let Some(shared) = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()) else {
+            continue;
+        };
+        let entry = engine::entry_id(shared, a);
+        if seen.contains(&entry) {
+            continue;
+        }
+        seen.push(entry);
+        if a.strict != Strict::Later {
+            continue;
+        }
+        let cost = asks
+            .iter()
+            .filter(|o| o.zone == a.zone && engine::entry_id(shared, o) == entry)
+            .map(|o| o.cost)
+            .max()
+            .unwrap_or(a.cost);
+        if cost == 0 {
+            continue;
+        }
+        sends.push(StrictAsk {
+            ticket: waits::NO_TICKET,
+            id: ItemId {
+                zone: a.zone as u32,
+                entry,
+                window: window_index(now, a.rate.period_ms()),
+            },
+            tag: redis_tag(a.namespace, a.key),
+            period: a.rate.period,
+            limit: a.rate.limit,
+            cost,
+            deadline_ms: strict::COUNTED,
+        });
+    }
+    if !sends.is_empty() {
+        super::link::send(ch, sends);
+    }
 }

@@ -31,25 +31,30 @@ pub(super) fn set_main_conf(mcf: &mut MainConf) {
 }
 
 /// Redis's decision for strict requests of one key (`None`: none): its
-/// counts applied to the entry as for a flush (nothing of ours in flight:
-/// the script counted what it allowed), the requests woken.
+/// counts applied to the entry as for a flush, the requests woken. What
+/// the script checked and allowed it counted (never in flight here); its
+/// counts after the response (`counted`, in flight here) are confirmed,
+/// or without an answer stay counted on this node alone.
 pub(super) fn strict_answered(
     mcf: &MainConf,
     log: *mut ngx_log_t,
     id: ItemId,
     rate: Rate,
     tickets: &[u64],
+    counted: u32,
     answer: Option<&Answer>,
 ) {
     if let Some(a) = answer {
         let c = counter::Confirmation {
             window: id.window,
-            sent: 0,
+            sent: counted,
             carried: 0,
             cur: a.cur,
             prev: Some(a.prev),
         };
         confirmed(mcf, log, id, rate, &c, now_ms());
+    } else if counted > 0 {
+        with_entry(mcf, id, |e| counter::keep_local(e, id.window, counted));
     }
     super::waits::resolve(tickets, answer.map(|a| &a.allowed[..]));
 }

@@ -90,6 +90,7 @@ pub(super) fn limit(
     let mut waiting = 0;
     for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
         if channel.is_some_and(|ch| ch.is_up(a.zone)) {
+            a.strict = Strict::Before;
             waiting += 1;
         } else {
             a.strict = Strict::Failed;
@@ -115,12 +116,12 @@ pub(super) fn limit(
     let timeout = asks
         .iter()
         .zip(wants)
-        .filter(|(a, w)| **w && a.strict == Strict::No)
+        .filter(|(a, w)| **w && a.strict == Strict::Before)
         .filter_map(|(a, _)| mcf.zones.get(a.zone)?.params.as_ref().map(|p| p.timeout_ms))
         .max()
         .unwrap_or(0);
     for (k, (a, _)) in asks.iter().zip(wants).filter(|(_, w)| **w).enumerate() {
-        if a.strict != Strict::No || k >= verdicts.len() {
+        if a.strict != Strict::Before || k >= verdicts.len() {
             continue; // decided by `on_error`
         }
         let z = mcf.zones.get(a.zone).ok_or(())?;

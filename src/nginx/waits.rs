@@ -124,6 +124,10 @@ pub fn resolve(tickets: &[u64], allowed: Option<&[Option<bool>]>) {
 }
 
 /// A fresh ticket base for a request's strict limits (`base | i`).
+/// The ticket of a call no request waits for (a count after the
+/// response): never a wait's (`next_base` starts at 1).
+pub(super) const NO_TICKET: u64 = 0;
+
 pub(super) fn next_base() -> u64 {
     NEXT.with(|n| {
         let v = n.get();

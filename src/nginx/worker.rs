@@ -266,13 +266,14 @@ fn apply(log: *mut ngx_log_t) {
             Event::Confirmed { id, period, limit, confirmation } => {
                 confirmed(mcf, log, id, Rate { limit, period }, &confirmation, now);
             }
-            Event::Strict { id, period, limit, tickets, answer } => {
+            Event::Strict { id, period, limit, counted, tickets, answer } => {
                 reply::strict_answered(
                     mcf,
                     log,
                     id,
                     Rate { limit, period },
                     &tickets,
+                    counted,
                     answer.as_ref(),
                 );
             }

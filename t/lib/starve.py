@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 THREAD_NAME = "redis_ratelimit"
 
@@ -63,7 +64,12 @@ class Starver:
     def start(self):
         others = set(range(os.cpu_count() or 1)) - {self.cpu} or {self.cpu}
         for pid in self.pids:
+            # a worker starts its thread a moment after it starts
+            deadline = time.monotonic() + 5
             redis_threads = set(threads(pid, THREAD_NAME))
+            while not redis_threads and time.monotonic() < deadline:
+                time.sleep(0.02)
+                redis_threads = set(threads(pid, THREAD_NAME))
             if not redis_threads:
                 raise RuntimeError("process %d has no %s thread" % (pid, THREAD_NAME))
             for tid in threads(pid):

@@ -8,6 +8,7 @@ keep the background path (no round trip on the request path)."""
 import json
 import time
 
+import starve
 from harness import wait_for
 
 HTTP = """
@@ -63,3 +64,45 @@ def test_a_large_limit_stays_off_the_request_path(h):
     h.check(sts == [200] * 20, "all pass")
     h.check(evalsha_calls(r) - before == 0, "no script call for a large limit")
     h.check(landed, "counted in Redis in the background")
+
+
+LOGIN_SERVER = """
+        location = /login {
+            redis_ratelimit x $exact_rate count_if=$failed;
+            proxy_pass http://127.0.0.1:$server_port/bad;
+        }
+        location = /strict {
+            redis_ratelimit x $exact_rate count_if=$failed strict;
+            proxy_pass http://127.0.0.1:$server_port/bad;
+        }
+        location = /bad { return 401 "no\\n"; }
+"""
+
+
+def test_count_if_on_a_small_limit_with_the_redis_thread_starved(h):
+    """`count_if=$failed` on small limits (a failure counted after its
+    response, the next attempt checked in Redis), attempts back to back
+    while the node's Redis thread gets the CPU only part of the time: every
+    key lets exactly L failures through and Redis holds L. The count goes
+    down the same connection as the next check, so Redis has it first, and
+    no answer counts it twice here (which refused the last attempts L
+    allows, or let one more through, when counts went by the thread)."""
+    r = h.redis()
+    http = HTTP.replace("map $arg_l", "map $status $failed { 401 1; default \"\"; }\n    map $arg_l")
+    n = h.nginx(http % r.url, LOGIN_SERVER)
+    h.wait_minute_room(20)
+    rows, wrong = [], []
+    with starve.Starver(n.worker_pids(), cpu=1, on_ms=20, off_ms=30):
+        for i in range(128):
+            limit = (3, 5)[i % 2]
+            where = ("login", "strict")[i // 2 % 2]
+            k = h.key("c%d" % i)
+            sts = [n.get("/%s?k=%s&l=%d" % (where, k, limit))[0] for _ in range(limit + 2)]
+            wait_for(lambda: redis_count(r, k) == limit, 2.0)
+            held = redis_count(r, k)
+            rows.append("%s L=%d: %s, Redis %d" % (where, limit, "".join("x" if s == 429 else "." for s in sts),
+                                                   held))
+            if sts != [401] * limit + [429] * 2 or held != limit:
+                wrong.append(rows[-1])
+    h.note("; ".join(rows))
+    h.check(not wrong, "exactly L failures pass and Redis holds L for every key: wrong %s" % wrong)

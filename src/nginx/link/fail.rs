@@ -81,6 +81,7 @@ impl Link {
                 g.id,
                 Rate { limit: g.limit, period: g.period },
                 &g.tickets,
+                g.counted(),
                 None,
             );
         }

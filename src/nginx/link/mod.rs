@@ -443,7 +443,7 @@ impl Link {
                 zone_log(mcf, log, self.zone as u32, Level::Error, &message);
             }
         }
-        strict_answered(mcf, log, g.id, rate, &g.tickets, answer.as_ref());
+        strict_answered(mcf, log, g.id, rate, &g.tickets, g.counted(), answer.as_ref());
         None
     }
 
