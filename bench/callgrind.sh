@@ -7,6 +7,7 @@
 # behind the same zone with its rate from a map (tiers).
 #
 #   bash bench/callgrind.sh [N]        (needs valgrind; about a minute)
+#   CALLGRIND_MODULE=/path/to/module.so bash bench/callgrind.sh   (another build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2400}
@@ -30,7 +31,7 @@ echo ok > "$work/html/b"
 chmod -R a+rX "$work"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 cat > "$work/conf/nginx.conf" <<CONF
-load_module $PWD/build/modules/ngx_http_redis_ratelimit_module.so;
+load_module ${CALLGRIND_MODULE:-$PWD/build/modules/ngx_http_redis_ratelimit_module.so};
 daemon off; master_process off;
 error_log logs/error.log error;
 events {}

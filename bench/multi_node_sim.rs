@@ -24,7 +24,7 @@ use ratelimit_core::counter::{
 };
 use ratelimit_core::rate::Rate;
 use ratelimit_core::strict;
-use ratelimit_core::sync::{self, Send};
+use ratelimit_core::sync::{self, Due};
 use ratelimit_core::table::Entry;
 use ratelimit_core::window::window_index;
 
@@ -224,9 +224,9 @@ impl<'a> Sim<'a> {
                 let send = sync::when(rate, after, unsent, share, now, HOLD_MS);
                 wait(&mut self.nodes[i].e, send.prompt(), now);
                 let mut t = match send {
-                    Send::Now => t_us + WAKE_US,
-                    Send::By(ms) if ms <= now => t_us + FLUSH_US,
-                    Send::By(ms) | Send::Hold(ms, _) => ms * 1000,
+                    Due::Now => t_us + WAKE_US,
+                    Due::By(ms) if ms <= now => t_us + FLUSH_US,
+                    Due::By(ms) | Due::Hold(ms, _) => ms * 1000,
                 };
                 // the module's batch (`Batch::add`): a quiet key's new
                 // window takes over what the node holds of earlier ones

@@ -2,20 +2,16 @@
 //! nginx nodes.
 //!
 //! This file is the front door nginx sees: the module static, its context
-//! and directive table. The layers, each in one place:
-//!
-//! | where | what |
-//! |---|---|
-//! | `core/` (crate `ratelimit-core`) | pure logic: rates, window math, counters, the shared table layout, keys, batches, zone parameters, backoff; unit-tested, no nginx |
-//! | `src/nginx/` | nginx glue: configuration and directives, shared memory zones, the preaccess handler, variables, the worker's side of the Redis thread, debug logging |
-//! | `src/engine/` | the one decision for a request's limits, used by the handler and the Lua ABI |
-//! | `src/backend/` | the Redis I/O thread (one per worker): pipelines, replies, backoff, cluster routing; never calls nginx |
-//! | `src/lua/` | the C ABI that `lua/resty/redis_ratelimit.lua` binds to through LuaJIT's FFI |
+//! and directive table. The layers below it, and what each folder holds:
+//! `docs/development.md`, "Layout".
 
 mod backend;
+mod conf;
 mod engine;
+mod http;
 mod lua;
-mod nginx;
+mod shm;
+mod worker;
 
 use std::mem::offset_of;
 use std::ptr;
@@ -30,14 +26,14 @@ use nginx_sys::{
 };
 use ngx::http::{HttpModule, HttpModuleMainConf, NgxHttpCoreModule};
 
-use crate::nginx::conf::LocConf;
-use crate::nginx::directives;
-use crate::nginx::module::Module;
+use crate::conf::directives;
+use crate::conf::module::Module;
+use crate::conf::LocConf;
 
 /// Adds the module's variables.
 unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     // SAFETY: nginx passes a valid configuration.
-    unsafe { nginx::vars::add(cf) }
+    unsafe { crate::http::vars::add(cf) }
 }
 
 /// Installs the preaccess handler (and the log phase's, for `count_if=`).
@@ -56,7 +52,7 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         return NGX_ERROR as ngx_int_t;
     }
     // SAFETY: `h` points at the new slot.
-    unsafe { *h = Some(nginx::handler::preaccess) };
+    unsafe { *h = Some(crate::http::handler::preaccess) };
 
     // `count_if=` limits are counted once the response is known
     if Module::main_conf(cf).is_some_and(|m| m.count_if) {
@@ -68,7 +64,7 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
             return NGX_ERROR as ngx_int_t;
         }
         // SAFETY: `h` points at the new slot.
-        unsafe { *h = Some(nginx::count::log_phase) };
+        unsafe { *h = Some(crate::http::count::log_phase) };
     }
     NGX_OK as ngx_int_t
 }
@@ -152,7 +148,7 @@ static mut COMMANDS: [ngx_command_t; 8] = [
     command(
         c"redis_ratelimit_metrics",
         NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS,
-        nginx::metrics::cmd_metrics,
+        crate::http::metrics::cmd_metrics,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
     ngx_command_t::empty(),
@@ -186,7 +182,7 @@ pub static mut ngx_http_redis_ratelimit_module: ngx_module_t = ngx_module_t {
     // SAFETY: the command table is a static that lives forever.
     commands: unsafe { ptr::addr_of_mut!(COMMANDS[0]) },
     type_: NGX_HTTP_MODULE as ngx_uint_t,
-    init_process: Some(crate::nginx::worker::init_process),
-    exit_process: Some(crate::nginx::worker::exit_process),
+    init_process: Some(crate::worker::process::init_process),
+    exit_process: Some(crate::worker::process::exit_process),
     ..ngx_module_t::default()
 };

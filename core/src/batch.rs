@@ -12,7 +12,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::counter::Fresh;
 use crate::key::redis_tag;
-use crate::sync::{may_carry, Send};
+use crate::sync::{may_carry, Due};
 
 /// How many windows back a new item looks for a quiet key's held
 /// increments to carry (`Batch::add`).
@@ -85,7 +85,7 @@ pub struct Item {
     /// Increments of the key's earlier windows carried into this one's
     /// counter (`sync::may_carry`): counted there, not in their own.
     pub carried: u32,
-    /// Whether every push into it was far from the limit (`Send::Hold`):
+    /// Whether every push into it was far from the limit (`Due::Hold`):
     /// only then may it be carried into a later window.
     pub quiet: bool,
     /// What the pushes knew of the window's counter, the least sure of
@@ -102,7 +102,7 @@ pub struct Item {
 pub const ITEM_OVERHEAD: usize = 96;
 
 impl Item {
-    /// Whether no push into it was near the limit (`Send::Now`): a wrong
+    /// Whether no push into it was near the limit (`Due::Now`): a wrong
     /// guess that its counter is new may then cost its count a round trip.
     #[inline]
     pub fn far(&self) -> bool {
@@ -269,7 +269,7 @@ impl Batch {
     /// The key's tag is made (and a long key digested) only when the item
     /// is new.
     ///
-    /// Far from the limit (`Send::Hold`), the new item of a window takes
+    /// Far from the limit (`Due::Hold`), the new item of a window takes
     /// over what the key still holds of an earlier window (at most
     /// `CARRY_BACK` back) if `sync::may_carry` allows: one `INCRBY` for
     /// several windows of a quiet key. Held increments that may not be
@@ -286,7 +286,7 @@ impl Batch {
         period: u32,
         limit: u32,
         n: u32,
-        send: Send,
+        send: Due,
         fresh: Fresh,
     ) -> Option<u64> {
         let mut due = send.due();

@@ -8,6 +8,7 @@
 //! | `cost` | what a request weighs: `cost=N`, or a variable's value per request |
 //! | `window` | window index, the previous/current sliding estimate |
 //! | `counter` | one key's counts: check, count, apply a Redis reply, roll |
+//! | `decide` | the decision for a request: its limits against their entries, what it counts and pushes |
 //! | `table` | the shared-memory table: layout, buckets, LRU, ids |
 //! | `key` | key hashing, Redis key format, hash tags |
 //! | `batch` | the coalescing batch a worker hands its Redis thread |
@@ -27,6 +28,7 @@ pub mod batch;
 pub mod calls;
 pub mod cost;
 pub mod counter;
+pub mod decide;
 pub mod health;
 pub mod key;
 pub mod metrics;

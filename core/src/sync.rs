@@ -19,7 +19,7 @@
 //!   its window: a quiet key's held increments are carried into the
 //!   counter of the window current when the key is next counted
 //!   (`batch::Batch::add`), as long as they fit in the allowance that is
-//!   left (`Send::Hold`'s room), so that a key seen a few times a window
+//!   left (`Due::Hold`'s room), so that a key seen a few times a window
 //!   costs one `INCRBY` (and one `EXPIRE`) per several windows, not one
 //!   per window.
 //!
@@ -49,7 +49,7 @@ pub const FIRST_SHARE: u16 = u16::MAX / 32;
 
 /// When a counted request is to reach Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Send {
+pub enum Due {
     /// At once (the next flush, within milliseconds).
     Now,
     /// By this time (ms, the clock of `now_ms`).
@@ -61,17 +61,17 @@ pub enum Send {
     Hold(u64, u32),
 }
 
-impl Send {
+impl Due {
     /// Later than any other, with all the room there is: what `min` over
     /// nothing gives (a fold over the limits of an entry starts here).
-    pub const LATEST: Send = Send::Hold(u64::MAX, u32::MAX);
+    pub const LATEST: Due = Due::Hold(u64::MAX, u32::MAX);
 
     /// The earlier of two (held only if both are, with the smaller room).
-    pub fn min(self, other: Send) -> Send {
+    pub fn min(self, other: Due) -> Due {
         match (self, other) {
-            (Send::Now, _) | (_, Send::Now) => Send::Now,
-            (Send::Hold(a, r), Send::Hold(b, s)) => Send::Hold(a.min(b), r.min(s)),
-            (Send::By(a) | Send::Hold(a, _), Send::By(b) | Send::Hold(b, _)) => Send::By(a.min(b)),
+            (Due::Now, _) | (_, Due::Now) => Due::Now,
+            (Due::Hold(a, r), Due::Hold(b, s)) => Due::Hold(a.min(b), r.min(s)),
+            (Due::By(a) | Due::Hold(a, _), Due::By(b) | Due::Hold(b, _)) => Due::By(a.min(b)),
         }
     }
 
@@ -79,15 +79,15 @@ impl Send {
     /// then waits for Redis's answer (`counter::wait`).
     #[inline]
     pub fn prompt(self) -> bool {
-        !matches!(self, Send::Hold(..))
+        !matches!(self, Due::Hold(..))
     }
 
     /// The time to send by (ms; 0: at once).
     #[inline]
     pub fn due(self) -> u64 {
         match self {
-            Send::Now => 0,
-            Send::By(ms) | Send::Hold(ms, _) => ms.max(1),
+            Due::Now => 0,
+            Due::By(ms) | Due::Hold(ms, _) => ms.max(1),
         }
     }
 
@@ -95,7 +95,7 @@ impl Send {
     #[inline]
     pub fn room(self) -> Option<u32> {
         match self {
-            Send::Hold(_, room) => Some(room),
+            Due::Hold(_, room) => Some(room),
             _ => None,
         }
     }
@@ -105,7 +105,7 @@ impl Send {
 /// of them pushed far from the limit) may go into a later window's counter
 /// by a push that says `send`.
 #[inline]
-pub fn may_carry(held: u32, send: Send) -> bool {
+pub fn may_carry(held: u32, send: Due) -> bool {
     send.room().is_some_and(|room| held <= room)
 }
 
@@ -134,17 +134,17 @@ pub fn when(
     share: u16,
     now_ms: u64,
     hold_ms: u64,
-) -> Send {
+) -> Due {
     if after.remaining(rate.limit) <= rate.limit / 2 {
-        return Send::Now;
+        return Due::Now;
     }
     let known = after.value() - f64::from(unsent);
     let share = if share == 0 { FIRST_SHARE } else { share };
     let room = allowance(rate.limit, known, share);
     if hold_ms == 0 || unsent > room {
-        return Send::By(now_ms);
+        return Due::By(now_ms);
     }
-    Send::Hold(now_ms.saturating_add(hold_ms), room - unsent)
+    Due::Hold(now_ms.saturating_add(hold_ms), room - unsent)
 }
 
 /// How a zone's first counts of keys whose counters are probably new make
@@ -244,25 +244,25 @@ mod tests {
         // (3000 - 99) / 4 = 725 may wait, 724 more
         let now = 600_000 + 10_000;
         let s = when(PER_MIN, est(0, 100, 10_000, 60_000), 1, ALL, now, H);
-        assert_eq!(s, Send::Hold(now + H, 724));
+        assert_eq!(s, Due::Hold(now + H, 724));
         // 58 s in: still the hold (what is held then goes into the next
         // window's counter, or into its own after the hold)
         let now = 600_000 + 58_000;
         assert_eq!(
             when(PER_MIN, est(0, 100, 58_000, 60_000), 1, ALL, now, H),
-            Send::Hold(now + H, 724)
+            Due::Hold(now + H, 724)
         );
         // a per-second window: the hold too, beyond the window
         let now = 5_000_300;
-        assert_eq!(when(PER_SEC, est(8, 3, 300, 1000), 1, ALL, now, H), Send::Hold(now + H, 9));
+        assert_eq!(when(PER_SEC, est(8, 3, 300, 1000), 1, ALL, now, H), Due::Hold(now + H, 9));
     }
 
     #[test]
     fn near_the_limit_goes_at_once() {
         // 50 of 100 after this request: half the limit
-        assert_eq!(when(PER_SEC, est(0, 50, 500, 1000), 1, ALL, 500, H), Send::Now);
+        assert_eq!(when(PER_SEC, est(0, 50, 500, 1000), 1, ALL, 500, H), Due::Now);
         // the previous window's weight counts too: 80 * 0.5 + 10
-        assert_eq!(when(PER_SEC, est(80, 10, 500, 1000), 1, ALL, 500, H), Send::Now);
+        assert_eq!(when(PER_SEC, est(80, 10, 500, 1000), 1, ALL, 500, H), Due::Now);
     }
 
     #[test]
@@ -270,27 +270,27 @@ mod tests {
         // alone, known 10 of 100: (50 - 10) / 4 = 10 may wait
         assert_eq!(allowance(100, 10.0, ALL), 10);
         let now = 100;
-        assert_eq!(when(PER_SEC, est(0, 20, 100, 1000), 10, ALL, now, H), Send::Hold(now + H, 0));
-        assert_eq!(when(PER_SEC, est(0, 21, 100, 1000), 11, ALL, now, H), Send::By(now));
+        assert_eq!(when(PER_SEC, est(0, 20, 100, 1000), 10, ALL, now, H), Due::Hold(now + H, 0));
+        assert_eq!(when(PER_SEC, est(0, 21, 100, 1000), 11, ALL, now, H), Due::By(now));
         // half of the key's traffic: half of that
         assert_eq!(allowance(100, 10.0, ALL / 2), 4);
-        assert_eq!(when(PER_SEC, est(0, 15, 100, 1000), 5, ALL / 2, now, H), Send::By(now));
+        assert_eq!(when(PER_SEC, est(0, 15, 100, 1000), 5, ALL / 2, now, H), Due::By(now));
         // a key new to the node (no share yet): one node in 32
         assert_eq!(allowance(6000, 0.0, 0), 0);
         assert_eq!(allowance(6000, 0.0, FIRST_SHARE), 23);
-        assert_eq!(when(PER_MIN, est(0, 23, 100, 60_000), 23, 0, 100, H), Send::Hold(5100, 0));
-        assert_eq!(when(PER_MIN, est(0, 24, 100, 60_000), 24, 0, 100, H), Send::By(100));
+        assert_eq!(when(PER_MIN, est(0, 23, 100, 60_000), 23, 0, 100, H), Due::Hold(5100, 0));
+        assert_eq!(when(PER_MIN, est(0, 24, 100, 60_000), 24, 0, 100, H), Due::By(100));
         // ... which under a low limit is nothing: at once, as before
-        assert_eq!(when(PER_SEC, est(0, 1, 100, 1000), 1, 0, 100, H), Send::By(100));
+        assert_eq!(when(PER_SEC, est(0, 1, 100, 1000), 1, 0, 100, H), Due::By(100));
         // a low limit has no allowance: every request at once, as before
         let low = Rate { limit: 3, period: 60 };
         assert_eq!(allowance(3, 0.0, ALL), 0);
         assert_eq!(allowance(8, 0.0, ALL), 1);
-        assert_eq!(when(low, est(0, 1, 100, 60_000), 1, ALL, 100, H), Send::By(100));
+        assert_eq!(when(low, est(0, 1, 100, 60_000), 1, ALL, 100, H), Due::By(100));
         // a request that weighs more than the allowance
-        assert_eq!(when(PER_MIN, est(0, 800, 100, 60_000), 800, ALL, 100, H), Send::By(100));
+        assert_eq!(when(PER_MIN, est(0, 800, 100, 60_000), 800, ALL, 100, H), Due::By(100));
         // hold=0: every request in the next flush
-        assert_eq!(when(PER_MIN, est(0, 1, 100, 60_000), 1, ALL, 100, 0), Send::By(100));
+        assert_eq!(when(PER_MIN, est(0, 1, 100, 60_000), 1, ALL, 100, 0), Due::By(100));
     }
 
     #[test]
@@ -313,20 +313,20 @@ mod tests {
 
     #[test]
     fn send_min() {
-        assert_eq!(Send::By(5).min(Send::By(3)), Send::By(3));
-        assert_eq!(Send::By(5).min(Send::Now), Send::Now);
-        assert_eq!(Send::Now.min(Send::By(1)), Send::Now);
-        assert_eq!(Send::Hold(5, 2).min(Send::Hold(7, 1)), Send::Hold(5, 1));
-        assert_eq!(Send::Hold(5, 2).min(Send::By(7)), Send::By(5));
-        assert_eq!(Send::By(9).min(Send::Hold(7, 1)), Send::By(7));
-        assert_eq!(Send::Hold(5, 2).min(Send::Now), Send::Now);
-        assert_eq!((Send::Now.due(), Send::By(0).due(), Send::Hold(8, 1).due()), (0, 1, 8));
-        assert!(may_carry(3, Send::Hold(1, 3)) && !may_carry(4, Send::Hold(1, 3)));
-        assert!(!may_carry(0, Send::By(1)) && !may_carry(0, Send::Now));
+        assert_eq!(Due::By(5).min(Due::By(3)), Due::By(3));
+        assert_eq!(Due::By(5).min(Due::Now), Due::Now);
+        assert_eq!(Due::Now.min(Due::By(1)), Due::Now);
+        assert_eq!(Due::Hold(5, 2).min(Due::Hold(7, 1)), Due::Hold(5, 1));
+        assert_eq!(Due::Hold(5, 2).min(Due::By(7)), Due::By(5));
+        assert_eq!(Due::By(9).min(Due::Hold(7, 1)), Due::By(7));
+        assert_eq!(Due::Hold(5, 2).min(Due::Now), Due::Now);
+        assert_eq!((Due::Now.due(), Due::By(0).due(), Due::Hold(8, 1).due()), (0, 1, 8));
+        assert!(may_carry(3, Due::Hold(1, 3)) && !may_carry(4, Due::Hold(1, 3)));
+        assert!(!may_carry(0, Due::By(1)) && !may_carry(0, Due::Now));
         // the identity of `min`: a fold over one held limit stays held
-        for s in [Send::Hold(5, 2), Send::By(5), Send::Now] {
-            assert_eq!(Send::LATEST.min(s), s);
-            assert_eq!(s.min(Send::LATEST), s);
+        for s in [Due::Hold(5, 2), Due::By(5), Due::Now] {
+            assert_eq!(Due::LATEST.min(s), s);
+            assert_eq!(s.min(Due::LATEST), s);
         }
     }
 }

@@ -35,7 +35,7 @@ use ratelimit_core::batch::{Batch, Bounds, Delete, ItemId};
 use ratelimit_core::counter::{self, Fresh};
 use ratelimit_core::health;
 use ratelimit_core::params;
-use ratelimit_core::sync::Send;
+use ratelimit_core::sync::Due;
 
 pub use event::{Event, Level, StatsRef, StrictAsk, StrictGroup, ZoneSpec};
 pub use io::Tls;
@@ -136,7 +136,7 @@ impl Channel {
     /// as possible. The thread is woken only when the increment is due
     /// before it planned to wake, or when what waits holds more bytes than
     /// the hold budget.
-    pub fn push(&self, id: ItemId, inc: Increment<'_>, send: Send) -> bool {
+    pub fn push(&self, id: ItemId, inc: Increment<'_>, send: Due) -> bool {
         let mut b = self.batch.lock();
         let added =
             b.add(id, inc.namespace, inc.key, inc.period, inc.limit, inc.n, send, inc.fresh);

@@ -1,35 +1,33 @@
 //! The one decision path: every limit of one request, whoever asks (the
-//! preaccess handler for `redis_ratelimit` lines, the Lua ABI). In: the
-//! limits with their keys, and now. Out: allowed or not, the requests left
-//! under the tightest limit, when a rejected request may pass again.
+//! preaccess handler for `redis_ratelimit` lines, the log phase for
+//! `count_if=`, the Lua ABI). In: the limits with their keys, and now.
+//! Out: allowed or not, the requests left under the tightest limit, when a
+//! rejected request may pass again.
 //!
-//! Steps, the same for every caller: hash each key outside any lock; take
-//! the zones' locks (in shared-memory order, the same in every process);
-//! check every limit against its entry (breaker, counts, `on_error`); count
-//! the request only if every limit passes (or always, for Lua's
-//! `measure`), once per entry however many limits share it; release the
-//! locks; queue the increments for the zone's Redis thread (at once for a
-//! key near its limit, later for one far from it: `ratelimit_core::sync`).
+//! The decision itself is pure (`ratelimit_core::decide`); here are its
+//! surroundings, the same for every caller: hash each key outside any
+//! lock; take the zones' locks (in shared-memory order, the same in every
+//! process) and find each key's entry; read each zone's state (its
+//! backend up or down, how stale a view may get, `hold=`); decide; release
+//! the locks; log each limit's outcome at debug level; queue the
+//! increments for the zones' Redis threads.
 
 use nginx_sys::ngx_log_t;
 use ngx::log::DebugMask;
 use ngx::ngx_log_debug;
 use ratelimit_core::batch::ItemId;
-use ratelimit_core::counter::{self, Fresh};
+use ratelimit_core::decide::{self, Entries, Limit, Push, INLINE};
+pub use ratelimit_core::decide::{Checked, Decision, Mode, Strict, Take};
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
-use ratelimit_core::sync::{self, Send};
 use ratelimit_core::table::Entry;
-use ratelimit_core::window::Estimate;
 use smallvec::SmallVec;
 
 use crate::backend::{Channel, Increment};
-use crate::nginx::conf::MainConf;
-use crate::nginx::zone::{Locked, Shared};
+use crate::conf::MainConf;
+use crate::shm::{Locked, Shared};
 
 mod mode;
-pub use mode::Mode;
-use mode::DENY_RETRY_MS;
 
 /// One limit to decide: a zone, the key's namespace (the zone's name, or a
 /// Lua caller's) and bytes, and the rate.
@@ -55,103 +53,9 @@ pub struct Ask<'a> {
 /// `Ask::line` of a limit that no configuration line asks for (Lua).
 pub const NO_LINE: u32 = u32::MAX;
 
-/// A limit's part in strict mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strict {
-    /// A background limit.
-    No,
-    /// A strict limit checked before its wait: rejected here only when
-    /// Redis's own counts (or the breaker) put the key at its limit. This
-    /// node's unconfirmed increments are left out: a strict answer's count
-    /// may hold them already (sent by the thread, their reply not applied
-    /// yet), and counted twice they would refuse a small limit's last
-    /// requests that Redis would allow.
-    Before,
-    /// A limit Redis decides, counted after the response (`count_if=`):
-    /// counted here in flight, not queued for the thread; the caller sends
-    /// the count down the zone's strict link, ahead of the next check of
-    /// the key from this worker.
-    Later,
-    /// Redis allowed the request and counted it.
-    Allowed,
-    /// Redis rejected it (not counted).
-    Rejected,
-    /// No answer in time (timeout, error reply, backend down): decided as
-    /// the zone's `on_error` says, from this node's counts for `local`.
-    Failed,
-}
-
-impl Strict {
-    /// Redis decided, and counted what it allowed.
-    fn decided(self) -> bool {
-        matches!(self, Strict::Allowed | Strict::Rejected)
-    }
-}
-
-/// Whether an allowed request only is counted, or every one (Lua's
-/// `measure`), or none (the check before a strict request's wait).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Take {
-    IfAllowed,
-    Always,
-    Never,
-}
-
-impl Take {
-    fn counts(self, allowed: bool) -> bool {
-        match self {
-            Take::IfAllowed => allowed,
-            Take::Always => true,
-            Take::Never => false,
-        }
-    }
-}
-
-/// What one limit said.
-#[derive(Clone, Copy, Debug)]
-pub struct Said {
-    pub check: counter::Check,
-    /// The estimate after this request was counted (or not).
-    pub after: Estimate,
-}
-
-/// The decision for a request.
-pub struct Decision {
-    pub allowed: bool,
-    /// The tightest limit's L when allowed, 0 when rejected: with the
-    /// estimate after the request (`said.after`) it tells how many requests
-    /// are left, which is worked out only if asked (`remaining`).
-    pub limit: u32,
-    /// When rejected: the earliest time (ms) every rejecting limit allows a
-    /// request again.
-    pub retry_at_ms: u64,
-    /// The limit the answer speaks of: the first that rejected, else the
-    /// one with the fewest requests left.
-    pub tightest: usize,
-    /// What that limit said.
-    pub said: Said,
-}
-
-impl Decision {
-    /// Requests left under the tightest limit, after this one (0 when
-    /// rejected).
-    pub fn remaining(&self) -> u32 {
-        self.said.after.remaining(self.limit)
-    }
-}
-
 /// A zone's shared memory is not there (not mapped in this process).
 #[derive(Debug)]
 pub struct NoZone;
-
-/// One entry being decided.
-struct Slot {
-    /// Position of the zone's lock in `guards`.
-    guard: usize,
-    entry: u32,
-    id: [u64; 2],
-    mode: Mode,
-}
 
 /// Decides `asks` (at least one) at `now`, counts as `take` says, and
 /// queues the increments. `log` (the request's, or the cycle's for Lua)
@@ -172,157 +76,7 @@ pub fn decide(
     decide_many(mcf, asks, now, take, log)
 }
 
-/// `decide` for several limits, or a strict one.
-#[inline(never)]
-fn decide_many(
-    mcf: &MainConf,
-    asks: &[Ask<'_>],
-    now: u64,
-    take: Take,
-    log: *mut ngx_log_t,
-) -> Result<Decision, NoZone> {
-    let channel = crate::nginx::channel::channel();
-    let mut zones: SmallVec<[usize; 4]> = SmallVec::new();
-    let mut ids: SmallVec<[[u64; 2]; 4]> = SmallVec::new();
-    for a in asks {
-        let (_, id) = identify(mcf, a)?;
-        ids.push(id);
-        if !zones.contains(&a.zone) {
-            zones.push(a.zone);
-        }
-    }
-    // one order for every process, old or new after a reload that
-    // reordered the declarations: two workers never wait on each other
-    zones.sort_unstable_by_key(|&z| mcf.zones[z].shared.as_ref().map_or(0, |s| s.order()));
-    let mut guards: SmallVec<[Locked<'_>; 4]> = SmallVec::new();
-    for &z in &zones {
-        guards.push(mcf.zones[z].shared.as_ref().ok_or(NoZone)?.lock());
-    }
-
-    // check every limit
-    let mut slots: SmallVec<[Slot; 4]> = SmallVec::new();
-    let mut said: SmallVec<[Said; 4]> = SmallVec::new();
-    for (a, &id) in asks.iter().zip(&ids) {
-        let guard = zones.iter().position(|&z| z == a.zone).unwrap_or(0);
-        let mode = match a.strict {
-            Strict::Failed => Mode::failed(&mcf.zones[a.zone], channel),
-            _ => Mode::of(&mcf.zones[a.zone], a.zone, channel),
-        };
-        let (entry, _) = guards[guard].table.get_or_insert(id);
-        let e = guards[guard].table.entry_mut(entry);
-        let mut s = if a.strict == Strict::Before {
-            let mut check = counter::check_known(e, a.rate, now, a.cost);
-            mode.apply(&mut check, now);
-            Said { check, after: check.estimate }
-        } else {
-            check(e, a.rate, a.cost, mode, now, stale_ms(channel, a.zone))
-        };
-        verdict(a.strict, &mut s.check, now);
-        slots.push(Slot { guard, entry, id, mode });
-        said.push(s);
-    }
-    let allowed = said.iter().all(|s| s.check.allowed);
-
-    // count, once per entry, and what to send: (ask, tightest limit)
-    let mut sends: SmallVec<[(usize, u32, u32); 4]> = SmallVec::new();
-    if take.counts(allowed) {
-        for (i, (a, s)) in asks.iter().zip(&slots).enumerate() {
-            let first = slots[..i].iter().position(|o| o.guard == s.guard && o.entry == s.entry);
-            // Redis counted it already (strict), for every limit of the entry
-            let counted = asks
-                .iter()
-                .zip(&slots)
-                .any(|(o, os)| os.guard == s.guard && os.entry == s.entry && o.strict.decided());
-            match first {
-                None if counted => {}
-                None => {
-                    // limits sharing the entry (tiers of one period) count
-                    // the request once, at its heaviest (a `count_if=`
-                    // limit's 0 in preaccess does not hide another's cost)
-                    let cost = asks
-                        .iter()
-                        .zip(&slots)
-                        .filter(|(_, o)| o.guard == s.guard && o.entry == s.entry)
-                        .map(|(o, _)| o.cost)
-                        .max()
-                        .unwrap_or(a.cost);
-                    if count(guards[s.guard].table.entry_mut(s.entry), s.mode, cost)
-                        && a.strict != Strict::Later
-                    {
-                        sends.push((i, a.rate.limit, cost));
-                    }
-                }
-                Some(f) => {
-                    if let Some(send) = sends.iter_mut().find(|(j, _, _)| *j == f) {
-                        send.1 = send.1.min(a.rate.limit);
-                    }
-                }
-            }
-        }
-    }
-    let mut unsent: SmallVec<[(u32, u16, Fresh); 4]> = SmallVec::new();
-    for ((a, s), out) in asks.iter().zip(&slots).zip(said.iter_mut()) {
-        let e = guards[s.guard].table.entry(s.entry);
-        out.after = counter::estimate(e, a.rate, now);
-        unsent.push((e.inflight, e.share, counter::fresh(e)));
-    }
-    // when each increment goes, each as the limits of its entry say
-    // (`sync`): a key near any of them goes at once, and then waits for
-    // Redis's answer
-    let mut due: SmallVec<[Send; 4]> = SmallVec::new();
-    if channel.is_some() {
-        for &(i, _, _) in &sends {
-            let s = &slots[i];
-            let send = asks
-                .iter()
-                .zip(&slots)
-                .zip(&said)
-                .filter(|((_, o), _)| o.guard == s.guard && o.entry == s.entry)
-                .map(|((o, _), x)| {
-                    let (u, share, _) = unsent[i];
-                    sync::when(o.rate, x.after, u, share, now, hold_ms(mcf, o.zone))
-                })
-                .fold(Send::LATEST, Send::min);
-            counter::wait(guards[s.guard].table.entry_mut(s.entry), send.prompt(), now);
-            due.push(send);
-        }
-    }
-    drop(guards);
-    for ((a, s), x) in asks.iter().zip(&slots).zip(&said) {
-        trace(log, mcf, a, s.id, s.mode, x);
-    }
-
-    // the answer
-    let mut remaining = u32::MAX;
-    let mut retry_at_ms = now;
-    let mut tightest = 0;
-    if allowed {
-        for (i, (a, s)) in asks.iter().zip(&said).enumerate() {
-            let left = s.after.remaining(a.rate.limit);
-            if left < remaining {
-                remaining = left;
-                tightest = i;
-            }
-        }
-    } else {
-        tightest = said.iter().position(|s| !s.check.allowed).unwrap_or(0);
-        for s in said.iter().filter(|s| !s.check.allowed) {
-            retry_at_ms = retry_at_ms.max(s.check.retry_at_ms);
-        }
-    }
-
-    // queue the increments
-    if let Some(ch) = channel {
-        for (&(i, limit, n), &send) in sends.iter().zip(&due) {
-            let fresh = unsent[i].2;
-            queue(mcf, ch, &asks[i], slots[i].id, said[i].check.window, limit, n, send, fresh);
-        }
-    }
-    let limit = if allowed { asks[tightest].rate.limit } else { 0 };
-    Ok(Decision { allowed, limit, retry_at_ms, tightest, said: said[tightest] })
-}
-
-/// `decide` for one limit: the same steps, on one entry.
+/// `decide` for one background limit: one lock, one entry.
 #[inline(always)]
 fn decide_one(
     mcf: &MainConf,
@@ -331,46 +85,130 @@ fn decide_one(
     take: Take,
     log: *mut ngx_log_t,
 ) -> Result<Decision, NoZone> {
-    let channel = crate::nginx::channel::channel();
+    let channel = crate::worker::channel::channel();
     let (shared, id) = identify(mcf, a)?;
-    let mode = Mode::of(&mcf.zones[a.zone], a.zone, channel);
+    let l = limit(mcf, a, 0, channel);
     let mut locked = shared.lock();
     let (entry, _) = locked.table.get_or_insert(id);
-    let e = locked.table.entry_mut(entry);
-    let mut said = check(e, a.rate, a.cost, mode, now, stale_ms(channel, a.zone));
-    let allowed = said.check.allowed;
-    let counted = take.counts(allowed) && counts(mode);
-    let send = counted && count(e, mode, a.cost);
-    if counted {
-        // the entry's estimate with this request in it (what
-        // `counter::estimate` gives now, without a second pass)
-        said.after = said.check.estimate.plus(a.cost);
-    }
-    let when = (send && channel.is_some()).then(|| {
-        let w = sync::when(a.rate, said.after, e.inflight, e.share, now, hold_ms(mcf, a.zone));
-        counter::wait(e, w.prompt(), now);
-        w
-    });
-    let fresh = counter::fresh(e);
+    let (d, push) = decide::one(locked.table.entry_mut(entry), &l, now, take, channel.is_some());
     drop(locked);
-    trace(log, mcf, a, id, mode, &said);
-    if let (Some(ch), Some(when)) = (channel, when) {
-        queue(mcf, ch, a, id, said.check.window, a.rate.limit, a.cost, when, fresh);
+    trace(log, mcf, a, id, l.mode, &d.checked);
+    if let (Some(ch), Some(p)) = (channel, push) {
+        queue(mcf, ch, a, id, &p);
     }
-    Ok(Decision {
-        allowed,
-        limit: if allowed { a.rate.limit } else { 0 },
-        retry_at_ms: if allowed { now } else { said.check.retry_at_ms },
-        tightest: 0,
-        said,
-    })
+    Ok(d)
+}
+
+/// Where an ask's entry is: which lock, which entry of that zone's table.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Place {
+    guard: usize,
+    entry: u32,
+}
+
+/// The entries of a request over the locked zones (`decide::Entries`).
+struct Held<'g, 'a> {
+    guards: &'g mut [Locked<'a>],
+    places: &'g [Place],
+}
+
+impl Entries for Held<'_, '_> {
+    #[inline]
+    fn entry(&mut self, i: usize) -> &mut Entry {
+        let p = self.places[i];
+        self.guards[p.guard].table.entry_mut(p.entry)
+    }
+}
+
+/// `decide` for several limits, or one Redis decides.
+#[inline(never)]
+fn decide_many(
+    mcf: &MainConf,
+    asks: &[Ask<'_>],
+    now: u64,
+    take: Take,
+    log: *mut ngx_log_t,
+) -> Result<Decision, NoZone> {
+    let channel = crate::worker::channel::channel();
+    let mut zones: SmallVec<[usize; INLINE]> = SmallVec::new();
+    let mut ids: SmallVec<[[u64; 2]; INLINE]> = SmallVec::new();
+    for a in asks {
+        ids.push(identify(mcf, a)?.1);
+        if !zones.contains(&a.zone) {
+            zones.push(a.zone);
+        }
+    }
+    // one order for every process, old or new after a reload that
+    // reordered the declarations: two workers never wait on each other
+    zones.sort_unstable_by_key(|&z| mcf.zones[z].shared.as_ref().map_or(0, |s| s.order()));
+    let mut guards: SmallVec<[Locked<'_>; INLINE]> = SmallVec::new();
+    for &z in &zones {
+        guards.push(mcf.zones[z].shared.as_ref().ok_or(NoZone)?.lock());
+    }
+
+    // each ask's entry, found once; asks of one entry share its index
+    let mut places: SmallVec<[Place; INLINE]> = SmallVec::new();
+    let mut limits: SmallVec<[Limit; INLINE]> = SmallVec::new();
+    for (a, &id) in asks.iter().zip(&ids) {
+        let guard = zones.iter().position(|&z| z == a.zone).unwrap_or(0);
+        let (entry, _) = guards[guard].table.get_or_insert(id);
+        let place = Place { guard, entry };
+        let index = places.iter().position(|&p| p == place).unwrap_or_else(|| {
+            places.push(place);
+            places.len() - 1
+        });
+        limits.push(limit(mcf, a, index, channel));
+    }
+    let (d, all, pushes) = decide::many(
+        &mut Held { guards: &mut guards, places: &places },
+        &limits,
+        now,
+        take,
+        channel.is_some(),
+    );
+    drop(guards);
+    for ((a, &id), (l, c)) in asks.iter().zip(&ids).zip(limits.iter().zip(&all)) {
+        trace(log, mcf, a, id, l.mode, c);
+    }
+    if let Some(ch) = channel {
+        for p in &pushes {
+            queue(mcf, ch, &asks[p.limit_index], ids[p.limit_index], p);
+        }
+    }
+    Ok(d)
+}
+
+/// An ask as the decision sees it: its entry's index, the zone's state.
+#[inline(always)]
+fn limit(
+    mcf: &MainConf,
+    a: &Ask<'_>,
+    entry: usize,
+    channel: Option<&std::sync::Arc<Channel>>,
+) -> Limit {
+    let zone = &mcf.zones[a.zone];
+    let up = channel.map(|ch| ch.is_up(a.zone));
+    let mode = match a.strict {
+        Strict::Failed => mode::failed(zone, channel.is_some()),
+        _ => mode::of(zone, up),
+    };
+    // how long increments may wait for Redis before a view is stale
+    // (`counter::cap_to_share`); forever while the backend is known down
+    // (`on_error` decides then)
+    let stale_ms = match (channel, up) {
+        (Some(ch), Some(true)) => ch.stale_ms(a.zone),
+        (Some(_), _) => u64::MAX,
+        (None, _) => ratelimit_core::counter::STALE_MIN_MS,
+    };
+    let hold_ms = zone.params.as_ref().map_or(0, |p| p.hold_ms);
+    Limit { entry, rate: a.rate, cost: a.cost, mode, strict: a.strict, stale_ms, hold_ms }
 }
 
 /// One limit's decision, as a debug line (compiled out unless nginx was
 /// built `--with-debug`; written only with `error_log ... debug` or
 /// `debug_connection`).
 #[inline(always)]
-fn trace(log: *mut ngx_log_t, mcf: &MainConf, a: &Ask<'_>, id: [u64; 2], mode: Mode, s: &Said) {
+fn trace(log: *mut ngx_log_t, mcf: &MainConf, a: &Ask<'_>, id: [u64; 2], mode: Mode, s: &Checked) {
     if !ngx::log::DEBUG || log.is_null() {
         return;
     }
@@ -403,91 +241,19 @@ pub fn entry_id(shared: &Shared, a: &Ask<'_>) -> [u64; 2] {
     shared.ids.id_in(ns, a.rate.period, a.key)
 }
 
-/// How long a key's increments may wait for the zone's Redis before the
-/// node's view of it counts as stale (`counter::cap_to_share`); forever
-/// while the backend is known down (`on_error` decides then).
-#[inline(always)]
-fn stale_ms(channel: Option<&std::sync::Arc<Channel>>, zone: usize) -> u64 {
-    match channel {
-        Some(ch) if ch.is_up(zone) => ch.stale_ms(zone),
-        Some(_) => u64::MAX,
-        None => counter::STALE_MIN_MS,
-    }
-}
-
-/// Checks one limit against its entry, under the lock.
-#[inline(always)]
-fn check(e: &mut Entry, rate: Rate, cost: u32, mode: Mode, now: u64, stale_ms: u64) -> Said {
-    let mut check = counter::check_cost(e, rate, now, cost);
-    if mode == Mode::Remote {
-        // near the limit, or waiting too long for Redis, no more than this
-        // node's share of the headroom before Redis answers
-        counter::cap_to_share(e, rate, now, cost, 1, stale_ms, &mut check);
-    }
-    mode.apply(&mut check, now);
-    Said { check, after: check.estimate }
-}
-
-/// What Redis decided for a strict limit replaces the decision from the
-/// counts (which have its answer applied: the estimate and the time to
-/// retry come from them).
-fn verdict(strict: Strict, check: &mut counter::Check, now: u64) {
-    match strict {
-        Strict::Allowed => check.allowed = true,
-        Strict::Rejected => {
-            if check.allowed {
-                // the counts here moved on since Redis answered
-                check.retry_at_ms = now + DENY_RETRY_MS;
-            }
-            check.allowed = false;
-        }
-        Strict::No | Strict::Before | Strict::Later | Strict::Failed => {}
-    }
-}
-
-/// Whether a zone in `mode` counts the requests it lets through (not while
-/// its backend's `on_error` lets every one through or rejects it).
-#[inline]
-fn counts(mode: Mode) -> bool {
-    matches!(mode, Mode::Local | Mode::Remote)
-}
-
-/// Counts the request in an entry, unless the backend's `on_error` says it
-/// is not counted. Returns whether it is to be sent to Redis.
-#[inline]
-fn count(e: &mut Entry, mode: Mode, cost: u32) -> bool {
-    match mode {
-        Mode::Allow | Mode::Deny => false,
-        Mode::Local | Mode::Remote => {
-            counter::count_cost(e, mode == Mode::Remote, cost);
-            mode == Mode::Remote && cost > 0
-        }
-    }
-}
-
-/// The zone's `hold=`.
-#[inline]
-fn hold_ms(mcf: &MainConf, zone: usize) -> u64 {
-    mcf.zones[zone].params.as_ref().map_or(0, |p| p.hold_ms)
-}
-
 /// Queues one counted request for the zone's Redis thread.
-#[allow(clippy::too_many_arguments)]
-fn queue(
-    mcf: &MainConf,
-    ch: &Channel,
-    a: &Ask<'_>,
-    id: [u64; 2],
-    window: u64,
-    limit: u32,
-    n: u32,
-    send: Send,
-    fresh: Fresh,
-) {
-    let item = ItemId { zone: a.zone as u32, entry: id, window };
-    let period = a.rate.period;
-    let inc = Increment { namespace: a.namespace, key: a.key, period, limit, n, fresh };
-    if !ch.push(item, inc, send) {
+#[inline]
+fn queue(mcf: &MainConf, ch: &Channel, a: &Ask<'_>, id: [u64; 2], p: &Push) {
+    let item = ItemId { zone: a.zone as u32, entry: id, window: p.window };
+    let inc = Increment {
+        namespace: a.namespace,
+        key: a.key,
+        period: a.rate.period,
+        limit: p.limit,
+        n: p.n,
+        fresh: p.fresh,
+    };
+    if !ch.push(item, inc, p.due) {
         if let Some(s) = mcf.zones[a.zone].shared.as_ref() {
             Stats::bump(&s.stats().dropped);
         }

@@ -13,11 +13,11 @@ use ratelimit_core::key::{redis_tag, MAX_NAMESPACE_BYTES};
 use ratelimit_core::rate::Rate;
 use ratelimit_core::window::window_index;
 
+use crate::conf::module::Module;
+use crate::conf::{MainConf, ZoneConf, MAX_COST};
 use crate::engine::{self, Ask, Strict, Take, NO_LINE};
-use crate::nginx::conf::{MainConf, ZoneConf, MAX_COST};
-use crate::nginx::module::Module;
-use crate::nginx::time::now_ms;
-use crate::nginx::zone::Shared;
+use crate::shm::Shared;
+use crate::worker::time::now_ms;
 
 pub const OK: c_int = 0;
 pub const LIMITED: c_int = 1;
@@ -59,7 +59,7 @@ fn worker_started() {
     let (process, cycle) = unsafe { (ngx_process, ngx_cycle) };
     if process == NGX_PROCESS_WORKER as ngx_uint_t && !cycle.is_null() {
         // SAFETY: the worker's cycle, on its main thread.
-        unsafe { crate::nginx::worker::start(cycle) };
+        unsafe { crate::worker::process::start(cycle) };
     }
 }
 
@@ -228,7 +228,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
         return ERR_ZONE;
     };
     let allowed = d.allowed;
-    let after = d.said.after;
+    let after = d.checked.after;
     // SAFETY: out-pointers are checked for null; the caller owns them.
     unsafe {
         if !estimate.is_null() {
@@ -276,7 +276,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     let has_backend = z.params.as_ref().is_some_and(|p| p.backend.is_some());
     if has_backend {
         worker_started();
-        if let Some(ch) = crate::nginx::channel::channel() {
+        if let Some(ch) = crate::worker::channel::channel() {
             ch.delete(Delete {
                 zone: index as u32,
                 entry: id,

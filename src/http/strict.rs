@@ -31,13 +31,13 @@ use ratelimit_core::key::redis_tag;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::window::window_index;
 
-use super::answer::{debug_log, finish};
-use super::conf::{LocConf, MainConf};
-use super::module::Module;
-use super::time::now_ms;
-use super::waits::{self, Verdict, Wait};
 use crate::backend::StrictAsk;
+use crate::conf::module::Module;
+use crate::conf::{LocConf, MainConf, MAX_STRICT};
 use crate::engine::{self, Ask, Strict, Take};
+use crate::http::answer::{debug_log, finish};
+use crate::worker::time::now_ms;
+use crate::worker::waits::{self, Verdict, Wait};
 
 /// The request's wait, through the module's context slot (set while it
 /// waits and until the handler ran again).
@@ -86,7 +86,7 @@ pub(super) fn limit(
 
     // without a thread for the zone, or a backend down, a strict limit is
     // decided by `on_error` at once
-    let channel = super::channel::channel();
+    let channel = crate::worker::channel::channel();
     let mut waiting = 0;
     for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
         if channel.is_some_and(|ch| ch.is_up(a.zone)) {
@@ -110,7 +110,7 @@ pub(super) fn limit(
     // wait
     let base = waits::next_base();
     let mut sends = Vec::with_capacity(waiting);
-    let mut verdicts = [Verdict::NotAsked; 16];
+    let mut verdicts = [Verdict::NotAsked; MAX_STRICT];
     // the request waits as long as its slowest zone's timeout=: past it,
     // `on_error` decides, and a script that runs later counts nothing
     let timeout = asks
@@ -157,7 +157,7 @@ pub(super) fn limit(
         timeout,
     )?;
     waits::register(base, wait);
-    super::link::send(ch, sends);
+    crate::worker::link::send(ch, sends);
     Ok(NGX_AGAIN as ngx_int_t)
 }
 

@@ -17,7 +17,7 @@ use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Outcome;
 use ratelimit_core::window::{quota_back_at, seconds_until, Estimate};
 
-use super::conf::{LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF};
+use crate::conf::{LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF};
 use crate::engine::{Ask, Decision};
 
 /// What the limiter decided for a request, kept for the variables. It hangs
@@ -212,7 +212,7 @@ pub(super) fn finish(
         log_rejection(r, mcf, lcf, tightest, d);
     }
     let mut st =
-        RequestState { outcome, after: d.said.after, limit: d.limit, deferred: ptr::null() };
+        RequestState { outcome, after: d.checked.after, limit: d.limit, deferred: ptr::null() };
     if mcf.count_if && !rejected {
         defer(r, lcf, limits, &mut st)?;
     }
@@ -289,7 +289,7 @@ fn log_rejection(
         request_log(r),
         "limiting requests{}, estimate: {:.3} of {} by zone \"{}\"",
         if lcf.dry_run == 1 { ", dry run" } else { "" },
-        d.said.check.estimate.value(),
+        d.checked.check.estimate.value(),
         tightest.rate,
         zone.name
     );
@@ -317,14 +317,14 @@ fn headers(
         // client reading X-RateLimit-Reset as GitHub's expects: after it,
         // Remaining is the limit); Retry-After says when one request may
         // pass
-        let check = &d.said.check;
+        let check = &d.checked.check;
         let counted = if rejected { 0 } else { tightest.cost };
         let back = quota_back_at(
             now,
             check.window_start_ms,
             tightest.rate.period_ms(),
             u64::from(check.cur) + u64::from(counted),
-            d.said.after,
+            d.checked.after,
         );
         let reset = back.saturating_sub(now).div_ceil(1000);
         if lcf.headers == HEADERS_LEGACY {

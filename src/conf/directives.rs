@@ -18,12 +18,12 @@ use ngx::ngx_conf_log_error;
 use ratelimit_core::params;
 use ratelimit_core::rate::Rate;
 
-use super::conf::{
+use crate::conf::module::Module;
+use crate::conf::{
     parse_cost, Cost, Limit, LocConf, MainConf, RateSpec, Source, ZoneConf, HEADERS_LEGACY,
     HEADERS_OFF, HEADERS_ON, MAX_COST, MAX_STRICT, UNSET_UINT,
 };
-use super::module::Module;
-use super::zone;
+use crate::shm;
 
 /// The directive's arguments (the directive name first).
 ///
@@ -147,7 +147,7 @@ pub extern "C" fn cmd_zone(
         Err(e) => return refuse(cf, D, e),
     };
     // SAFETY: `cf` is the configuration being read.
-    match unsafe { super::zone_files::load(cf, &mut params) } {
+    match unsafe { crate::conf::zone_files::load(cf, &mut params) } {
         Ok(()) => {}
         Err(Some(e)) => return refuse(cf, D, e),
         Err(None) => return NGX_CONF_ERROR,
@@ -175,7 +175,7 @@ pub extern "C" fn cmd_zone(
             cf,
             &mut shm_name,
             params.size,
-            ptr::addr_of_mut!(super::module::ngx_http_redis_ratelimit_module).cast(),
+            ptr::addr_of_mut!(crate::conf::module::ngx_http_redis_ratelimit_module).cast(),
         )
     };
     if shm_zone.is_null() {
@@ -471,7 +471,7 @@ unsafe extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void)
     let log = unsafe { zone.cycle.as_ref() }.map_or(unsafe { (*shm_zone).shm.log }, |c| c.log);
     // SAFETY: nginx passes the zone it created and, on a reload, the data
     // the old cycle's zone had.
-    match unsafe { zone::attach(shm_zone, data, &zone.name, log) } {
+    match unsafe { shm::attach(shm_zone, data, &zone.name, log) } {
         Some(shared) => {
             zone.shared = Some(shared);
             NGX_OK as ngx_int_t

@@ -21,14 +21,14 @@ use ratelimit_core::key::redis_tag;
 use ratelimit_core::strict;
 use ratelimit_core::window::window_index;
 
-use super::answer::{debug_log, state};
-use super::conf::MainConf;
-use super::handler::{ask, cost, read};
-use super::module::Module;
-use super::time::now_ms;
-use super::waits;
 use crate::backend::StrictAsk;
+use crate::conf::module::Module;
+use crate::conf::MainConf;
 use crate::engine::{self, Ask, Strict, Take};
+use crate::http::answer::{debug_log, state};
+use crate::http::handler::{ask, cost, read};
+use crate::worker::time::now_ms;
+use crate::worker::waits;
 
 pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls log handlers with a valid request.
@@ -69,7 +69,7 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
             continue;
         };
         let mut a = ask(mcf, l, d.line, d.key(), d.rate, cost);
-        if super::handler::in_redis(mcf, l, d.rate) {
+        if crate::http::handler::in_redis(mcf, l, d.rate) {
             // the next strict decision must see it
             a.strict = Strict::Later;
         }
@@ -92,7 +92,7 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
 /// entry whose first limit is decided in the background went with the
 /// thread's increments.
 fn send_later(mcf: &MainConf, asks: &[Ask<'_>], now: u64) {
-    let Some(ch) = super::channel::channel() else {
+    let Some(ch) = crate::worker::channel::channel() else {
         return;
     };
     let mut seen: SmallVec<[[u64; 2]; 4]> = SmallVec::new();
@@ -133,6 +133,6 @@ fn send_later(mcf: &MainConf, asks: &[Ask<'_>], now: u64) {
         });
     }
     if !sends.is_empty() {
-        super::link::send(ch, sends);
+        crate::worker::link::send(ch, sends);
     }
 }

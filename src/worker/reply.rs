@@ -19,9 +19,9 @@ use ratelimit_core::strict::Answer;
 use ratelimit_core::table::Entry;
 use ratelimit_core::text;
 
-use super::conf::MainConf;
-use super::time::now_ms;
 use crate::backend::Level;
+use crate::conf::MainConf;
+use crate::worker::time::now_ms;
 
 static MAIN_CONF: AtomicPtr<MainConf> = AtomicPtr::new(ptr::null_mut());
 
@@ -56,7 +56,7 @@ pub(super) fn strict_answered(
     } else if counted > 0 {
         with_entry(mcf, id, |e| counter::keep_local(e, id.window, counted));
     }
-    super::waits::resolve(tickets, answer.map(|a| &a.allowed[..]));
+    crate::worker::waits::resolve(tickets, answer.map(|a| &a.allowed[..]));
 }
 
 /// The longest message a zone writes to the error log (nginx's own line

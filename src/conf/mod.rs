@@ -1,6 +1,13 @@
-//! Configuration: what the directives store (see `directives.rs` for how
-//! they are read), and how a location inherits from its server and http
-//! levels.
+//! Configuration, the lowest layer of the glue but for the shared zone it
+//! names: what the directives store, and how a location inherits from its
+//! server and http levels (here); the directives' handlers and `[emerg]`
+//! refusals (`directives.rs`); the module as the rest of the glue reaches
+//! it, with its configurations (`module.rs`); the files a zone names,
+//! read and checked (`zone_files.rs`).
+
+pub mod directives;
+pub mod module;
+pub mod zone_files;
 
 use nginx_sys::{
     ngx_conf_full_name, ngx_conf_t, ngx_cycle_t, ngx_flag_t, ngx_http_complex_value_t, ngx_int_t,
@@ -10,7 +17,7 @@ use ngx::http::{Merge, MergeConfigError};
 use ratelimit_core::params::ZoneParams;
 use ratelimit_core::rate::{Rate, RateCache};
 
-use super::zone::Shared;
+use crate::shm::Shared;
 
 /// One `redis_ratelimit_zone`. Boxed in `MainConf::zones` so that the shared
 /// memory zone can point at it while the list grows.
@@ -80,7 +87,7 @@ pub enum RateSpec {
 }
 
 /// The most `strict` limits at one level (a request's wait tells them
-/// apart by 4 bits).
+/// apart by the low bits of its tickets: a power of two).
 pub const MAX_STRICT: usize = 16;
 
 pub use ratelimit_core::cost::{parse as parse_cost, MAX_COST};

@@ -5,7 +5,7 @@ use nginx_sys::{
     ngx_pnalloc, ngx_str_t, ngx_uint_t, NGX_ERROR, NGX_HTTP_VAR_NOCACHEABLE, NGX_OK,
 };
 
-use super::answer::state;
+use crate::http::answer::state;
 
 const STATUS: usize = 0;
 const REMAINING: usize = 1;

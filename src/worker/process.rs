@@ -17,10 +17,10 @@ use parking_lot::Mutex;
 use ratelimit_core::counter;
 use ratelimit_core::rate::Rate;
 
-use super::module::Module;
-use super::reply::{self, confirmed, main_conf, with_entry, zone_log};
-use super::time::now_ms;
 use crate::backend::{self, Channel, Event, StatsRef, ZoneSpec};
+use crate::conf::module::Module;
+use crate::worker::reply::{self, confirmed, main_conf, with_entry, zone_log};
+use crate::worker::time::now_ms;
 
 static HANDLE: Mutex<Option<Handle>> = Mutex::new(None);
 
@@ -175,7 +175,7 @@ unsafe fn start_thread(cycle: *mut ngx_cycle_t) {
     match backend::spawn(channel.clone(), specs) {
         Ok(thread) => {
             reply::set_main_conf(mcf);
-            super::channel::set(cycle, channel);
+            crate::worker::channel::set(cycle, channel);
             *HANDLE.lock() = Some(Handle { thread, conn, write_fd: wfd, stop_wait });
             ngx_log_debug!(log, "redis_ratelimit: background thread started, {} Redis zone(s)", n);
         }
@@ -201,8 +201,8 @@ pub unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
     };
     // SAFETY: nginx passes the worker's cycle.
     let log = unsafe { (*cycle).log };
-    super::link::close_all();
-    if let Some(ch) = super::channel::any() {
+    crate::worker::link::close_all();
+    if let Some(ch) = crate::worker::channel::any() {
         if ch.stop(h.stop_wait) {
             let _ = h.thread.join();
             close(h.write_fd);
@@ -248,10 +248,10 @@ unsafe extern "C" fn on_notify(ev: *mut ngx_event_t) {
 
 /// Applies the thread's answers to the zones (worker thread only).
 fn apply(log: *mut ngx_log_t) {
-    let Some(ch) = super::channel::any() else {
+    let Some(ch) = crate::worker::channel::any() else {
         return;
     };
-    if super::channel::channel().is_none() {
+    if crate::worker::channel::channel().is_none() {
         // reloaded in place (no master): these answers are for zones of a
         // configuration that is gone
         drop(ch.take_events());
@@ -282,7 +282,7 @@ fn apply(log: *mut ngx_log_t) {
             }),
             Event::Log { zone, level, message } => zone_log(mcf, log, zone, level, &message),
             Event::Link { zone, fd, clock_offset_ms } => {
-                super::link::attach(zone as usize, fd, clock_offset_ms, log)
+                crate::worker::link::attach(zone as usize, fd, clock_offset_ms, log)
             }
         }
     }

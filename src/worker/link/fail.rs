@@ -7,9 +7,9 @@ use nginx_sys::ngx_close_connection;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
 
-use super::super::reply::{main_conf, strict_answered, zone_log, zone_stats};
 use super::Link;
 use crate::backend::{Level, StrictAsk, StrictGroup};
+use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats};
 
 /// Why a link is dropped.
 enum Drop<'a> {
@@ -59,7 +59,7 @@ impl Link {
         }
         let Some(mcf) = main_conf().filter(|_| ch.is_some()) else {
             for g in flight {
-                super::super::waits::resolve(&g.tickets, None);
+                crate::worker::waits::resolve(&g.tickets, None);
             }
             return;
         };

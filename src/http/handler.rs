@@ -14,11 +14,11 @@ use ratelimit_core::stats::Stats;
 use ratelimit_core::{cost, strict, text};
 use smallvec::SmallVec;
 
-use super::answer::{debug_log, finish, request_log, state};
-use super::conf::{Cost, Limit, LocConf, MainConf, RateSpec, Source};
-use super::module::Module;
-use super::time::now_ms;
+use crate::conf::module::Module;
+use crate::conf::{Cost, Limit, LocConf, MainConf, RateSpec, Source};
 use crate::engine::{self, Ask, Strict, Take};
+use crate::http::answer::{debug_log, finish, request_log, state};
+use crate::worker::time::now_ms;
 
 /// Limits of one location, with their keys evaluated: few enough to stay
 /// on the stack.
@@ -139,7 +139,7 @@ fn limit_all(
         return Ok(NGX_DECLINED as ngx_int_t);
     }
     if wants.contains(&true) {
-        return super::strict::limit(r, mcf, lcf, &mut asks, &wants);
+        return crate::http::strict::limit(r, mcf, lcf, &mut asks, &wants);
     }
     let now = now_ms();
     let decision =

@@ -41,9 +41,9 @@ use ratelimit_core::resp::{self, Value};
 use ratelimit_core::stats::Stats;
 use ratelimit_core::strict;
 
-use super::reply::{main_conf, strict_answered, zone_log, zone_stats};
-use super::time::now_ms;
 use crate::backend::{Channel, Level, StrictAsk, StrictGroup};
+use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats};
+use crate::worker::time::now_ms;
 
 /// Bytes read per `recv()`.
 const READ_CHUNK: usize = 16 << 10;
@@ -112,7 +112,7 @@ fn link(zone: usize) -> *mut Link {
 /// cannot be taken is closed, and the thread asked for another).
 pub fn attach(zone: usize, fd: OwnedFd, clock_offset_ms: Option<i64>, log: *mut ngx_log_t) {
     if !take(zone, fd, clock_offset_ms, log) {
-        if let Some(ch) = super::channel::channel() {
+        if let Some(ch) = crate::worker::channel::channel() {
             ch.want_link(zone);
         }
     }
@@ -239,7 +239,7 @@ impl Link {
     }
 
     fn channel(&self) -> Option<&'static Channel> {
-        super::channel::channel().map(|c| &**c)
+        crate::worker::channel::channel().map(|c| &**c)
     }
 
     /// Writes a call for every key that waits and has none out.

@@ -17,9 +17,9 @@ use ratelimit_core::metrics::{self, Zone};
 use ratelimit_core::params::OnError;
 use ratelimit_core::stats::Stats;
 
-use super::conf::MainConf;
-use super::module::Module;
-use super::time::now_ms;
+use crate::conf::module::Module;
+use crate::conf::MainConf;
+use crate::worker::time::now_ms;
 
 /// `redis_ratelimit_metrics;` in a location: its content handler.
 pub extern "C" fn cmd_metrics(

@@ -8,7 +8,7 @@ use std::ptr;
 use nginx_sys::ngx_module_t;
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf};
 
-use super::conf::{LocConf, MainConf};
+use crate::conf::{LocConf, MainConf};
 
 unsafe extern "C" {
     /// Defined in `lib.rs` (`#[no_mangle]`).

@@ -33,7 +33,7 @@ struct Read {
 /// `cf` is the configuration being read.
 unsafe fn read(cf: *mut ngx_conf_t, param: &str, name: &[u8]) -> Result<Read, Refusal> {
     // SAFETY: the caller's.
-    let path = unsafe { super::conf::full_name(cf, name) }.ok_or(None)?;
+    let path = unsafe { crate::conf::full_name(cf, name) }.ok_or(None)?;
     let shown = String::from_utf8_lossy(&path).into_owned();
     match std::fs::read(OsStr::from_bytes(&path)) {
         Ok(contents) => Ok(Read { shown, contents }),

@@ -16,9 +16,11 @@ use nginx_sys::{
 };
 use ratelimit_core::batch::ItemHasher;
 
+use crate::conf::MAX_STRICT;
+
 /// What Redis said for one strict limit of a waiting request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub(crate) enum Verdict {
     /// Not sent (backend down, no thread): `on_error` decides, no wait.
     NotAsked,
     Waiting,
@@ -29,20 +31,20 @@ pub(super) enum Verdict {
 }
 
 /// A suspended request, in its pool.
-pub(super) struct Wait {
-    pub(super) r: *mut ngx_http_request_t,
+pub(crate) struct Wait {
+    pub(crate) r: *mut ngx_http_request_t,
     /// Its tickets are `base | i` for its strict limits `i`.
-    pub(super) base: u64,
-    pub(super) verdicts: [Verdict; 16],
-    pub(super) waiting: u8,
+    pub(crate) base: u64,
+    pub(crate) verdicts: [Verdict; MAX_STRICT],
+    pub(crate) waiting: u8,
     /// A subrequest's own event (its timer, and what wakes it): a
     /// subrequest shares its connection's write event with the main
     /// request and its other subrequests, so it is woken as nginx wakes
     /// subrequests, as a posted request (`strict.rs`). Unused (all zero)
     /// for a main request, which waits on its connection's write event as
     /// `limit_req` does.
-    pub(super) ev: ngx_event_t,
-    pub(super) sub: bool,
+    pub(crate) ev: ngx_event_t,
+    pub(crate) sub: bool,
 }
 
 thread_local! {
@@ -55,7 +57,7 @@ thread_local! {
 
 /// The pool cleanup of a wait: the request ended (answered, or its client
 /// went away): a late answer must not find it.
-pub(super) unsafe extern "C" fn forget(data: *mut c_void) {
+pub(crate) unsafe extern "C" fn forget(data: *mut c_void) {
     let w = data.cast::<Wait>();
     // SAFETY: `data` is the `Wait` written in `suspend`.
     let base = unsafe { (*w).base };
@@ -79,12 +81,12 @@ pub(super) unsafe extern "C" fn forget(data: *mut c_void) {
 /// its verdicts is woken. Worker thread only.
 pub fn resolve(tickets: &[u64], allowed: Option<&[Option<bool>]>) {
     for (i, &t) in tickets.iter().enumerate() {
-        let Some(w) = WAITS.with(|m| m.borrow().get(&(t & !0xf)).copied()) else {
+        let Some(w) = WAITS.with(|m| m.borrow().get(&(t & !LIMIT_MASK)).copied()) else {
             continue; // gone (closed, timed out)
         };
         // SAFETY: a wait in the map is alive (its cleanup removes it).
         let wait = unsafe { &mut *w };
-        let k = (t & 0xf) as usize;
+        let k = (t & LIMIT_MASK) as usize;
         if wait.verdicts[k] != Verdict::Waiting {
             continue;
         }
@@ -123,23 +125,28 @@ pub fn resolve(tickets: &[u64], allowed: Option<&[Option<bool>]>) {
     }
 }
 
-/// A fresh ticket base for a request's strict limits (`base | i`).
 /// The ticket of a call no request waits for (a count after the
 /// response): never a wait's (`next_base` starts at 1).
-pub(super) const NO_TICKET: u64 = 0;
+pub const NO_TICKET: u64 = 0;
 
-pub(super) fn next_base() -> u64 {
+/// A ticket's low bits say which of its request's strict limits it is for.
+const LIMIT_BITS: u32 = MAX_STRICT.trailing_zeros();
+const LIMIT_MASK: u64 = MAX_STRICT as u64 - 1;
+const _: () = assert!(MAX_STRICT.is_power_of_two());
+
+/// A fresh ticket base for a request's strict limits (`base | i`).
+pub fn next_base() -> u64 {
     NEXT.with(|n| {
         let v = n.get();
         n.set(v + 1);
-        v << 4
+        v << LIMIT_BITS
     })
 }
 
-pub(super) fn register(base: u64, wait: *mut Wait) {
+pub(crate) fn register(base: u64, wait: *mut Wait) {
     WAITS.with(|m| m.borrow_mut().insert(base, wait));
 }
 
-pub(super) fn unregister(base: u64) {
+pub(crate) fn unregister(base: u64) {
     WAITS.with(|m| m.borrow_mut().remove(&base));
 }
