@@ -172,7 +172,7 @@ static MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
 ngx::ngx_modules!(ngx_http_redis_ratelimit_module);
 
 /// The module. Exported under its C name: the rest of the glue reaches it
-/// through the declaration in `nginx/module.rs`, as an nginx module in C
+/// through the declaration in `conf/module.rs`, as an nginx module in C
 /// declares it `extern` in its header.
 #[used]
 #[no_mangle]

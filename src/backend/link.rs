@@ -1,6 +1,6 @@
 //! Strict links, the thread's part: a worker sends its strict requests'
 //! script calls down a connection of its own, on its event loop (no hand-off
-//! to this thread and back on the request's path: `src/nginx/link.rs`). The
+//! to this thread and back on the request's path: `src/worker/link/`). The
 //! thread makes that connection, because making one blocks: it finds the
 //! server (the URL's, or the master the sentinels name), connects within the
 //! zone's `timeout=`, authenticates, selects the database and loads the
