@@ -73,6 +73,21 @@ impl std::hash::Hash for ItemId {
     }
 }
 
+/// Counted requests of one key for the thread to send: `n` increments of
+/// the key (`namespace`, `key`) under a period, for the tightest limit of
+/// the limits that counted them.
+#[derive(Clone, Copy, Debug)]
+pub struct Increment<'a> {
+    pub namespace: &'a [u8],
+    pub key: &'a [u8],
+    pub period: u32,
+    pub limit: u32,
+    pub n: u32,
+    /// What the node knows of the key's counter for this window
+    /// (`Item::fresh`).
+    pub fresh: Fresh,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Item {
     /// `<namespace>:<key part>`: the hash tag of the key's Redis counters.
@@ -276,19 +291,9 @@ impl Batch {
     /// carried (past the room, or a push near the limit) go with the next
     /// flush instead, so what a node holds of a key stays within its
     /// allowance.
-    #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub fn add(
-        &mut self,
-        id: ItemId,
-        namespace: &[u8],
-        key: &[u8],
-        period: u32,
-        limit: u32,
-        n: u32,
-        send: Due,
-        fresh: Fresh,
-    ) -> Option<u64> {
+    pub fn add(&mut self, id: ItemId, inc: &Increment<'_>, send: Due) -> Option<u64> {
+        let Increment { namespace, key, period, limit, n, fresh } = *inc;
         let mut due = send.due();
         if let Some(item) = self.items.get_mut(&id) {
             item.n = item.n.saturating_add(n);

@@ -1,5 +1,5 @@
-//! What a flush sends for a zone's pending items, and how each reply is
-//! read on its own.
+//! What a flush sends for a zone's pending items (`plan`; one exchange of
+//! it: `exchange.rs`), and what each reply means for an increment.
 //!
 //! What happens to an increment, by the reply to its `INCRBY`:
 //! - a count: applied (global counts for the zone, breaker);
@@ -20,15 +20,12 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use ratelimit_core::batch::{Item, ItemId};
-use ratelimit_core::counter::{Confirmation, Fresh};
 use ratelimit_core::key::redis_key_for_tag;
 use redis::{Cmd, Value};
 
-use super::clock::unix_ms;
 use super::event::{Event, PIPELINE_ITEMS};
 use super::io::Reply;
-use super::refresh::{near_limit, refresh_due};
-use super::state::{Backend, Prev, TtlFix, Watch, TTL_FIX_MAX, WATCH_MAX};
+use super::state::{Backend, Prev, TtlFix};
 
 /// Most (key, window) states remembered for reading previous windows, at
 /// least; more for a larger zone, up to as many bytes as its shared memory
@@ -100,7 +97,7 @@ impl Backend {
     /// The commands for `items`, and where each item's replies will be.
     /// `again`: the second try of counts a `SET NX` found made, whose
     /// previous windows were read (or not) with the first.
-    fn plan(
+    pub(super) fn plan(
         &mut self,
         items: &[(ItemId, Item)],
         now_ms: u64,
@@ -178,173 +175,6 @@ impl Backend {
         self.exchange(items, node, deadline, false, events);
     }
 
-    /// `send_chunk`; `again` as for `plan`.
-    fn exchange(
-        &mut self,
-        items: &[(ItemId, Item)],
-        node: Option<&str>,
-        deadline: Option<Instant>,
-        again: bool,
-        events: &mut Vec<Event>,
-    ) {
-        let now_ms = unix_ms();
-        let (cmds, slots) = self.plan(items, now_ms, again);
-        let Some(conn) = self.conn.as_mut() else {
-            self.keep_for_retry(items);
-            return;
-        };
-        let stop_at = deadline.unwrap_or_else(|| Instant::now() + self.spec.timeout);
-        // an INCRBY whose sibling failed in a cluster pipeline: read its count
-        let incr_at: HashMap<usize, Vec<u8>> = items
-            .iter()
-            .zip(&slots)
-            .filter(|((_, item), s)| item.total() > 0 && !s.create)
-            .map(|((id, item), s)| (s.cur, cmds_key(&self.spec.prefix, id, item)))
-            .collect();
-        let readback = |i: usize| {
-            incr_at.get(&i).map(|k| {
-                let mut c = redis::cmd("GET");
-                c.arg(k);
-                c
-            })
-        };
-        let sent_at = Instant::now();
-        let (replies, broken) = conn.exec(&cmds, node, stop_at, &readback);
-        let now = Instant::now();
-        let rtt_us = now.saturating_duration_since(sent_at).as_micros() as u64;
-        // slow to rise, quick to fall: a stall is what the worker must
-        // notice (`Channel::stale_ms`), not part of the round trip
-        self.rtt_us = match self.rtt_us {
-            0 => rtt_us,
-            old if rtt_us > old => old + (rtt_us - old) / 16,
-            old => (old + rtt_us) / 2,
-        };
-        if let Some(st) = self.stats() {
-            st.pipeline(cmds.len(), rtt_us);
-        }
-        let mut created: Vec<(ItemId, Box<[u8]>, u32)> = Vec::new();
-        let mut cluster_down = None;
-        // counters a `SET NX` found already there: an `INCRBY` after all
-        let mut existed: Vec<(ItemId, Item)> = Vec::new();
-        for ((id, item), s) in items.iter().zip(&slots) {
-            let prev = s
-                .prev
-                .and_then(|i| replies.get(i))
-                .and_then(|r| self.read_prev(id, item, r, now_ms));
-            let reply = replies.get(s.cur).unwrap_or(&Reply::NotSent);
-            let first = item.fresh == Fresh::Maybe && item.total() > 0;
-            if s.create {
-                match reply {
-                    Reply::Value(Value::Okay) => {
-                        // the guess held: nobody else counted this window
-                        // yet; and for a key this node made the last count
-                        // of alone, the previous window's count grew by
-                        // this node's counts alone
-                        if first {
-                            self.first.learn(true);
-                        } else if let Some(p) = self.prev.get_mut(id) {
-                            p.own = true;
-                        }
-                        let cur = u64::from(item.total());
-                        self.confirmed(*id, item, cur, prev, now, now_ms, events);
-                        continue;
-                    }
-                    Reply::Value(Value::Nil) => {
-                        if first {
-                            self.first.learn(false);
-                        }
-                        existed.push((*id, Item { fresh: Fresh::No, ..item.clone() }));
-                        continue;
-                    }
-                    Reply::Value(_) => {
-                        let key = self.key_name(id, item);
-                        self.refused(&key, "unexpected reply to SET", events);
-                        keep_local(*id, item, events);
-                        continue;
-                    }
-                    // a user allowed INCRBY but not SET (an ACL written for
-                    // the counting commands of older versions): the count
-                    // goes as INCRBY, and so do all from now on
-                    Reply::Refused { code, .. } if code == "NOPERM" => {
-                        self.set_refused = true;
-                        existed.push((*id, Item { fresh: Fresh::No, ..item.clone() }));
-                        continue;
-                    }
-                    _ => {}
-                }
-            }
-            match reply {
-                Reply::Value(v) => match count(v) {
-                    Some(cur) => {
-                        let made = cur == u64::from(item.total());
-                        if item.total() > 0 && made {
-                            created.push((*id, item.tag.clone(), item.period));
-                        }
-                        if first {
-                            // what a `SET NX EX` would have found
-                            self.first.learn(made);
-                        }
-                        self.confirmed(*id, item, cur, prev, now, now_ms, events);
-                    }
-                    None => {
-                        let key = self.key_name(id, item);
-                        self.refused(&key, "not a counter", events);
-                        keep_local(*id, item, events);
-                    }
-                },
-                r @ Reply::Refused { .. } if self.master_lost(r) => {
-                    cluster_down = Some(r.to_string());
-                    self.keep_for_retry(std::slice::from_ref(&(*id, item.clone())));
-                }
-                Reply::Refused { text, .. } => {
-                    let key = self.key_name(id, item);
-                    self.refused(&key, text, events);
-                    keep_local(*id, item, events);
-                }
-                Reply::Lost => {
-                    // (a `SET NX EX` sets its TTL with the count)
-                    if item.total() > 0 && !s.create && self.ttl_fix.len() < TTL_FIX_MAX {
-                        self.ttl_fix.insert(*id, (item.tag.clone(), item.period));
-                    }
-                    keep_local(*id, item, events);
-                }
-                Reply::NotSent => self.keep_for_retry(std::slice::from_ref(&(*id, item.clone()))),
-            }
-        }
-        // what a `SET NX` did not count goes again (as `INCRBY`), whatever
-        // happens to this link
-        if let Some(e) = broken {
-            self.keep_for_retry(&existed);
-            self.link_failed(node, &e, events);
-            for (id, tag, period) in created {
-                if self.ttl_fix.len() < TTL_FIX_MAX {
-                    self.ttl_fix.insert(id, (tag, period));
-                }
-            }
-            return;
-        }
-        if let Some(why) = cluster_down {
-            self.keep_for_retry(&existed);
-            let e = redis::RedisError::from((redis::ErrorKind::Io, self.not_serving(), why));
-            self.link_failed(node, &e, events);
-            return;
-        }
-        self.link_ok(node, events);
-        if let Some(st) = self.stats() {
-            st.synced(now_ms);
-        }
-        for (id, tag, period) in created {
-            self.ttl_fix.insert(id, (tag, period));
-        }
-        if !self.ttl_fix.is_empty() {
-            self.send_ttl_fixes(events);
-        }
-        if !existed.is_empty() {
-            // a wrong guess costs one more exchange, with `INCRBY`s only
-            self.exchange(&existed, node, deadline, true, events);
-        }
-    }
-
     /// `EXPIRE 2P` for counters just created (or that may have been): a
     /// second, small pipeline, only when a key is new.
     pub(super) fn send_ttl_fixes(&mut self, events: &mut Vec<Event>) {
@@ -385,61 +215,6 @@ impl Backend {
                 None => self.link_ok(node.as_deref(), events),
             }
         }
-    }
-
-    /// The count a previous-window `GET` read, if it is one.
-    fn read_prev(&mut self, id: &ItemId, item: &Item, r: &Reply, now_ms: u64) -> Option<u64> {
-        let Reply::Value(v) = r else {
-            return None;
-        };
-        let value = count(v)?;
-        let p = u64::from(item.period);
-        let settled = now_ms >= id.window * p * 1000 + prev_settle_ms(item.period);
-        self.prev
-            .insert(*id, Prev { period: item.period, value: Some(value), settled, own: false });
-        Some(value)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn confirmed(
-        &mut self,
-        id: ItemId,
-        item: &Item,
-        cur: u64,
-        prev: Option<u64>,
-        now: Instant,
-        now_ms: u64,
-        events: &mut Vec<Event>,
-    ) {
-        let prev = prev.or_else(|| self.prev.get(&id).and_then(|s| s.value));
-        let confirmation =
-            Confirmation { window: id.window, sent: item.n, carried: item.carried, cur, prev };
-        // A key near its limit is read once more shortly after each flush
-        // that counted it: a refresh per allowed flush at most, within the
-        // zone's budget.
-        let mut wid = id;
-        wid.window = 0;
-        if item.total() > 0 && near_limit(&confirmation, item.period, item.limit, now_ms) {
-            if let Some(w) = self.watch.get_mut(&wid) {
-                w.due = Some(refresh_due(now, Some(now.saturating_duration_since(w.last))));
-                w.last = now;
-                w.window = id.window;
-                w.limit = item.limit;
-            } else if self.watch.len() < WATCH_MAX {
-                self.watch.insert(
-                    wid,
-                    Watch {
-                        tag: item.tag.clone(),
-                        period: item.period,
-                        limit: item.limit,
-                        window: id.window,
-                        last: now,
-                        due: Some(refresh_due(now, None)),
-                    },
-                );
-            }
-        }
-        events.push(Event::Confirmed { id, period: item.period, limit: item.limit, confirmation });
     }
 }
 

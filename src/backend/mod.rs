@@ -13,16 +13,17 @@
 mod clock;
 mod cluster;
 mod event;
+mod exchange;
 mod flush;
 mod io;
 mod link;
 mod refresh;
+mod run;
 mod signals;
 mod state;
 mod strict;
 mod zone;
 
-use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -31,10 +32,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+pub use ratelimit_core::batch::Increment;
 use ratelimit_core::batch::{Batch, Bounds, Delete, ItemId};
-use ratelimit_core::counter::{self, Fresh};
-use ratelimit_core::health;
-use ratelimit_core::params;
+use ratelimit_core::counter;
 use ratelimit_core::sync::Due;
 
 pub use event::{Event, Level, StatsRef, StrictAsk, StrictGroup, ZoneSpec};
@@ -60,19 +60,6 @@ const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// How a worker's strict link failed (`Channel::link_lost`).
 const LINK_CLOSED: u8 = 1;
 const LINK_TIMED_OUT: u8 = 2;
-
-/// Counted requests of one key for the thread to send: `n` increments of
-/// the key (`namespace`, `key`) under a period, for the tightest limit.
-pub struct Increment<'a> {
-    pub namespace: &'a [u8],
-    pub key: &'a [u8],
-    pub period: u32,
-    pub limit: u32,
-    pub n: u32,
-    /// What the node knows of the key's counter for this window
-    /// (`Item::fresh`).
-    pub fresh: Fresh,
-}
 
 /// What a worker and its thread share.
 pub struct Channel {
@@ -138,8 +125,7 @@ impl Channel {
     /// the hold budget.
     pub fn push(&self, id: ItemId, inc: Increment<'_>, send: Due) -> bool {
         let mut b = self.batch.lock();
-        let added =
-            b.add(id, inc.namespace, inc.key, inc.period, inc.limit, inc.n, send, inc.fresh);
+        let added = b.add(id, &inc, send);
         let (ok, due) = (added.is_some(), added.unwrap_or(u64::MAX));
         if !ok {
             self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -277,7 +263,7 @@ pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<Joi
         .name("redis_ratelimit".into())
         .spawn(move || {
             let names: Vec<(u32, String)> = zones.iter().map(|z| (z.index, z.name.clone())).collect();
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&channel, zones)));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run::run(&channel, zones)));
             if outcome.is_err() {
                 // A bug, not an outage: say so, and let the zones count on
                 // this node (their on_error policy) from now on.
@@ -305,173 +291,9 @@ pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<Joi
     spawned
 }
 
-fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
-    let now = Instant::now();
-    let mut backends: Vec<Backend> = zones.into_iter().map(|z| Backend::new(z, now)).collect();
-    let mut last_flush: Option<Instant> = None;
-    let mut drops_reported = 0u64;
-    let mut drops_logged: Option<Instant> = None;
-    let any_zone = backends.first().map_or(0, Backend::zone);
-    let mut waiting_at = Instant::now();
-    loop {
-        let (items, deletes, stopping) = {
-            let mut b = ch.batch.lock();
-            loop {
-                if ch.stop.load(Ordering::Acquire) {
-                    let (items, deletes) = b.drain();
-                    break (items, deletes, true);
-                }
-                if ch.strict_pending.load(Ordering::Acquire)
-                    || ch.link_pending.load(Ordering::Acquire)
-                {
-                    break (Vec::new(), Vec::new(), false);
-                }
-                // what is due now (within the slack), or everything when
-                // what waits holds too many bytes
-                let now_ms = clock::unix_ms();
-                let due = b.next_due();
-                // due later than any item can be: the clock stepped back
-                let stepped = due.is_some_and(|d| d > now_ms.saturating_add(params::MAX_HOLD_MS));
-                let over = stepped || b.bytes() > ch.bounds.hold;
-                if over || due.is_some_and(|d| d <= now_ms) {
-                    b.wake_at = 0;
-                    let ready = last_flush.map_or(Duration::MAX, |t| t.elapsed());
-                    let urgent = ch.urgent.swap(false, Ordering::AcqRel);
-                    if over || urgent || ready >= FLUSH_INTERVAL {
-                        let (items, deletes) = if stepped {
-                            b.drain()
-                        } else {
-                            b.drain_due(now_ms + DUE_SLACK_MS, DUE_CHUNK, ch.bounds.hold)
-                        };
-                        break (items, deletes, false);
-                    }
-                    // paced: an increment that must go at once still
-                    // wakes the thread (due 0 < 1)
-                    b.wake_at = 1;
-                    ch.wake.wait_for(&mut b, FLUSH_INTERVAL - ready);
-                    b.wake_at = 0;
-                    continue;
-                }
-                // Nothing due: sleep until woken, the next item is due, or
-                // a backend needs its idle check, its next try, or a
-                // refresh.
-                let now = Instant::now();
-                let mut next = backends
-                    .iter()
-                    .map(|be| be.next_wake(now))
-                    .min()
-                    .unwrap_or(now + health::IDLE_CHECK);
-                if let Some(d) = due {
-                    next = next.min(now + Duration::from_millis(d - now_ms));
-                }
-                let next = next.max(now);
-                b.wake_at =
-                    now_ms.saturating_add(next.duration_since(now).as_millis() as u64).max(1);
-                let timed_out = ch.wake.wait_until(&mut b, next).timed_out();
-                b.wake_at = 0;
-                if timed_out && b.next_due().is_none_or(|d| d > clock::unix_ms()) {
-                    break (Vec::new(), Vec::new(), false);
-                }
-            }
-        };
-
-        let deadline = stopping.then(|| Instant::now() + STOP_FLUSH);
-        let mut events = Vec::new();
-        if ch.strict_pending.swap(false, Ordering::AcqRel) {
-            let asks = std::mem::take(&mut *ch.strict.lock());
-            strict::send_all(&mut backends, asks, &mut events);
-            // a backend that failed is known down before its answers land:
-            // a strict request after them must not wait for it
-            for b in backends.iter() {
-                show_health(ch, b);
-            }
-            // requests wait for these: hand them over before anything else
-            ch.publish(std::mem::take(&mut events));
-        }
-        for d in deletes {
-            if let Some(b) = backends.iter_mut().find(|b| b.zone() == d.zone) {
-                b.delete(&d, &mut events);
-            }
-        }
-        if !items.is_empty() {
-            last_flush = Some(Instant::now());
-            let mut by_zone: HashMap<u32, Vec<_>> = HashMap::new();
-            for (id, item) in items {
-                by_zone.entry(id.zone).or_default().push((id, item));
-            }
-            for b in backends.iter_mut() {
-                if let Some(items) = by_zone.remove(&b.zone()) {
-                    b.send(items, deadline, false, &mut events);
-                }
-            }
-        }
-        for b in backends.iter_mut() {
-            if stopping {
-                b.send(Vec::new(), deadline, false, &mut events);
-            } else {
-                b.tick(&mut events);
-            }
-            show_health(ch, b);
-        }
-        let linked = ch.link_pending.swap(false, Ordering::AcqRel);
-        for b in backends.iter_mut() {
-            let zone = b.zone() as usize;
-            if linked {
-                let lost = ch.link_lost.get(zone).map_or(0, |f| f.swap(0, Ordering::AcqRel));
-                match lost {
-                    LINK_TIMED_OUT => b.link_timed_out(&mut events),
-                    LINK_CLOSED => b.check_now(&mut events),
-                    _ => {}
-                }
-                show_health(ch, b);
-                let want = ch.link_want.get(zone).is_some_and(|f| f.swap(false, Ordering::AcqRel));
-                if want || lost != 0 {
-                    b.want_link();
-                }
-            }
-            b.make_link(&mut events);
-        }
-        // A full queue drops increments (they stay counted on this node):
-        // say so, rarely.
-        let dropped = ch.dropped.load(Ordering::Relaxed);
-        if dropped > drops_reported && drops_logged.is_none_or(|t| t.elapsed() >= DROP_LOG_INTERVAL)
-        {
-            events.push(Event::Log {
-                zone: any_zone,
-                level: Level::Error,
-                message: format!(
-                    "redis_ratelimit: {} increments dropped: more than {} distinct keys or {} bytes waited for one flush",
-                    dropped - drops_reported,
-                    ch.bounds.items,
-                    ch.bounds.bytes
-                ),
-            });
-            drops_reported = dropped;
-            drops_logged = Some(Instant::now());
-        }
-        ch.publish(events);
-        if stopping {
-            for b in backends.iter_mut() {
-                b.unpublish_waiting();
-            }
-            return;
-        }
-        if waiting_at.elapsed() >= WAITING_EVERY {
-            waiting_at = Instant::now();
-            let queued: Vec<u64> = {
-                let batch = ch.batch.lock();
-                backends.iter().map(|b| batch.pending(b.zone())).collect()
-            };
-            for (b, q) in backends.iter_mut().zip(queued) {
-                b.publish_waiting(q);
-            }
-        }
-    }
-}
-
 /// Whether a backend is up, for the worker (strict requests, `on_error`)
 /// and the metrics.
-fn show_health(ch: &Channel, b: &Backend) {
+pub(super) fn show_health(ch: &Channel, b: &Backend) {
     if let Some(up) = ch.up.get(b.zone() as usize) {
         up.store(b.is_up(), Ordering::Relaxed);
     }

@@ -1,0 +1,263 @@
+//! The thread's loop, in its steps: wait for work (increments due, strict
+//! calls, a link to make, a backend's own timers); send strict calls first
+//! (requests wait for them); apply deletes and flush what is due, per zone;
+//! run each backend's timers; make the strict links the workers asked for;
+//! say when increments were dropped; hand the events to the worker; now and
+//! then publish what waits (metrics).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use ratelimit_core::batch::{Delete, Item, ItemId};
+use ratelimit_core::health;
+use ratelimit_core::params;
+
+use super::{
+    clock, show_health, strict, Backend, Channel, Event, Level, ZoneSpec, DROP_LOG_INTERVAL,
+    DUE_CHUNK, DUE_SLACK_MS, FLUSH_INTERVAL, LINK_CLOSED, LINK_TIMED_OUT, STOP_FLUSH,
+    WAITING_EVERY,
+};
+
+/// What the thread is woken for.
+struct Work {
+    items: Vec<(ItemId, Item)>,
+    deletes: Vec<Delete>,
+    /// The worker asked the thread to stop: send what it holds, then end.
+    stopping: bool,
+}
+
+impl Work {
+    fn none() -> Work {
+        Work { items: Vec::new(), deletes: Vec::new(), stopping: false }
+    }
+}
+
+/// The thread's state between turns.
+struct Thread {
+    backends: Vec<Backend>,
+    last_flush: Option<Instant>,
+    drops_reported: u64,
+    drops_logged: Option<Instant>,
+    /// The zone drops are reported under (any: they are the worker's).
+    any_zone: u32,
+    waiting_at: Instant,
+}
+
+pub(super) fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
+    let now = Instant::now();
+    let backends: Vec<Backend> = zones.into_iter().map(|z| Backend::new(z, now)).collect();
+    let any_zone = backends.first().map_or(0, Backend::zone);
+    let mut t = Thread {
+        backends,
+        last_flush: None,
+        drops_reported: 0,
+        drops_logged: None,
+        any_zone,
+        waiting_at: now,
+    };
+    loop {
+        let work = t.wait(ch);
+        let deadline = work.stopping.then(|| Instant::now() + STOP_FLUSH);
+        let mut events = Vec::new();
+        t.strict(ch, &mut events);
+        t.flush(work.items, work.deletes, deadline, &mut events);
+        t.timers(ch, work.stopping, deadline, &mut events);
+        t.links(ch, &mut events);
+        t.report_drops(ch, &mut events);
+        ch.publish(events);
+        if work.stopping {
+            for b in t.backends.iter_mut() {
+                b.unpublish_waiting();
+            }
+            return;
+        }
+        t.publish_waiting(ch);
+    }
+}
+
+impl Thread {
+    /// Sleeps until there is work: increments due (or too many bytes
+    /// waiting), strict calls or links, a backend's timer, or a stop.
+    fn wait(&mut self, ch: &Channel) -> Work {
+        let mut b = ch.batch.lock();
+        loop {
+            if ch.stop.load(Ordering::Acquire) {
+                let (items, deletes) = b.drain();
+                return Work { items, deletes, stopping: true };
+            }
+            if ch.strict_pending.load(Ordering::Acquire) || ch.link_pending.load(Ordering::Acquire)
+            {
+                return Work::none();
+            }
+            // what is due now (within the slack), or everything when what
+            // waits holds too many bytes
+            let now_ms = clock::unix_ms();
+            let due = b.next_due();
+            // due later than any item can be: the clock stepped back
+            let stepped = due.is_some_and(|d| d > now_ms.saturating_add(params::MAX_HOLD_MS));
+            let over = stepped || b.bytes() > ch.bounds.hold;
+            if over || due.is_some_and(|d| d <= now_ms) {
+                b.wake_at = 0;
+                let ready = self.last_flush.map_or(Duration::MAX, |t| t.elapsed());
+                let urgent = ch.urgent.swap(false, Ordering::AcqRel);
+                if over || urgent || ready >= FLUSH_INTERVAL {
+                    let (items, deletes) = if stepped {
+                        b.drain()
+                    } else {
+                        b.drain_due(now_ms + DUE_SLACK_MS, DUE_CHUNK, ch.bounds.hold)
+                    };
+                    return Work { items, deletes, stopping: false };
+                }
+                // paced: an increment that must go at once still wakes the
+                // thread (due 0 < 1)
+                b.wake_at = 1;
+                ch.wake.wait_for(&mut b, FLUSH_INTERVAL - ready);
+                b.wake_at = 0;
+                continue;
+            }
+            // Nothing due: sleep until woken, the next item is due, or a
+            // backend needs its idle check, its next try, or a refresh.
+            let now = Instant::now();
+            let mut next = self
+                .backends
+                .iter()
+                .map(|be| be.next_wake(now))
+                .min()
+                .unwrap_or(now + health::IDLE_CHECK);
+            if let Some(d) = due {
+                next = next.min(now + Duration::from_millis(d - now_ms));
+            }
+            let next = next.max(now);
+            b.wake_at = now_ms.saturating_add(next.duration_since(now).as_millis() as u64).max(1);
+            let timed_out = ch.wake.wait_until(&mut b, next).timed_out();
+            b.wake_at = 0;
+            if timed_out && b.next_due().is_none_or(|d| d > clock::unix_ms()) {
+                return Work::none();
+            }
+        }
+    }
+
+    /// Strict calls waiting: sent at once, their answers handed over
+    /// before anything else (requests wait for them).
+    fn strict(&mut self, ch: &Channel, events: &mut Vec<Event>) {
+        if !ch.strict_pending.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let asks = std::mem::take(&mut *ch.strict.lock());
+        strict::send_all(&mut self.backends, asks, events);
+        // a backend that failed is known down before its answers land: a
+        // strict request after them must not wait for it
+        for b in self.backends.iter() {
+            show_health(ch, b);
+        }
+        ch.publish(std::mem::take(events));
+    }
+
+    /// Deletes, then what is due, per zone.
+    fn flush(
+        &mut self,
+        items: Vec<(ItemId, Item)>,
+        deletes: Vec<Delete>,
+        deadline: Option<Instant>,
+        events: &mut Vec<Event>,
+    ) {
+        for d in deletes {
+            if let Some(b) = self.backends.iter_mut().find(|b| b.zone() == d.zone) {
+                b.delete(&d, events);
+            }
+        }
+        if items.is_empty() {
+            return;
+        }
+        self.last_flush = Some(Instant::now());
+        let mut by_zone: HashMap<u32, Vec<_>> = HashMap::new();
+        for (id, item) in items {
+            by_zone.entry(id.zone).or_default().push((id, item));
+        }
+        for b in self.backends.iter_mut() {
+            if let Some(items) = by_zone.remove(&b.zone()) {
+                b.send(items, deadline, false, events);
+            }
+        }
+    }
+
+    /// Each backend's timers (idle checks, retries, refreshes), or, when
+    /// stopping, what it still holds for a retry.
+    fn timers(
+        &mut self,
+        ch: &Channel,
+        stopping: bool,
+        deadline: Option<Instant>,
+        events: &mut Vec<Event>,
+    ) {
+        for b in self.backends.iter_mut() {
+            if stopping {
+                b.send(Vec::new(), deadline, false, events);
+            } else {
+                b.tick(events);
+            }
+            show_health(ch, b);
+        }
+    }
+
+    /// The strict links the workers asked for, or lost.
+    fn links(&mut self, ch: &Channel, events: &mut Vec<Event>) {
+        let linked = ch.link_pending.swap(false, Ordering::AcqRel);
+        for b in self.backends.iter_mut() {
+            let zone = b.zone() as usize;
+            if linked {
+                let lost = ch.link_lost.get(zone).map_or(0, |f| f.swap(0, Ordering::AcqRel));
+                match lost {
+                    LINK_TIMED_OUT => b.link_timed_out(events),
+                    LINK_CLOSED => b.check_now(events),
+                    _ => {}
+                }
+                show_health(ch, b);
+                let want = ch.link_want.get(zone).is_some_and(|f| f.swap(false, Ordering::AcqRel));
+                if want || lost != 0 {
+                    b.want_link();
+                }
+            }
+            b.make_link(events);
+        }
+    }
+
+    /// A full queue drops increments (they stay counted on this node): say
+    /// so, rarely.
+    fn report_drops(&mut self, ch: &Channel, events: &mut Vec<Event>) {
+        let dropped = ch.dropped.load(Ordering::Relaxed);
+        if dropped <= self.drops_reported
+            || self.drops_logged.is_some_and(|t| t.elapsed() < DROP_LOG_INTERVAL)
+        {
+            return;
+        }
+        events.push(Event::Log {
+            zone: self.any_zone,
+            level: Level::Error,
+            message: format!(
+                "redis_ratelimit: {} increments dropped: more than {} distinct keys or {} bytes waited for one flush",
+                dropped - self.drops_reported,
+                ch.bounds.items,
+                ch.bounds.bytes
+            ),
+        });
+        self.drops_reported = dropped;
+        self.drops_logged = Some(Instant::now());
+    }
+
+    /// What waits per zone, for the metrics, every `WAITING_EVERY`.
+    fn publish_waiting(&mut self, ch: &Channel) {
+        if self.waiting_at.elapsed() < WAITING_EVERY {
+            return;
+        }
+        self.waiting_at = Instant::now();
+        let queued: Vec<u64> = {
+            let batch = ch.batch.lock();
+            self.backends.iter().map(|b| batch.pending(b.zone())).collect()
+        };
+        for (b, q) in self.backends.iter_mut().zip(queued) {
+            b.publish_waiting(q);
+        }
+    }
+}
