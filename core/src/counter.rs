@@ -28,7 +28,7 @@ pub fn step_tolerance_ms(period_ms: u64) -> u64 {
 /// further starts the entry afresh in the earlier window: a key is never
 /// held longer than a period by a clock step (nginx's `limit_req` forgets
 /// backward steps the same way), and about `L` pass in that window.
-#[inline]
+#[inline(always)]
 pub fn roll(e: &mut Entry, now_ms: u64, period_ms: u64) -> u64 {
     let idx = window_index(now_ms, period_ms);
     let stored = u64::from(e.window);
