@@ -106,3 +106,40 @@ def test_count_if_on_a_small_limit_with_the_redis_thread_starved(h):
                 wrong.append(rows[-1])
     h.note("; ".join(rows))
     h.check(not wrong, "exactly L failures pass and Redis holds L for every key: wrong %s" % wrong)
+
+
+def test_redis_commands_per_allowed_request_near_the_limit(h):
+    """Keys hovering at their limit (two nodes flooding each key for 3 s,
+    far more requests than the limit allows): the commands the nodes send
+    to Redis (their own figure: script calls, counts, reads) over the
+    requests allowed stay at most 2, for a small limit decided in Redis
+    (one script call per allowed request; the breaker answers the rest
+    here) and for a large one counted in the background."""
+    r = h.redis()
+    server = SERVER + "        location = /metrics { redis_ratelimit_metrics; }\n"
+    nodes = [h.nginx(HTTP % r.url, server, files={"x": "ok\n"}) for _ in range(2)]
+    h.wait_minute_room(10)
+
+    def sent():
+        return sum(json.loads(n.request("/metrics?format=json")[2])["zones"]["x"]["redis"]["commands"]
+                   for n in nodes)
+
+    rows, worst = [], 0.0
+    for arg, limit in (("20", 20), ("big", 1000)):
+        k = h.key("hover-" + arg)
+        before = sent()
+        allowed = 0
+        end = time.time() + 3
+        while time.time() < end:
+            for n in nodes:
+                if n.get("/x?k=%s&l=%s" % (k, arg))[0] == 200:
+                    allowed += 1
+        # what the nodes held is sent (hold= 5 s); a script call is
+        # answered before its request is
+        time.sleep(6 if arg == "big" else 0.2)
+        commands = sent() - before
+        ratio = commands / max(allowed, 1)
+        worst = max(worst, ratio)
+        rows.append("L=%d: %d allowed, %d commands, %.2f a request" % (limit, allowed, commands, ratio))
+    h.note("; ".join(rows))
+    h.check(worst <= 2.0, "at most 2 Redis commands per allowed request: %s" % rows)
