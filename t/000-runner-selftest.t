@@ -11,6 +11,21 @@ use_hup();
 no_shuffle();
 no_long_string();
 
+# configuration shared by blocks, both ways of Test::Nginx: a variable that
+# an eval section reads, and a preprocessor that fills what a block lacks
+our $HttpConfig = qq{
+    map \$uri \$runner_global { default global; }
+};
+
+add_block_preprocessor(sub {
+    my $block = shift;
+    $block->set_value("http_config", '    map $uri $runner_shared { default shared; }')
+        unless defined $block->http_config;
+    $block->set_value("request", "GET /shared")
+        unless defined $block->request || defined $block->raw_request
+            || defined $block->pipelined_requests;
+});
+
 run_tests();
 
 __DATA__
@@ -175,3 +190,34 @@ qr/\A(?:start worker process \d+\n){2}\z/
 --- error_log
 [emerg]
 unknown directive "no_such_directive_for_runner"
+
+
+
+=== TEST 10: add_block_preprocessor gives a block without them its http_config and request
+--- config
+    location = /shared { return 200 "$runner_shared\n"; }
+--- response_body
+shared
+
+
+
+=== TEST 11: a block with its own http_config keeps it (the preprocessor fills only what is undefined)
+--- http_config
+    map $uri $runner_shared { default own; }
+--- config
+    location = /shared { return 200 "$runner_shared\n"; }
+--- request
+GET /shared
+--- response_body
+own
+
+
+
+=== TEST 12: http_config from a preamble variable (eval: $::HttpConfig)
+--- http_config eval: $::HttpConfig
+--- config
+    location = /global { return 200 "$runner_global\n"; }
+--- request
+GET /global
+--- response_body
+global

@@ -5,7 +5,11 @@ Stdlib-only Python 3 (3.11) reimplementation of the parts of the Perl
 Test::Nginx::Socket scaffold that this project uses.  The Perl module is NOT
 needed; the system ``perl`` (with its core JSON::PP) is used as a subprocess
 to evaluate ``--- xxx eval`` sections and ``--- init`` code, because those
-are real Perl.
+are real Perl.  Blocks share configuration as in Test::Nginx: a preamble
+variable read by an eval section (``our $HttpConfig = qq{...};`` and
+``--- http_config eval: $::HttpConfig``), or ``add_block_preprocessor(sub
+{...})``, whose handlers get each block (section accessors, ``set_value``)
+before it runs, e.g. to give ``http_config`` to the blocks without one.
 
 Usage::
 
@@ -47,6 +51,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
@@ -491,35 +496,54 @@ class Regex:
 
 
 # --------------------------------------------------------------------------
-# Perl helper (eval sections, preamble side effects, init)
+# Perl helper (eval sections, preamble side effects, block preprocessors, init)
 # --------------------------------------------------------------------------
 
-PERL_EVAL_HELPER = r'''
+PERL_HELPER = r'''
 BEGIN { $SIG{__WARN__} = sub { print STDERR "perl warning: ", @_ }; }
 package Test::Base::Filter;
 use strict; use warnings;
 sub __runner_eval { return CORE::eval($_[0]); }
+
+# A block as add_block_preprocessor's handlers get it, Test::Base's way: every
+# section (and name, description) an array in the object's hash, read
+# through an accessor of its name (the first value, or all of them in list
+# context; nothing for a section the block lacks), written with set_value.
+package Test::Base::Block;
+use Carp ();
+our $AUTOLOAD;
+sub new { my ($class, %h) = @_; return bless {%h}, $class; }
+sub seq_num { return $_[0]{seq_num}; }
+sub set_value {
+    my ($self, $name, @value) = @_;
+    $self->{$name} = [@value];
+}
+sub AUTOLOAD {
+    my $self = shift;
+    (my $name = $AUTOLOAD) =~ s/.*:://;
+    return if $name eq 'DESTROY';
+    Carp::croak("Not allowed to set values for '$name'") if @_;
+    my @list = @{ $self->{$name} || [] };
+    return wantarray ? @list : $list[0];
+}
+
 package main;
 use JSON::PP ();
-binmode STDIN; binmode STDOUT;
+binmode STDIN;
+# the replies go to the real stdout; what the .t file's code prints, to stderr
+open(my $__rn_reply, '>&', \*STDOUT) or die "dup stdout: $!";
+open(STDOUT, '>&', \*STDERR) or die "stdout to stderr: $!";
+binmode $__rn_reply;
+$__rn_reply->autoflush(1);
 my $__rn_json = JSON::PP->new->latin1->canonical->allow_nonref;
-my $__rn_req = $__rn_json->decode(do { local $/; <STDIN> });
+
+our @__rn_preprocessors;
+sub add_block_preprocessor(&) { unshift @__rn_preprocessors, shift; }
 {
     no strict 'refs';
-    my $vals = $__rn_req->{stub_values} || {};
-    for my $f (@{ $__rn_req->{stubs} || [] }) {
-        next if defined &{"main::$f"};
-        my $v = $vals->{$f};
-        *{"main::$f"} = sub { return defined $v ? $v : 1 };
-    }
+    *{"Test::Nginx::${_}::add_block_preprocessor"} = \&add_block_preprocessor for qw(Socket Util);
 }
-my $__rn_pre_err;
-if (defined $__rn_req->{preamble} && length $__rn_req->{preamble}) {
-    local $@;
-    my $ok = eval("package main; no strict; no warnings;\n#line 1 \"preamble\"\n"
-                  . $__rn_req->{preamble} . "\n;1");
-    $__rn_pre_err = "$@" unless $ok;
-}
+
 sub __rn_conv {
     my ($v, $d) = @_;
     return undef unless defined $v;
@@ -534,21 +558,106 @@ sub __rn_conv {
     return { __hash__ => { map { ($_ => __rn_conv($v->{$_}, ($d || 0) + 1)) } keys %$v } }
         if $r eq 'HASH';
     return __rn_conv($$v, ($d || 0) + 1) if $r eq 'SCALAR' || $r eq 'REF';
-    return { __unsupported__ => $r };
+    return { __unsupported__ => $r eq 'Test::Nginx::Runner::Unsupported' ? $v->{what} : $r };
 }
-my @__rn_out;
-for my $code (@{ $__rn_req->{codes} || [] }) {
-    local $@;
-    my @r = Test::Base::Filter::__runner_eval($code);
-    if ($@) {
-        push @__rn_out, { ok => 0, error => "$@" };
-    } else {
-        push @__rn_out, { ok => 1, values => [ map { __rn_conv($_) } @r ] };
+
+# the inverse: a value the runner holds, as Perl
+sub __rn_from {
+    my ($v) = @_;
+    my $r = ref $v;
+    return $v unless $r;
+    return [ map { __rn_from($_) } @$v ] if $r eq 'ARRAY';
+    if (exists $v->{__regex__}) {
+        my $p = $v->{__regex__};
+        (my $flags = $v->{flags} // '') =~ s/[^msixpn]//g;
+        return eval "qr/\$p/$flags" || die "qr/$p/$flags: $@";
     }
+    return { map { ($_ => __rn_from($v->{__hash__}{$_})) } keys %{ $v->{__hash__} } }
+        if exists $v->{__hash__};
+    return bless { what => $v->{__unsupported__} }, 'Test::Nginx::Runner::Unsupported';
 }
-my %__rn_env = map { ($_ => $ENV{$_}) } grep { /^TEST_NGINX_/ } keys %ENV;
-print $__rn_json->encode({ results => \@__rn_out, env => \%__rn_env,
-                           preamble_error => $__rn_pre_err });
+
+sub __rn_env { return { map { ($_ => $ENV{$_}) } grep { /^TEST_NGINX_/ } keys %ENV }; }
+
+# first request: stubs, the preamble, the eval sections
+sub __rn_eval {
+    my ($req) = @_;
+    {
+        no strict 'refs';
+        my $vals = $req->{stub_values} || {};
+        for my $f (@{ $req->{stubs} || [] }) {
+            next if defined &{"main::$f"};
+            my $v = $vals->{$f};
+            *{"main::$f"} = sub { return defined $v ? $v : 1 };
+        }
+    }
+    my $pre_err;
+    if (defined $req->{preamble} && length $req->{preamble}) {
+        local $@;
+        my $ok = eval("package main; no strict; no warnings;\n#line 1 \"preamble\"\n"
+                      . $req->{preamble} . "\n;1");
+        $pre_err = "$@" unless $ok;
+    }
+    my @out;
+    for my $code (@{ $req->{codes} || [] }) {
+        local $@;
+        my @r = Test::Base::Filter::__runner_eval($code);
+        if ($@) {
+            push @out, { ok => 0, error => "$@" };
+        } else {
+            push @out, { ok => 1, values => [ map { __rn_conv($_) } @r ] };
+        }
+    }
+    return { results => \@out, env => __rn_env(), preamble_error => $pre_err,
+             preprocessors => scalar @__rn_preprocessors };
+}
+
+# second request: every block through the preprocessors, as Test::Nginx does
+# before running it; the reply holds the sections they set or removed
+my %__rn_own = map { ($_ => 1) } qw(name description seq_num);
+sub __rn_preprocess {
+    my ($req) = @_;
+    my @out;
+    for my $in (@{ $req->{blocks} }) {
+        my %h = (name => [$in->{name}], description => [$in->{name}], seq_num => $in->{seq});
+        my $block;
+        my %before;
+        my $ok = eval {
+            for my $s (keys %{ $in->{sections} }) {
+                $h{$s} = __rn_from($in->{sections}{$s});
+            }
+            $block = Test::Base::Block->new(%h);
+            %before = map { ($_ => $__rn_json->encode(__rn_conv($block->{$_}))) }
+                      grep { !$__rn_own{$_} } keys %$block;
+            $_->($block) for @__rn_preprocessors;
+            1;
+        };
+        if (!$ok) {
+            push @out, { error => "$@" };
+            next;
+        }
+        my (%set, @removed);
+        for my $s (keys %$block) {
+            next if $__rn_own{$s} || $s =~ /^_/;
+            my $v = $block->{$s};
+            $v = [$v] unless ref $v eq 'ARRAY';
+            my $now = __rn_conv($v);
+            $set{$s} = $now if !exists $before{$s} || $before{$s} ne $__rn_json->encode($now);
+        }
+        @removed = grep { !exists $block->{$_} } sort keys %before;
+        push @out, { set => \%set, removed => \@removed };
+    }
+    return { blocks => \@out, env => __rn_env() };
+}
+
+while (defined(my $line = <STDIN>)) {
+    my $req = $__rn_json->decode($line);
+    my $op = $req->{op} // '';
+    my $reply = $op eq 'eval' ? __rn_eval($req)
+              : $op eq 'preprocess' ? __rn_preprocess($req)
+              : { error => "unknown request '$op'" };
+    print $__rn_reply $__rn_json->encode($reply), "\n";
+}
 '''
 
 PERL_INIT_HELPER = r'''
@@ -567,9 +676,8 @@ PREAMBLE_STUBS = [
     "plan", "run_tests", "blocks", "env_to_nginx", "config_preamble",
     "master_process_enabled", "timeout", "server_name", "server_addr",
     "server_root", "html_dir", "server_port", "server_port_for_client",
-    "no_nginx_manager", "check_accum_error_log", "add_block_preprocessor",
-    "bail_out", "add_test_cleanup_handler", "add_cleanup_handler",
-    "add_response_body_check", "set_http_config_filter", "no_diff", "filters",
+    "no_nginx_manager", "check_accum_error_log", "bail_out",
+    "add_test_cleanup_handler", "add_cleanup_handler", "add_response_body_check", "set_http_config_filter", "no_diff", "filters",
     "no_diag_on_only", "run_tests", "is_str", "sleep_time", "verbose",
 ]
 
@@ -596,6 +704,101 @@ class Unsupported:
         return "<unsupported Perl value %s>" % self.what
 
 
+def to_perl_json(v):
+    """A section's value as from_perl_json reads it (the helper's __rn_from
+    turns it back into Perl: qr// for a Regex)."""
+    if isinstance(v, Regex):
+        return {"__regex__": v.pattern, "flags": v.flags}
+    if isinstance(v, Unsupported):
+        return {"__unsupported__": v.what}
+    if isinstance(v, dict):
+        return {"__hash__": {k: to_perl_json(x) for k, x in v.items()}}
+    if isinstance(v, list):
+        return [to_perl_json(x) for x in v]
+    return v
+
+
+class PerlError(Exception):
+    """The Perl helper failed (died, timed out, answered nonsense)."""
+
+
+class PerlSession:
+    """PERL_HELPER running for one .t file: ask() sends one request (a JSON
+    line) and returns its reply (a JSON line).  The process is ours and is
+    killed (by its Popen) when the whole session takes over `timeout` s."""
+
+    def __init__(self, env, timeout=120.0):
+        self.timeout = timeout
+        self.expired = False
+        self.stderr = tempfile.TemporaryFile()
+        self.error = None
+        try:
+            self.p = subprocess.Popen(["perl", "-e", PERL_HELPER], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self.stderr, env=env)
+        except OSError as e:
+            self.p = None
+            self.error = "cannot run perl: %s" % e
+            return
+        self.timer = threading.Timer(timeout, self._expire)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _expire(self):
+        self.expired = True
+        try:
+            self.p.kill()
+        except OSError:
+            pass
+
+    def ask(self, req):
+        if self.p is None:
+            raise PerlError(self.error)
+        try:
+            self.p.stdin.write(json.dumps(req).encode("ascii") + b"\n")
+            self.p.stdin.flush()
+            line = self.p.stdout.readline()
+        except OSError:
+            line = b""
+        if not line:
+            raise PerlError(self.failure())
+        try:
+            return json.loads(line.decode(L1))
+        except ValueError as e:
+            raise PerlError("perl helper answered %s: %s" % (show(line.decode(L1), 200), e))
+
+    def failure(self):
+        if self.expired:
+            return "perl helper timed out after %.0fs" % self.timeout
+        try:
+            rc = self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            rc = None
+        return "perl helper failed (exit %s): %s" % (rc, self.stderr_text()[-2000:])
+
+    def stderr_text(self):
+        self.stderr.seek(0)
+        return self.stderr.read().decode(L1)
+
+    def close(self):
+        """End the process (EOF on its stdin); returns its stderr."""
+        if self.p is None:
+            return ""
+        try:
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        self.timer.cancel()
+        self.p.stdout.close()
+        text = self.stderr_text()
+        self.stderr.close()
+        return text
+
+
 # --------------------------------------------------------------------------
 # .t file parsing (Test::Base format)
 # --------------------------------------------------------------------------
@@ -613,6 +816,7 @@ class Block:
         self.order = []
         self.pending = []    # [(section, code, post_filters)] eval jobs
         self.errors = []
+        self.preprocessed = set()   # sections set by add_block_preprocessor
 
     def has(self, k):
         """Perl: defined $block->k"""
@@ -783,6 +987,7 @@ class Preamble:
         self.timeout = None
         self.env_to_nginx = []
         self.check_accum = bool(env.get("TEST_NGINX_CHECK_ACCUM_ERR_LOG"))
+        self.preprocessed = False   # add_block_preprocessor(...) in it
         self.parse()
 
     def parse(self):
@@ -813,9 +1018,7 @@ class Preamble:
             self.env_to_nginx += [a or b for a, b in re.findall(r"'([^']*)'|\"([^\"]*)\"", m.group(1))]
         if not re.search(r"\brun_tests\s*\(\s*\)|\brun_tests\s*;", s):
             self.warnings.append("preamble does not call run_tests()")
-        if re.search(r"\badd_block_preprocessor\b", s):
-            self.warnings.append("add_block_preprocessor(...) is NOT supported by t/runner.py; "
-                                 "its effects are ignored")
+        self.preprocessed = re.search(r"\badd_block_preprocessor\b", s) is not None
         for m in re.finditer(r"(?:^|[;{}])\s*&?([A-Za-z_][\w:]*)\s*\(", s, re.M):
             name = m.group(1)
             if name in KNOWN_PREAMBLE or name in PERL_WORDS or "::" in name:
@@ -1254,15 +1457,18 @@ class FileRunner:
         return re.sub(r"\$(TEST_NGINX_[_A-Z0-9]+)", rep, text)
 
     # ---- Perl ----
-    def run_eval_helper(self, blocks, preamble):
+    def run_perl(self, blocks, preamble):
+        """One Perl process for the file: the preamble once, then the eval
+        sections, then (if the preamble added any) the block preprocessors
+        on every block, whose changes replace the block's sections."""
         jobs = []
         for b in blocks:
             for j in b.pending:
                 jobs.append((b, j))
-        need_pre = bool(jobs) or "$ENV{" in preamble.text
-        if not need_pre:
+        if not (jobs or preamble.preprocessed or "$ENV{" in preamble.text):
             return
         req = {
+            "op": "eval",
             "preamble": preamble.perl_code(),
             "codes": [code for _, (_, code, _) in jobs],
             "stubs": PREAMBLE_STUBS,
@@ -1277,31 +1483,35 @@ class FileRunner:
                 "server_name": "localhost", "server_addr": "127.0.0.1", "verbose": "0",
             },
         }
-        err = None
-        resp = None
+        perl = PerlSession(self.env)
         try:
-            p = subprocess.run(["perl", "-e", PERL_EVAL_HELPER], input=json.dumps(req).encode("ascii"),
-                               capture_output=True, env=self.env, timeout=120)
-            if p.stderr and self.cfg.verbose:
-                self.vprint("perl stderr: " + p.stderr.decode(L1))
-            if p.returncode != 0:
-                err = "perl eval helper failed (exit %d): %s" % (p.returncode, p.stderr.decode(L1)[-2000:])
-            else:
-                resp = json.loads(p.stdout.decode(L1))
-        except subprocess.TimeoutExpired:
-            err = "perl eval helper timed out after 120s"
-        except (OSError, ValueError) as e:
-            err = "perl eval helper failed: %s" % e
-        if resp is None:
-            for b, (sec, _, _) in jobs:
-                b.errors.append("section '%s eval': %s" % (sec, err))
-            return
-        if resp.get("preamble_error"):
-            self.file_warnings.append("running the preamble in Perl (for %%ENV / package variables) "
-                                      "failed: %s" % resp["preamble_error"].strip())
+            try:
+                resp = perl.ask(req)
+            except PerlError as e:
+                for b, (sec, _, _) in jobs:
+                    b.errors.append("section '%s eval': %s" % (sec, e))
+                if preamble.preprocessed:
+                    for b in blocks:
+                        b.errors.append("add_block_preprocessor: %s" % e)
+                return
+            self.apply_evals(blocks, jobs, resp)
+            if preamble.preprocessed:
+                self.preprocess(perl, blocks, resp)
+        finally:
+            stderr = perl.close()
+            if stderr and self.cfg.verbose:
+                self.vprint("perl stderr: " + stderr)
+
+    def take_env(self, resp):
         for k, v in (resp.get("env") or {}).items():
             if self.env.get(k) != v and v is not None:
                 self.env[k] = v
+
+    def apply_evals(self, blocks, jobs, resp):
+        if resp.get("preamble_error"):
+            self.file_warnings.append("running the preamble in Perl (for %%ENV / package variables) "
+                                      "failed: %s" % resp["preamble_error"].strip())
+        self.take_env(resp)
         for (b, (sec, code, post)), r in zip(jobs, resp.get("results") or []):
             if not r.get("ok"):
                 b.errors.append("section '%s eval' failed to evaluate in Perl: %s" % (sec, r.get("error", "").strip()))
@@ -1317,6 +1527,38 @@ class FileRunner:
             b.values[sec] = vals
         for b in blocks:
             b.pending = []
+
+    def preprocess(self, perl, blocks, resp):
+        """Test::Nginx runs each add_block_preprocessor handler (the last
+        added first) on a block before running it; here they run on every
+        block once, in file order, after the eval sections."""
+        if not resp.get("preprocessors"):
+            why = resp.get("preamble_error") or "the preamble never called it"
+            for b in blocks:
+                b.errors.append("add_block_preprocessor: no handler was added (%s)" % why.strip())
+            return
+        try:
+            out = perl.ask({"op": "preprocess", "blocks": [
+                {"name": b.name, "seq": b.seq,
+                 "sections": {s: to_perl_json(v) for s, v in b.values.items()}} for b in blocks]})
+        except PerlError as e:
+            for b in blocks:
+                b.errors.append("add_block_preprocessor: %s" % e)
+            return
+        self.take_env(out)
+        for b, r in zip(blocks, out.get("blocks") or []):
+            if r.get("error") is not None:
+                b.errors.append("add_block_preprocessor failed: %s" % r["error"].strip())
+                continue
+            for s, vals in (r.get("set") or {}).items():
+                b.values[s] = [from_perl_json(v) for v in vals]
+                b.preprocessed.add(s)
+                if s not in b.order:
+                    b.order.append(s)
+            for s in r.get("removed") or []:
+                b.values.pop(s, None)
+                if s in b.order:
+                    b.order.remove(s)
 
     def run_init(self, code, outcome):
         try:
@@ -1650,7 +1892,7 @@ class FileRunner:
             if cluster.ports:
                 self.env.update(cluster.env())
                 cluster.flush()
-            self.run_eval_helper(blocks, self.pre)
+            self.run_perl(blocks, self.pre)
             if self.env.get("TEST_NGINX_SERVER_PORT") != str(port):
                 port = int(self.env["TEST_NGINX_SERVER_PORT"])
             self.port = port
@@ -1841,7 +2083,8 @@ class FileRunner:
             if self.prev_config is None:
                 raise BlockError("No '--- config' section specified and could not get previous one.")
             for s in ("http_config", "main_config", "user_files", "post_main_config"):
-                if block.exists(s):
+                # (a preprocessor's are ignored, as Test::Nginx does)
+                if block.exists(s) and s not in block.preprocessed:
                     raise BlockError("block has --- %s but no --- config: Test::Nginx would silently "
                                      "reuse the previous block's nginx and ignore it; add --- config" % s)
             if must_die is not None:

@@ -49,6 +49,32 @@ GET /t
 --- error_code: 200
 """
 
+# the preprocessor dies on one block and gives the other its config
+PREPROCESSOR_DIES = """use Test::Nginx::Socket 'no_plan';
+add_block_preprocessor(sub {
+    my $block = shift;
+    die "no zone for " . $block->name . "\\n" if $block->name =~ /dies/;
+    $block->set_value("config", '    location = /t { return 200 "given\\n"; }')
+        unless defined $block->config;
+});
+no_shuffle();
+run_tests();
+
+__DATA__
+
+=== TEST 1: the preprocessor dies
+--- config
+    location = /t { return 200; }
+--- request
+GET /t
+
+=== TEST 2: the preprocessor gives the config
+--- request
+GET /t
+--- response_body
+given
+"""
+
 
 def run_runner(h, name, text, path_env=None):
     f = os.path.join(h.tmp, name)
@@ -89,6 +115,22 @@ def test_no_redis_fails_and_skip_fails(h):
     h.check(rc != 0, "a skipped block must fail the run, exit status was 0")
     h.check(re.search(r"^not ok 1 ", out, re.M), "the skipped block must be reported not ok")
     h.check("skipping a test fails the run" in out, "the skip must be reported as a failure")
+
+
+
+def test_preprocessor_error_fails(h):
+    """add_block_preprocessor: a handler that dies fails that block, saying
+    why (it does not run without it), and the other block gets what the
+    handler gave it."""
+    rc, out = run_runner(h, "preprocessor.t", PREPROCESSOR_DIES)
+    h.note("a handler dying on one of two blocks: " + outcome(rc, out))
+    h.check(rc != 0, "the run must fail, exit status was 0")
+    h.check(re.search(r"^not ok 1 .*the preprocessor dies$", out, re.M),
+            "the block it died on must be reported not ok")
+    h.check("no zone for TEST 1: the preprocessor dies" in out, "the failure must give the handler's message")
+    h.check(re.search(r"^ok 2 .*gives the config$", out, re.M),
+            "the other block must pass with the config the handler set")
+    h.check("1 passed, 1 failed" in out, "the summary must count one of each")
 
 
 CHECK_RUST = os.path.join(ROOT, "scripts", "check-rust")
