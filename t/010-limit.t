@@ -3,6 +3,13 @@
 # limits, inheritance and `off`, empty, binary and long keys.
 use Test::Nginx::Socket 'no_plan';
 
+# the zone of a block without its own --- http_config
+add_block_preprocessor(sub {
+    my $block = shift;
+    $block->set_value("http_config", '    redis_ratelimit_zone $arg_k zone=z:1m;')
+        unless defined $block->http_config;
+});
+
 no_shuffle();
 run_tests();
 
@@ -13,8 +20,6 @@ __DATA__
 # stay away from a minute boundary: the previous minute's count would
 # otherwise weigh in mid-test
 my $s = time % 60; sleep(61 - $s) if $s > 50;
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t { redis_ratelimit z 10r/m; }
 --- user_files
@@ -32,8 +37,6 @@ ok
 
 
 === TEST 2: Retry-After only on rejections; other keys are not affected
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t { redis_ratelimit z 2r/d; }
 --- user_files
@@ -49,8 +52,6 @@ ok
 
 
 === TEST 3: the configured status
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t {
         redis_ratelimit z 1r/d;
@@ -70,8 +71,6 @@ ok
 
 
 === TEST 4: a rejection below error_log's level is not logged
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t {
         redis_ratelimit z 1r/d;
@@ -91,8 +90,6 @@ limiting requests
 
 
 === TEST 5: dry run passes everything and sets the variable
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t {
         redis_ratelimit z 2r/d;
@@ -113,8 +110,6 @@ ok
 
 
 === TEST 6: variables on passed and rejected requests
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t {
         redis_ratelimit z 3r/d;
@@ -194,8 +189,6 @@ ok
 
 
 === TEST 9: two periods of one zone; the tighter answers
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t {
         redis_ratelimit z 100r/s;
@@ -244,8 +237,6 @@ ok
 
 
 === TEST 11: an empty key is not limited and sets no status
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t {
         redis_ratelimit z 1r/d;
@@ -285,8 +276,6 @@ ok
 
 
 === TEST 13: very long keys are counted apart by their whole bytes
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t { redis_ratelimit z 1r/d; }
 --- user_files
@@ -304,8 +293,6 @@ my $a = "a" x 6000;
 
 
 === TEST 14: the limiter runs once per request, not again after an internal redirect
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t {
         redis_ratelimit z 2r/d;
@@ -330,8 +317,6 @@ ok
 === TEST 15: cost=3 consumes 3; a request that does not fit is refused and not counted; cost=0 only checks
 --- init
 my $s = time % 60; sleep(61 - $s) if $s > 55;
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /c3 { redis_ratelimit z 10r/m cost=3; }
     location = /c1 { redis_ratelimit z 10r/m; }
@@ -355,8 +340,6 @@ ok
 === TEST 16: cost from a variable, per request
 --- init
 my $s = time % 60; sleep(61 - $s) if $s > 55;
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /cv { redis_ratelimit z 10r/m cost=$arg_c; }
 --- user_files
@@ -371,8 +354,6 @@ ok
 
 
 === TEST 17: a cost variable whose value is not a cost counts as 1 and is logged
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /cv { redis_ratelimit z 10r/m cost=$arg_c; }
 --- user_files
@@ -389,8 +370,6 @@ redis_ratelimit: zone "z": cost "abc" is not valid, counted as 1
 === TEST 18: redis_ratelimit_headers legacy: X-RateLimit-Limit, -Remaining and -Reset of the tightest limit, not the draft's headers
 --- init
 my $s = time % 60; sleep(61 - $s) if $s > 55;
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t {
         redis_ratelimit z 3r/m;
@@ -461,8 +440,6 @@ redis_ratelimit: zone "z": rate "ten" is not valid, does not apply
 === TEST 21: a rate written around a variable (${arg_n}r/m), evaluated per request
 --- init
 my $s = time % 60; sleep(61 - $s) if $s > 55;
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t { redis_ratelimit z ${arg_n}r/m; }
 --- user_files

@@ -4,6 +4,13 @@
 # the next request writes.
 use Test::Nginx::Socket 'no_plan';
 
+# every block's zone
+add_block_preprocessor(sub {
+    my $block = shift;
+    $block->set_value("http_config", '    redis_ratelimit_zone $arg_k zone=z:1m;')
+        unless defined $block->http_config;
+});
+
 master_on();
 workers(1);
 use_hup();
@@ -15,8 +22,6 @@ __DATA__
 === TEST 1: use up 10r/m
 --- init
 my $s = time % 60; sleep(61 - $s) if $s > 50;
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t { redis_ratelimit z 10r/m; }
     location = /warn { redis_ratelimit z 1r/d; redis_ratelimit_status 503; redis_ratelimit_log_level warn; }
@@ -38,8 +43,6 @@ limiting requests
 
 
 === TEST 2: the 11th request is rejected and logged at error level
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t { redis_ratelimit z 10r/m; }
     location = /warn { redis_ratelimit z 1r/d; redis_ratelimit_status 503; redis_ratelimit_log_level warn; }
@@ -56,8 +59,6 @@ qr/\[error\] .*limiting requests, estimate: 10\.000 of 10r\/m by zone "z", clien
 
 
 === TEST 3: the configured status and log level
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t { redis_ratelimit z 10r/m; }
     location = /warn { redis_ratelimit z 1r/d; redis_ratelimit_status 503; redis_ratelimit_log_level warn; }
@@ -76,8 +77,6 @@ qr/\[warn\] .*limiting requests, estimate: 1\.000 of 1r\/d by zone "z"/
 
 
 === TEST 4: dry run passes and logs its own line
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t { redis_ratelimit z 10r/m; }
     location = /warn { redis_ratelimit z 1r/d; redis_ratelimit_status 503; redis_ratelimit_log_level warn; }
@@ -97,8 +96,6 @@ qr/\[notice\] .*limiting requests, dry run, estimate: 2\.000 of 2r\/d by zone "z
 
 === TEST 5: debug lines are compiled out of a module for nginx without --with-debug (this nginx; t/debian has the debug build)
 --- log_level: debug
---- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m;
 --- config
     location = /t { redis_ratelimit z 10r/m; }
 --- user_files

@@ -4,6 +4,19 @@
 # them. Six failed logins of one client: 401 401 401, then 429.
 use Test::Nginx::Socket 'no_plan';
 
+# after each block's zone: $failed for count_if=, and the upstream the
+# logins go to, which refuses them all (401)
+add_block_preprocessor(sub {
+    my $block = shift;
+    $block->set_value("http_config", $block->http_config . <<'_EOC_');
+    map $status $failed { 401 1; default ""; }
+    server {
+        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+        location / { return 401 "no\n"; }
+    }
+_EOC_
+});
+
 no_shuffle();
 run_tests();
 
@@ -14,11 +27,6 @@ __DATA__
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
     redis_ratelimit_zone $arg_k zone=login:1m;
-    map $status $failed { 401 1; default ""; }
-    server {
-        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
-        location / { return 401 "no\n"; }
-    }
 --- config
     location = /login {
         redis_ratelimit login 3r/m count_if=$failed;
@@ -41,11 +49,6 @@ denied
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
     redis_ratelimit_zone "$remote_addr$uri" zone=login:1m;
-    map $status $failed { 401 1; default ""; }
-    server {
-        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
-        location / { return 401 "no\n"; }
-    }
 --- config
     location = /login {
         redis_ratelimit login 3r/m count_if=$failed;
@@ -73,11 +76,6 @@ denied
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
     redis_ratelimit_zone $binary_remote_addr zone=login:1m;
-    map $status $failed { 401 1; default ""; }
-    server {
-        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
-        location / { return 401 "no\n"; }
-    }
 --- config
     location = /login {
         redis_ratelimit login 3r/m count_if=$failed;
@@ -100,11 +98,6 @@ denied
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
     redis_ratelimit_zone $arg_k zone=login:1m;
-    map $status $failed { 401 1; default ""; }
-    server {
-        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
-        location / { return 401 "no\n"; }
-    }
 --- config
     location = /login {
         redis_ratelimit login 3r/m count_if=$failed;
@@ -127,11 +120,6 @@ my $s = time % 60; sleep(61 - $s) if $s > 55;
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
     redis_ratelimit_zone $arg_k zone=login:1m;
-    map $status $failed { 401 1; default ""; }
-    server {
-        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
-        location / { return 401 "no\n"; }
-    }
 --- config
     location = /login {
         redis_ratelimit login $arg_r count_if=$failed;
@@ -154,11 +142,6 @@ denied
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
     redis_ratelimit_zone $arg_k zone=login:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=countif6:;
-    map $status $failed { 401 1; default ""; }
-    server {
-        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
-        location / { return 401 "no\n"; }
-    }
 --- config
     location = /login {
         redis_ratelimit login 3r/m count_if=$failed;
@@ -181,11 +164,6 @@ denied
 my $s = time % 60; sleep(61 - $s) if $s > 55;
 --- http_config
     redis_ratelimit_zone $arg_k zone=login:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=countif7:;
-    map $status $failed { 401 1; default ""; }
-    server {
-        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
-        location / { return 401 "no\n"; }
-    }
 --- config
     location = /login {
         redis_ratelimit login 3r/m count_if=$failed strict;

@@ -5,6 +5,15 @@
 # (following the slot map: CLUSTER KEYSLOT + CLUSTER NODES), and dies to fail.
 use Test::Nginx::Socket 'no_plan';
 
+# the zone of a block without its own --- http_config: seeded with two nodes
+add_block_preprocessor(sub {
+    my $block = shift;
+    $block->set_value("http_config", '    redis_ratelimit_zone $arg_k zone=cz:1m'
+        . ' redis=redis://127.0.0.1:$TEST_NGINX_REDIS_CLUSTER_PORT_1,redis://127.0.0.1:$TEST_NGINX_REDIS_CLUSTER_PORT_2'
+        . ' cluster prefix=t060:;')
+        unless defined $block->http_config;
+});
+
 no_shuffle();
 run_tests();
 
@@ -13,8 +22,6 @@ __DATA__
 === TEST 1: 5r/h counted through the cluster: exactly 5 x 200, then 429
 --- init
 my $s = time % 3600; sleep(3601 - $s) if $s > 3590;
---- http_config
-    redis_ratelimit_zone $arg_k zone=cz:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_CLUSTER_PORT_1,redis://127.0.0.1:$TEST_NGINX_REDIS_CLUSTER_PORT_2 cluster prefix=t060:;
 --- config
     location = /t {
         redis_ratelimit cz 5r/h;
@@ -58,8 +65,6 @@ for my $p (grep { $_ != $own } keys %{ masters() }) {
     my $r = rc($p, "GET", $key);
     die "master :$p answered GET $key with " . (defined $r ? $r : "nil") . ", expected a MOVED redirect to :$own" unless defined $r && $r =~ /^-MOVED $slot 127\.0\.0\.1:$own$/;
 }
---- http_config
-    redis_ratelimit_zone $arg_k zone=cz:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_CLUSTER_PORT_1,redis://127.0.0.1:$TEST_NGINX_REDIS_CLUSTER_PORT_2 cluster prefix=t060:;
 --- config
     location = /t { redis_ratelimit cz 5r/h; }
 --- user_files
@@ -79,8 +84,6 @@ redis_ratelimit: zone
 
 
 === TEST 3: 200 distinct clients, one request each, all pass (their keys go to every master: see TEST 4)
---- http_config
-    redis_ratelimit_zone $arg_k zone=cz:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_CLUSTER_PORT_1,redis://127.0.0.1:$TEST_NGINX_REDIS_CLUSTER_PORT_2 cluster prefix=t060:;
 --- config
     location = /t { redis_ratelimit cz 100r/m; }
 --- user_files
@@ -143,8 +146,6 @@ for my $c (sort keys %count) {
     push @problems, "client $c has keys on several masters: " . join(",", sort keys %{ $where{$c} }) if keys %{ $where{$c} } > 1;
 }
 die join("\n", @problems[0 .. ($#problems < 14 ? $#problems : 14)]) . "\n" if @problems;
---- http_config
-    redis_ratelimit_zone $arg_k zone=cz:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_CLUSTER_PORT_1,redis://127.0.0.1:$TEST_NGINX_REDIS_CLUSTER_PORT_2 cluster prefix=t060:;
 --- config
     location = /t { redis_ratelimit cz 100r/m; }
 --- user_files
