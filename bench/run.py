@@ -38,13 +38,11 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -96,8 +94,10 @@ def script_calls(redis):
 def zone_rtt(port, zone):
     """(pipelines, sum of their round trips in s) of a zone's Redis threads,
     from the module's metrics page."""
-    url = f"http://127.0.0.1:{port}/metrics?format=json"
-    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    status, _, body, _ = servers.http_get(port, "/metrics?format=json", timeout=5)
+    if status != 200:
+        raise RuntimeError(f"/metrics on port {port} answered {status}")
+    body = body.decode()
     m = re.search(r'"%s":\{.*?"pipelines":(\d+).*?"roundtrip_sum_seconds":([0-9.e-]+)' % zone, body)
     return (int(m.group(1)), float(m.group(2))) if m else (0, 0.0)
 
@@ -216,62 +216,9 @@ class Nginx(servers.NginxServer):
         return [l for l in self.error_log_text().splitlines() if l.strip()]
 
 
-# --------------------------------------------------------------------------
-# a raw HTTP/1.1 keep-alive client (pipelined batches)
-# --------------------------------------------------------------------------
-
-
-class Http:
-    def __init__(self, port, timeout=10):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.rf = self.sock.makefile("rb", buffering=1 << 16)
-
-    @staticmethod
-    def request(path, headers=b""):
-        return b"GET " + path + b" HTTP/1.1\r\nHost: bench\r\n" + headers + b"\r\n"
-
-    def read_status(self):
-        line = self.rf.readline()
-        if not line:
-            raise ConnectionError("nginx closed the connection")
-        status = int(line.split()[1])
-        length = 0
-        while True:
-            h = self.rf.readline()
-            if h in (b"\r\n", b"\n"):
-                break
-            if not h:
-                raise ConnectionError("truncated response")
-            k, _, v = h.partition(b":")
-            k = k.strip().lower()
-            if k == b"content-length":
-                length = int(v)
-            elif k == b"transfer-encoding":
-                raise RuntimeError("chunked response not expected")
-        if length:
-            self.rf.read(length)
-        return status
-
-    def get(self, path):
-        self.sock.sendall(self.request(path))
-        return self.read_status()
-
-    def pipeline(self, paths, batch=512):
-        out = []
-        pending = 0
-        for i in range(0, len(paths), batch):
-            chunk = paths[i:i + batch]
-            self.sock.sendall(b"".join(self.request(p) for p in chunk))
-            # keep one batch in flight while reading the previous one
-            if pending:
-                out.extend(self.read_status() for _ in range(pending))
-            pending = len(chunk)
-        out.extend(self.read_status() for _ in range(pending))
-        return out
-
-    def close(self):
-        self.sock.close()
+def http_conn(port):
+    """A keep-alive connection (t/lib/servers.py's client) with Nagle off."""
+    return servers.HttpConn(port, timeout=10, nodelay=True)
 
 
 # --------------------------------------------------------------------------
@@ -354,24 +301,24 @@ def shm_bytes_per_key(port, zone_bytes):
     evicted; asking for it again re-inserted it and evicted the oldest
     survivor, M-C. Walking down from M-1, survivors answer 429 (which only
     touches them) until M-C, the first 200: capacity C = M - (M-C)."""
-    c = Http(port)
+    c = http_conn(port)
     try:
         m = 1024
         trial = 0
         while True:
             trial += 1
             pfx = b"/m?k=t%d-" % trial
-            st = c.pipeline([pfx + b"%d" % i for i in range(m)])
+            st = c.statuses([pfx + b"%d" % i for i in range(m)])
             bad = sum(1 for s in st if s != 200)
             if bad:
                 raise RuntimeError(f"shm probe: {bad} of {m} fresh keys were not allowed")
-            if c.get(pfx + b"0") == 429:
+            if c.get(pfx + b"0").status == 429:
                 if m >= 1 << 24:
                     raise RuntimeError("shm probe: zone never evicts")
                 m *= 2
                 continue
             down = list(range(m - 1, 0, -1))
-            st = c.pipeline([pfx + b"%d" % j for j in down])
+            st = c.statuses([pfx + b"%d" % j for j in down])
             first = next((j for j, s in zip(down, st) if s == 200), None)
             if first is None:
                 raise RuntimeError("shm probe: no evicted key found")
@@ -395,8 +342,8 @@ def paced(port, path, rate, duration, conns=4):
         sent = allowed = 0
         lag = 0.0
         try:
-            h = Http(port)
-            req = Http.request(path)
+            h = http_conn(port)
+            req = servers.http_request(path)
             for slot in range(i, total, conns):
                 at = t0 + slot * interval
                 while True:
@@ -405,8 +352,8 @@ def paced(port, path, rate, duration, conns=4):
                         break
                     time.sleep(d if d > 0.002 else d / 2)
                 lag = max(lag, time.time() - at)
-                h.sock.sendall(req)
-                s = h.read_status()
+                h.send(req)
+                s = h.read().status
                 sent += 1
                 allowed += 1 if 200 <= s < 300 else 0
             h.close()
@@ -428,18 +375,12 @@ def paced(port, path, rate, duration, conns=4):
 def redis_rtt_us(port, n=2000):
     """The median of `n` PING round trips on one connection: what one Redis
     round trip adds to a request on this machine."""
-    sock = socket.create_connection(("127.0.0.1", port))
-    try:
-        times = []
+    times = []
+    with servers.RedisConn(port) as c:
         for _ in range(n):
             t0 = time.perf_counter()
-            sock.sendall(b"PING\r\n")
-            buf = b""
-            while not buf.endswith(b"\r\n"):
-                buf += sock.recv(64)
+            c.cmd("PING")
             times.append(time.perf_counter() - t0)
-    finally:
-        sock.close()
     times.sort()
     return times[len(times) // 2] * 1e6
 
@@ -450,14 +391,13 @@ LATENCY_N = 2000
 def latency_probe(port, path, n=LATENCY_N, keyed=False):
     """(p50, p99) in µs of `n` requests sent one after another on one
     keep-alive connection (`keyed`: each with its own X-Key of 10 000)."""
-    h = Http(port)
+    h = http_conn(port)
     times = []
     try:
         for i in range(n + 100):
-            hdr = b"X-Key: lat%d\r\n" % (i % 10000) if keyed else b""
+            hdr = {"X-Key": b"lat%d" % (i % 10000)} if keyed else None
             t0 = time.perf_counter()
-            h.sock.sendall(h.request(path.encode(), hdr))
-            h.read_status()
+            h.get(path, hdr)
             if i >= 100:  # the first ones warm up
                 times.append((time.perf_counter() - t0) * 1e6)
     finally:
@@ -626,8 +566,8 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
                 ("breaker", "module, Redis zone, every request over 1r/d", base + "/x", stats, ()),
                 ("ref-429", "reference: `return 429`, no limiter", base + "/z", stats, ()),
             ]
-            h = Http(a_port)
-            first = [h.get(b"/x") for _ in range(3)]
+            h = http_conn(a_port)
+            first = [h.get(b"/x").status for _ in range(3)]
             h.close()
             time.sleep(0.5)  # let Redis confirm and open the breaker
             if first[0] != 200 or 200 in first[1:]:

@@ -9,8 +9,8 @@ t/scenarios/harness.py (every process stopped by its PID: at the end, on
 failure, on Ctrl-C).  The binaries are snapshotted first, so a rebuild of
 build/ during the run (or nginx's re-dlopen on reload) never mixes builds.
 
-Traffic (client processes, keep-alive http.client connections to both
-nodes), key in the X-Key header:
+Traffic (client processes, keep-alive connections to both nodes), key in
+the X-Key header:
   * /m  `redis_ratelimit soak 100r/s`: a pool of distinct keys (default
     60 000) walked in order, so every key is sent before any repeats; 70 %
     ASCII, 15 % binary-ish bytes legal in a header value (obs-text, inner
@@ -59,14 +59,12 @@ import argparse
 import array
 import bisect
 import collections
-import http.client
 import multiprocessing as mp
 import os
 import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -80,7 +78,8 @@ sys.path.insert(0, os.path.join(ROOT, "t", "scenarios"))
 
 import harness  # noqa: E402
 import cluster  # noqa: E402
-from harness import HOST, RedisError, _resp_encode, _resp_read  # noqa: E402
+from harness import RedisError  # noqa: E402
+from servers import HttpClosed, HttpConn, RedisConn  # noqa: E402
 
 ZONE = "soak"
 MANY_RATE, HOT_RATE = 100, 50          # r/s of /m and /h
@@ -137,37 +136,22 @@ class Conn:
     retried once on a fresh one, as HTTP clients do for a GET."""
 
     def __init__(self, port, stats):
-        self.port = port
-        self.c = None
+        self.c = HttpConn(port, timeout=REQ_TIMEOUT)
         self.stats = stats
 
     def get(self, path, key):
         for attempt in (0, 1):
-            if self.c is None:
-                self.c = http.client.HTTPConnection(HOST, self.port, timeout=REQ_TIMEOUT)
-            fresh = self.c.sock is None
+            fresh = not self.c.connected
             try:
-                self.c.request("GET", path, headers={"X-Key": key})
-                r = self.c.getresponse()
-                r.read()
-                return r.status, r.getheader("X-T")
-            except (http.client.RemoteDisconnected, ConnectionResetError,
-                    BrokenPipeError, ConnectionAbortedError) as e:
-                self.c.close()
-                self.c = None
+                r = self.c.get(path, {"X-Key": key})
+                return r.status, r.header("X-T")
+            except (HttpClosed, ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
                 if fresh or attempt:
                     raise
                 self.stats["retried"] += 1
-                last = e
-            except Exception:
-                self.c.close()
-                self.c = None
-                raise
-        raise last  # pragma: no cover
 
     def close(self):
-        if self.c is not None:
-            self.c.close()
+        self.c.close()
 
 
 def client_main(idx, cfg, ports, t_start, t_end, progress, inflight, out_q):
@@ -343,26 +327,18 @@ def own(n):
         OWN[0] += n
 
 
-class RConn:
-    """A persistent Redis connection with pipelining."""
+class RConn(RedisConn):
+    """A persistent Redis connection with pipelining, counting what it sends."""
 
     def __init__(self, port, timeout=3.0):
-        self.s = socket.create_connection((HOST, port), timeout=timeout)
-        self.f = self.s.makefile("rb")
+        super().__init__(port, timeout=timeout)
 
     def pipeline(self, cmds):
         own(sum(1 for c in cmds if str(c[0]).upper() != "INFO"))
-        self.s.sendall(b"".join(_resp_encode(list(c)) for c in cmds))
-        return [_resp_read(self.f) for _ in cmds]
+        return super().pipeline(cmds)
 
     def cmd(self, *args):
-        return self.pipeline([args])[0]
-
-    def close(self):
-        try:
-            self.s.close()
-        except OSError:
-            pass
+        return super().cmd(*args, raise_errors=False)
 
 
 def rcmd(redis, *args):
@@ -760,11 +736,8 @@ class Run:
         self.ngs = [self.ctx.nginx(http_conf, server_conf, workers=2, log_level="notice") for _ in range(2)]
         for ng in self.ngs:
             for path, key in (("/m", b"warmup-m"), ("/h", b"warmup-h")):
-                c = http.client.HTTPConnection(HOST, ng.port, timeout=5)
-                c.request("GET", path, headers={"X-Key": key})
-                r = c.getresponse()
-                r.read()
-                c.close()
+                with HttpConn(ng.port, timeout=5) as c:
+                    r = c.get(path, {"X-Key": key})
                 if r.status != 200:
                     raise RuntimeError("warm-up %s on %s: status %s\n%s" % (path, ng.name, r.status,
                                                                            ng.error_log_tail()))

@@ -1,6 +1,6 @@
 """Starting and stopping the servers that the tests and benchmarks run:
-redis-server, a Redis Cluster and nginx, all on 127.0.0.1 (Python 3 stdlib
-only).
+redis-server, a Redis Cluster and nginx, all on 127.0.0.1, and the clients
+that talk to them: Redis (RESP) and HTTP (Python 3 stdlib only).
 
 Shared by t/runner.py (the Test::Nginx runner), t/scenarios/harness.py and
 cluster.py (the scenario tests, also used by bench/soak.py) and bench/run.py.
@@ -19,8 +19,10 @@ Pieces:
 * processes  - ``proc_stat``, ``proc_cmdline``, ``pid_alive``,
                ``same_process_alive``, ``children``, ``send_signal``,
                ``stop_popen``, ``stop_nginx``, ``Registry``
-* RESP       - ``RedisError``, ``resp_encode``, ``resp_read``, ``pipeline``,
-               ``call``
+* RESP       - ``RedisError``, ``resp_encode``, ``resp_read``, ``RedisConn``
+               (a connection kept open), ``pipeline``, ``call`` (one each)
+* HTTP       - ``http_request``, ``HttpConn`` (keep-alive, pipelining),
+               ``HttpResponse``, ``HttpClosed``, ``http_get`` (one request)
 * servers    - ``RedisServer``, ``RedisCluster``, ``NginxServer``
 """
 
@@ -374,34 +376,291 @@ def resp_read(f):
     raise ConnectionError("bad RESP line %r" % line)
 
 
+class RedisConn:
+    """One connection to a Redis on 127.0.0.1:port, kept open until close()
+    (or the end of a ``with``): AUTH first when a password is given (its
+    failure raised), then commands pipelined - each batch in one write, the
+    replies read in order, error replies as RedisError values.  Every socket
+    operation is bounded by `timeout` s."""
+
+    def __init__(self, port, password=None, timeout=3.0):
+        self.sock = socket.create_connection((HOST, port), timeout=timeout)
+        self.f = self.sock.makefile("rb")
+        if password is not None:
+            try:
+                r = self.pipeline([("AUTH", password)])[0]
+                if isinstance(r, RedisError):
+                    raise r
+            except BaseException:
+                self.close()
+                raise
+
+    def pipeline(self, commands):
+        """Send the commands (sequences of str/bytes/int) in one write;
+        their replies in order."""
+        commands = [list(c) for c in commands]
+        self.sock.sendall(b"".join(resp_encode(c) for c in commands))
+        return [resp_read(self.f) for _ in commands]
+
+    def cmd(self, *args, raise_errors=True):
+        """One command's reply (an error reply raised, or returned when
+        raise_errors=False)."""
+        r = self.pipeline([args])[0]
+        if isinstance(r, RedisError) and raise_errors:
+            raise r
+        return r
+
+    def close(self):
+        for x in (self.f, self.sock):
+            try:
+                x.close()
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def pipeline(port, commands, password=None, timeout=3.0):
     """Send several commands on one fresh connection to 127.0.0.1:port (AUTH
     first when a password is given; its failure is raised) and return their
     replies in order, error replies as RedisError values."""
-    commands = [list(c) for c in commands]
-    if password is not None:
-        commands.insert(0, ["AUTH", password])
-    s = socket.create_connection((HOST, port), timeout=timeout)
-    try:
-        s.sendall(b"".join(resp_encode(c) for c in commands))
-        f = s.makefile("rb")
-        replies = []
-        for _ in commands:
-            replies.append(resp_read(f))
-            if password is not None and len(replies) == 1 and isinstance(replies[0], RedisError):
-                raise replies[0]
-    finally:
-        s.close()
-    return replies[1:] if password is not None else replies
+    with RedisConn(port, password, timeout) as c:
+        return c.pipeline(commands)
 
 
 def call(port, *args, password=None, timeout=3.0, raise_errors=True):
     """One command on a fresh connection to 127.0.0.1:port; returns the
     reply (an error reply raised, or returned when raise_errors=False)."""
-    r = pipeline(port, [args], password, timeout)[0]
-    if isinstance(r, RedisError) and raise_errors:
-        raise r
-    return r
+    with RedisConn(port, password, timeout) as c:
+        return c.cmd(*args, raise_errors=raise_errors)
+
+
+# --------------------------------------------------------------------------
+# HTTP: a small client (GET, HTTP/1.1)
+# --------------------------------------------------------------------------
+
+
+def _latin1(x):
+    return x if isinstance(x, bytes) else str(x).encode("latin-1")
+
+
+def http_request(path, headers=None, close=False):
+    """One GET request as bytes: `path` and the values of `headers` (a dict)
+    str (sent as latin-1) or bytes (as they are: any byte a header value may
+    hold); ``Connection: close`` when `close`."""
+    out = [b"GET ", _latin1(path), b" HTTP/1.1\r\nHost: localhost\r\n"]
+    if close:
+        out.append(b"Connection: close\r\n")
+    for k, v in (headers or {}).items():
+        out += [_latin1(k), b": ", _latin1(v), b"\r\n"]
+    out.append(b"\r\n")
+    return b"".join(out)
+
+
+class HttpClosed(ConnectionError):
+    """The server closed the connection before a response began (a reused
+    keep-alive connection that nginx had closed: a GET may be sent again)."""
+
+
+class HttpResponse:
+    """status (int), body (bytes), close (the server closes the connection
+    after it), headers ({lower-case name: [values]}) and header(name) (the
+    first value or None)."""
+
+    __slots__ = ("status", "lines", "body", "close", "_headers")
+
+    def __init__(self, status, lines, body, close):
+        self.status = status
+        self.lines = lines          # the header lines, bytes without CRLF
+        self.body = body
+        self.close = close
+        self._headers = None
+
+    @property
+    def headers(self):
+        if self._headers is None:
+            self._headers = {}
+            for line in self.lines:
+                k, _, v = line.decode("latin-1").partition(":")
+                self._headers.setdefault(k.strip().lower(), []).append(v.strip())
+        return self._headers
+
+    def header(self, name):
+        v = self.headers.get(name.lower())
+        return v[0] if v else None
+
+
+def _status(line):
+    m = re.match(rb"HTTP/1\.[01] (\d{3})", line)
+    if not m:
+        raise ValueError("bad status line: %r" % line[:100])
+    return int(m.group(1))
+
+
+class HttpConn:
+    """HTTP/1.1 keep-alive connection to 127.0.0.1:port, opened when a
+    request is sent and again after the server closed it (a response with
+    ``Connection: close``); every socket operation is bounded by `timeout`
+    s.  get() is one request and its response; send() and read() pipeline
+    (statuses() in batches).  A response's body is read by its
+    Content-Length, its chunks, or to the close.  An error closes the
+    connection (the next request opens a new one)."""
+
+    def __init__(self, port, timeout=3.0, nodelay=False):
+        self.port = port
+        self.timeout = timeout
+        self.nodelay = nodelay
+        self.sock = self.f = None
+
+    @property
+    def connected(self):
+        return self.sock is not None
+
+    def send(self, data):
+        """Send request bytes (one or several: http_request)."""
+        try:
+            if self.sock is None:
+                self.sock = socket.create_connection((HOST, self.port), timeout=self.timeout)
+                if self.nodelay:
+                    self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.f = self.sock.makefile("rb", buffering=1 << 16)
+            self.sock.sendall(data)
+        except BaseException:
+            self.close()
+            raise
+
+    def read(self):
+        """The next response (an HttpResponse)."""
+        if self.f is None:
+            raise HttpClosed("no connection to read a response from")
+        try:
+            r = self._read()
+        except BaseException:
+            self.close()
+            raise
+        if r.close:
+            self.close()
+        return r
+
+    def _read(self):
+        f = self.f
+        line = f.readline()
+        if not line:
+            raise HttpClosed("the server closed the connection")
+        status = _status(line)
+        lines, length, chunked, close = [], None, False, line.startswith(b"HTTP/1.0")
+        while True:
+            h = f.readline()
+            if h in (b"\r\n", b"\n"):
+                break
+            if not h:
+                raise ConnectionError("the server closed the connection in the headers")
+            h = h.rstrip(b"\r\n")
+            lines.append(h)
+            k, _, v = h.partition(b":")
+            k = k.strip().lower()
+            if k == b"content-length":
+                length = int(v)
+            elif k == b"transfer-encoding":
+                chunked = v.strip().lower() == b"chunked"
+            elif k == b"connection":
+                close = v.strip().lower() == b"close"
+        if status < 200 or status in (204, 304):
+            body = b""
+        elif chunked:
+            body = self._chunks()
+        elif length is not None:
+            body = f.read(length) if length else b""
+            if len(body) < length:
+                raise ConnectionError("the server closed the connection in the body")
+        else:
+            body, close = f.read(), True
+        return HttpResponse(status, lines, body, close)
+
+    def _chunks(self):
+        f = self.f
+        parts = []
+        while True:
+            line = f.readline()
+            if not line:
+                raise ConnectionError("the server closed the connection in the body")
+            n = int(line.split(b";")[0].strip(), 16)
+            if n == 0:
+                while f.readline() not in (b"\r\n", b"\n", b""):
+                    pass                # trailers
+                return b"".join(parts)
+            parts.append(f.read(n))
+            f.read(2)
+
+    def get(self, path, headers=None):
+        """GET `path` (headers: see http_request); the HttpResponse."""
+        self.send(http_request(path, headers))
+        return self.read()
+
+    def statuses(self, paths, headers=None, batch=512):
+        """GET every path, pipelined: a batch sent while the previous one's
+        responses are read; their statuses."""
+        out = []
+        pending = 0
+        for i in range(0, len(paths), batch):
+            chunk = paths[i:i + batch]
+            self.send(b"".join(http_request(p, headers) for p in chunk))
+            out.extend(self.read().status for _ in range(pending))
+            pending = len(chunk)
+        out.extend(self.read().status for _ in range(pending))
+        return out
+
+    def close(self):
+        for x in (self.f, self.sock):
+            if x is not None:
+                try:
+                    x.close()
+                except OSError:
+                    pass
+        self.sock = self.f = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def http_get(port, path, headers=None, timeout=2.0):
+    """GET over a fresh connection (``Connection: close``), the response read
+    to the close within `timeout` s in all.  Returns (status, headers, body,
+    elapsed) with headers = {lower-case name: [values]} and the body as sent
+    (chunks not decoded); raises OSError/ValueError on connection errors,
+    timeouts or malformed responses."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    s = socket.create_connection((HOST, port), timeout=timeout)
+    try:
+        s.sendall(http_request(path, headers, close=True))
+        chunks = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("response not complete within %.1fs" % timeout)
+            s.settimeout(left)
+            b = s.recv(65536)
+            if not b:
+                break
+            chunks.append(b)
+    finally:
+        s.close()
+    elapsed = time.monotonic() - t0
+    raw = b"".join(chunks)
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise ValueError("malformed/empty HTTP response: %r" % raw[:200])
+    lines = head.split(b"\r\n")
+    r = HttpResponse(_status(lines[0]), lines[1:], body, True)
+    return r.status, r.headers, body, elapsed
 
 
 # --------------------------------------------------------------------------

@@ -12,13 +12,13 @@ Main pieces:
 * ``Ctx``      - per-test context (``h``): ``h.redis()``, ``h.nginx()``,
                  ``h.note()``, ``h.check()``, ``h.wait_minute_room()``.
 * ``Nginx``    - one nginx instance in its own prefix (temp dir).
-* ``Redis``    - one redis-server, with a tiny RESP client (``cmd``).
-* ``http_get`` - one HTTP/1.1 request over a raw socket (2 s timeout).
+* ``Redis``    - one redis-server (``cmd``: one command).
+* ``http_get`` - one HTTP/1.1 request on a fresh connection (2 s timeout).
 * ``burst``    - many concurrent requests from threads.
 
-Starting and stopping processes, ports and the RESP client are the shared
-library's (t/lib/servers.py); this file keeps the registry, the test API and
-the test-specific configs.
+Starting and stopping processes, ports and the Redis and HTTP clients are
+the shared library's (t/lib/servers.py); this file keeps the registry, the
+test API and the test-specific configs.
 """
 
 import atexit
@@ -27,7 +27,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -40,8 +39,7 @@ sys.path.insert(0, os.path.join(ROOT, "t", "lib"))
 
 import servers  # noqa: E402
 # the names the tests and bench/soak.py import from here
-from servers import HOST, RedisError, free_port, proc_stat, wait_for  # noqa: E402,F401
-from servers import resp_encode as _resp_encode, resp_read as _resp_read  # noqa: E402,F401
+from servers import HOST, RedisError, free_port, http_get, proc_stat, wait_for  # noqa: E402,F401
 
 NGINX_BIN = os.environ.get("SCENARIO_NGINX", os.path.join(ROOT, "build", "sbin", "nginx"))
 MODULE_SO = os.environ.get(
@@ -120,48 +118,8 @@ def window(t, period):
 
 
 # --------------------------------------------------------------------------
-# HTTP client
+# HTTP (the client: servers.http_get)
 # --------------------------------------------------------------------------
-
-
-def http_get(port, path, headers=None, timeout=2.0):
-    """GET over a fresh connection.  Returns (status, headers, body, elapsed)
-    with headers = {lower-case name: [values]}; raises OSError/ValueError on
-    connection errors, timeouts or malformed responses."""
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    s = socket.create_connection((HOST, port), timeout=timeout)
-    try:
-        lines = ["GET %s HTTP/1.1" % path, "Host: localhost", "Connection: close"]
-        for k, v in (headers or {}).items():
-            lines.append("%s: %s" % (k, v))
-        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-        chunks = []
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout("response not complete within %.1fs" % timeout)
-            s.settimeout(left)
-            b = s.recv(65536)
-            if not b:
-                break
-            chunks.append(b)
-    finally:
-        s.close()
-    elapsed = time.monotonic() - t0
-    raw = b"".join(chunks)
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    if not sep:
-        raise ValueError("malformed/empty HTTP response: %r" % raw[:200])
-    hl = head.decode("latin-1").split("\r\n")
-    m = re.match(r"HTTP/1\.[01] (\d{3})", hl[0])
-    if not m:
-        raise ValueError("bad status line: %r" % hl[0])
-    hdrs = {}
-    for line in hl[1:]:
-        k, _, v = line.partition(":")
-        hdrs.setdefault(k.strip().lower(), []).append(v.strip())
-    return int(m.group(1)), hdrs, body, elapsed
 
 
 def burst(port, paths, threads=64, timeout=2.0):

@@ -12,16 +12,15 @@ own INFO calls neither add connections nor (INFO being excluded) commands.
 
 import os
 import re
-import http.client
-import socket
 import subprocess
 import threading
 import time
 import urllib.parse
 
 import harness
-from harness import HOST, RedisError, _resp_encode, _resp_read, free_port, wait_for, window
+from harness import HOST, free_port, wait_for, window
 from cluster import NODE_ARGS, cluster_port
+from servers import HttpConn, RedisConn
 
 NASTY_RE = r"\[(alert|crit|emerg)\]|exited on signal|panick"
 
@@ -68,21 +67,11 @@ def rl_errors(ng):
             if "[error]" in l and "redis_ratelimit" in l]
 
 
-class Mon:
+class Mon(RedisConn):
     """One persistent connection to a Redis (AUTH with its password)."""
 
     def __init__(self, r, timeout=3.0):
-        self.s = socket.create_connection((HOST, r.port), timeout=timeout)
-        self.f = self.s.makefile("rb")
-        if r.password is not None:
-            self.cmd("AUTH", r.password)
-
-    def cmd(self, *args):
-        self.s.sendall(_resp_encode(args))
-        v = _resp_read(self.f)
-        if isinstance(v, RedisError):
-            raise v
-        return v
+        super().__init__(r.port, r.password, timeout)
 
     def info(self, section):
         out = {}
@@ -110,12 +99,6 @@ class Mon:
 
     def errorstats(self):
         return {k[len("errorstat_"):]: v for k, v in self.info("errorstats").items()}
-
-    def close(self):
-        try:
-            self.s.close()
-        except OSError:
-            pass
 
 
 def cmd_delta(s0, s1):
@@ -151,60 +134,20 @@ def proc_status(pid):
     return out
 
 
-def _read_response(f):
-    """(status, close?) of one HTTP/1.1 response read from file f."""
-    line = f.readline()
-    if not line:
-        raise ConnectionError("connection closed")
-    m = re.match(rb"HTTP/1\.[01] (\d{3})", line)
-    if not m:
-        raise ValueError("bad status line %r" % line[:100])
-    length, close = 0, False
-    while True:
-        h = f.readline()
-        if not h:
-            raise ConnectionError("connection closed in headers")
-        if h in (b"\r\n", b"\n"):
-            break
-        k, _, v = h.decode("latin-1").partition(":")
-        k, v = k.strip().lower(), v.strip()
-        if k == "content-length":
-            length = int(v)
-        elif k == "connection" and v.lower() == "close":
-            close = True
-    if length:
-        f.read(length)
-    return int(m.group(1)), close
-
-
 def keepalive_statuses(port, reqs, timeout=3.0):
     """Send (path, headers) requests one after the other over keep-alive
     connections (reopened when nginx closes one); returns statuses."""
     out = []
-    s = f = None
+    c = HttpConn(port, timeout)
     for path, hdrs in reqs:
-        raw = ("GET %s HTTP/1.1\r\nHost: localhost\r\n" % path
-               + "".join("%s: %s\r\n" % kv for kv in hdrs.items()) + "\r\n").encode("latin-1")
         for attempt in (0, 1):
             try:
-                if s is None:
-                    s = socket.create_connection((HOST, port), timeout=timeout)
-                    f = s.makefile("rb")
-                s.sendall(raw)
-                st, close = _read_response(f)
-                out.append(st)
-                if close:
-                    s.close()
-                    s = None
+                out.append(c.get(path, hdrs).status)
                 break
-            except (OSError, ValueError) as e:
-                if s is not None:
-                    s.close()
-                s = None
+            except (OSError, ValueError) as e:     # the connection is closed: reopened next
                 if attempt:
                     out.append("%s: %s" % (type(e).__name__, e))
-    if s is not None:
-        s.close()
+    c.close()
     return out
 
 
@@ -603,12 +546,10 @@ def test_planted_counter_spills_nowhere(h):
     res, lock, planted = [], threading.Lock(), []
 
     def flood(ng, key):
-        c = http.client.HTTPConnection(HOST, ng.port, timeout=2)
+        c = HttpConn(ng.port, timeout=2)
         while time.time() < stop:
-            c.request("GET", "/t?k=" + key)
-            resp = c.getresponse()
-            resp.read()
-            t = resp.getheader("X-T")
+            resp = c.get("/t?k=" + key)
+            t = resp.header("X-T")
             with lock:
                 res.append((key, resp.status, float(t) if t else time.time()))
         c.close()
