@@ -14,6 +14,7 @@ __DATA__
     redis_ratelimit_zone $arg_token zone=api:1m redis=redis://127.0.0.1:1,redis://127.0.0.1:2 cluster on_error=local timeout=100ms prefix=app:;
     redis_ratelimit_zone $arg_u zone=auth:1m redis=redis://user:secret@127.0.0.1:1/2 on_error=deny timeout=2s;
     redis_ratelimit_zone $arg_x zone=tls:1m redis=rediss://127.0.0.1:1 on_error=allow;
+    redis_ratelimit_zone $arg_s zone=shared:1m redis=redis://127.0.0.1:1 on_error=share;
     redis_ratelimit_zone $arg_y zone=sock:1m redis=redis+unix:///tmp/none.sock;
     redis_ratelimit_zone $arg_v zone=units:1M redis=redis://127.0.0.1:1 timeout=1m hold=250ms;
     redis_ratelimit_zone $arg_w zone=eager:1m redis=redis://127.0.0.1:1 hold=0;
@@ -151,7 +152,7 @@ redis_ratelimit_zone: invalid parameter "foo=bar"
 --- config
 --- must_die
 --- error_log
-redis_ratelimit_zone: invalid on_error "maybe"
+redis_ratelimit_zone: invalid on_error "maybe": allow, deny, local or share expected
 
 
 

@@ -251,6 +251,46 @@ pub fn cap_to_share(
     }
 }
 
+/// While Redis cannot be reached, with `on_error=share`: the node lets a
+/// key through only within its share of what Redis last left of the
+/// limit (`L − g`, `g` the estimate from Redis's counts alone): the share
+/// it learnt from Redis's replies (`Entry::share`), or `1/nodes` for a key
+/// it has none of (`nodes`: the nodes that counted through this Redis
+/// lately; 1 when not known). What all nodes pass blind then adds up to
+/// the headroom when the shares add up to 1, and a key first seen during
+/// the outage gets `L/N` on each node, not `L`. Never less than one
+/// request a window per node. This node's requests not confirmed by Redis
+/// (`inflight`: the outage's, and any sent before it without an answer)
+/// count against it; a new window starts with the previous one's count.
+///
+/// Turns an allowed `c` into a rejection until the window ends.
+#[inline]
+pub fn cap_to_fleet_share(
+    e: &Entry,
+    rate: Rate,
+    now_ms: u64,
+    cost: u32,
+    nodes: u32,
+    c: &mut Check,
+) {
+    if !c.allowed {
+        return;
+    }
+    let p = rate.period_ms();
+    let known = Estimate::new(e.prev, e.cur, now_ms.saturating_sub(c.window_start_ms), p);
+    let headroom = u64::from(known.remaining(rate.limit));
+    let share = if e.share == 0 {
+        u64::from(u16::MAX) / u64::from(nodes.clamp(1, u32::from(u16::MAX)))
+    } else {
+        u64::from(e.share)
+    };
+    let cap = (headroom * share).div_ceil(u64::from(u16::MAX)).max(1);
+    if u64::from(e.inflight) + u64::from(cost.max(1)) > cap {
+        c.allowed = false;
+        c.retry_at_ms = c.window_start_ms.saturating_add(p).max(now_ms);
+    }
+}
+
 /// Whether this node's increments of the entry's window probably create
 /// its Redis counter: no count of the window from Redis yet, the last
 /// count Redis gave grew by this node's increments alone (no one else

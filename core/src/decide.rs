@@ -36,6 +36,10 @@ pub enum Mode {
     Allow,
     /// Backend down, `on_error=deny`: reject.
     Deny,
+    /// Backend down, `on_error=share`: counted here (sent when it is
+    /// back), each key within this node's share of its limit
+    /// (`counter::cap_to_fleet_share`).
+    Share,
 }
 
 impl Mode {
@@ -45,6 +49,7 @@ impl Mode {
             Mode::Remote => "redis",
             Mode::Allow => "allow (redis down)",
             Mode::Deny => "deny (redis down)",
+            Mode::Share => "share (redis down)",
         }
     }
 
@@ -57,8 +62,15 @@ impl Mode {
                 check.allowed = false;
                 check.retry_at_ms = now_ms + DENY_RETRY_MS;
             }
-            Mode::Local | Mode::Remote => {}
+            Mode::Local | Mode::Remote | Mode::Share => {}
         }
+    }
+
+    /// Whether the zone's increments go to Redis (now, or once it is
+    /// back).
+    #[inline(always)]
+    pub fn remote(self) -> bool {
+        matches!(self, Mode::Remote | Mode::Share)
     }
 
     /// Whether a zone in this mode counts the requests it lets through
@@ -66,7 +78,7 @@ impl Mode {
     /// rejects it).
     #[inline(always)]
     pub fn counts(self) -> bool {
-        matches!(self, Mode::Local | Mode::Remote)
+        matches!(self, Mode::Local | Mode::Remote | Mode::Share)
     }
 }
 
@@ -142,6 +154,10 @@ pub struct Limit {
     pub stale_ms: u64,
     /// The zone's `hold=` (ms).
     pub hold_ms: u64,
+    /// The nodes that counted through the zone's Redis lately (0: not
+    /// known): one node's part of a key it has no share of, while Redis
+    /// is down with `on_error=share`.
+    pub nodes: u32,
 }
 
 /// What one limit said.
@@ -228,10 +244,12 @@ fn check(e: &mut Entry, l: &Limit, now_ms: u64) -> Checked {
         counter::check_known(e, l.rate, now_ms, l.cost)
     } else {
         let mut c = counter::check_cost(e, l.rate, now_ms, l.cost);
-        if l.mode == Mode::Remote {
+        match l.mode {
             // near the limit, or waiting too long for Redis, no more than
             // this node's share of the headroom before Redis answers
-            counter::cap_to_share(e, l.rate, now_ms, l.cost, 1, l.stale_ms, &mut c);
+            Mode::Remote => counter::cap_to_share(e, l.rate, now_ms, l.cost, 1, l.stale_ms, &mut c),
+            Mode::Share => counter::cap_to_fleet_share(e, l.rate, now_ms, l.cost, l.nodes, &mut c),
+            Mode::Local | Mode::Allow | Mode::Deny => {}
         }
         c
     };
@@ -265,8 +283,8 @@ fn count(e: &mut Entry, mode: Mode, cost: u32) -> bool {
     if !mode.counts() {
         return false;
     }
-    counter::count_cost(e, mode == Mode::Remote, cost);
-    mode == Mode::Remote && cost > 0
+    counter::count_cost(e, mode.remote(), cost);
+    mode.remote() && cost > 0
 }
 
 /// The decision for a request of one background limit (`Strict::No`),

@@ -13,6 +13,7 @@ fn lim(entry: usize, limit: u32, mode: Mode) -> Limit {
         strict: Strict::No,
         stale_ms: 5,
         hold_ms: 5000,
+        nodes: 0,
     }
 }
 
@@ -169,6 +170,41 @@ fn near_the_limit_a_node_spends_no_more_than_its_share_of_the_headroom() {
     assert!(many(&mut es[..], &[l], T0 + 51, Take::IfAllowed, true).0.allowed);
 }
 
+#[test]
+fn with_redis_down_and_on_error_share_a_node_passes_its_share() {
+    // a key first seen during the outage, four nodes: L/4 here
+    let mut es = entries(1);
+    let l = Limit { nodes: 4, ..lim(0, 40, Mode::Share) };
+    let passed = (0..40)
+        .filter(|&i| many(&mut es[..], &[l], T0 + i, Take::IfAllowed, true).0.allowed)
+        .count();
+    assert_eq!(passed, 10);
+    assert_eq!(es[0].inflight, 10, "counted, to be sent once Redis is back");
+    // a known key: 16 of 40 counted in Redis, this node sends 70 % of the
+    // key's traffic: 70 % of the 24 left
+    let mut es = [at(16)];
+    es[0].share = (u32::from(u16::MAX) * 7 / 10) as u16;
+    let passed = (0..40)
+        .filter(|&i| many(&mut es[..], &[l], T0 + i, Take::IfAllowed, true).0.allowed)
+        .count();
+    assert_eq!(passed, 17);
+    // never less than one a window; nodes not known: the node alone
+    let mut es = [at(0)];
+    es[0].share = 1;
+    let passed = (0..5)
+        .filter(|&i| many(&mut es[..], &[l], T0 + i, Take::IfAllowed, true).0.allowed)
+        .count();
+    assert_eq!(passed, 1);
+    let (d, _, _) = many(&mut es[..], &[l], T0 + 9, Take::IfAllowed, true);
+    assert_eq!(d.retry_at_ms, T0 + 60_000, "until the window ends");
+    let mut es = entries(1);
+    let alone = Limit { nodes: 0, ..l };
+    let passed = (0..50)
+        .filter(|&i| many(&mut es[..], &[alone], T0 + i, Take::IfAllowed, true).0.allowed)
+        .count();
+    assert_eq!(passed, 40);
+}
+
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);
 
@@ -194,10 +230,18 @@ fn random_limit(g: &mut Rng, entry: usize) -> Limit {
         entry,
         rate: Rate { limit: g.pick(&[1, 3, 10, 40, 1000]), period: g.pick(&[1, 60, 3600]) },
         cost: g.pick(&[0, 1, 1, 1, 2, 5]),
-        mode: g.pick(&[Mode::Remote, Mode::Remote, Mode::Local, Mode::Allow, Mode::Deny]),
+        mode: g.pick(&[
+            Mode::Remote,
+            Mode::Remote,
+            Mode::Local,
+            Mode::Allow,
+            Mode::Deny,
+            Mode::Share,
+        ]),
         strict: Strict::No,
         stale_ms: g.pick(&[5, 40, u64::MAX]),
         hold_ms: g.pick(&[0, 5000]),
+        nodes: g.pick(&[0, 1, 4]),
     }
 }
 
@@ -281,7 +325,7 @@ fn several_limits_count_each_entry_once_whatever_their_order() {
             assert_eq!(added, if counts { heaviest } else { 0 }, "{limits:?}");
             let pushed: Vec<&Push> =
                 pushes.iter().filter(|p| limits[p.limit_index].entry == i).collect();
-            let remote = counts && mine[0].mode == Mode::Remote && heaviest > 0;
+            let remote = counts && mine[0].mode.remote() && heaviest > 0;
             assert_eq!(pushed.len(), usize::from(remote), "{limits:?}");
             if let Some(p) = pushed.first() {
                 assert_eq!(p.limit, mine.iter().map(|l| l.rate.limit).min().unwrap_or(0));

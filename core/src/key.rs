@@ -156,6 +156,18 @@ pub fn redis_tag(namespace: &[u8], key: &[u8]) -> Box<[u8]> {
     out.into_boxed_slice()
 }
 
+/// `<prefix>{<zone>}:nodes`: the sorted set of the nodes that count a
+/// zone through this Redis (`on_error=share`), each scored by when it last
+/// said so (ms since the epoch, its clock).
+pub fn nodes_key(prefix: &[u8], zone: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + zone.len() + 8);
+    out.extend_from_slice(prefix);
+    out.push(b'{');
+    out.extend_from_slice(zone.as_bytes());
+    out.extend_from_slice(b"}:nodes");
+    out
+}
+
 /// `<prefix>{<tag>}:<period>:<window start>`: the hash tag keeps both
 /// windows of one key on one cluster slot.
 pub fn redis_key_for_tag(prefix: &[u8], tag: &[u8], period: u32, window_start: u64) -> Vec<u8> {

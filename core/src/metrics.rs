@@ -29,7 +29,7 @@ pub struct Zone {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Redis {
     pub up: bool,
-    /// `on_error=`: `local`, `allow` or `deny`.
+    /// `on_error=`: `local`, `allow`, `deny` or `share`.
     pub on_error: &'static str,
     pub commands: u64,
     pub pipelines: u64,
@@ -48,6 +48,9 @@ pub struct Redis {
     /// got none (`timeout=`, a failed exchange, an error reply).
     pub strict_waits: u64,
     pub strict_timeouts: u64,
+    /// The nodes counting the zone through its Redis lately, as this
+    /// worker's thread last read them (`on_error=share`; 0: not known).
+    pub nodes: u64,
 }
 
 /// A label value as the exposition format wants it: `\`, `"` and newlines
@@ -170,6 +173,14 @@ pub fn prometheus(zones: &[Zone]) -> String {
         "The zone's on_error policy (1 for the one in force while Redis is down).",
         &redis,
         &|z| vec![(format!(",policy=\"{}\"", r(z).on_error), 1u64)],
+    );
+    family(
+        &mut out,
+        "nginx_redis_ratelimit_redis_nodes",
+        "gauge",
+        "Nodes counting the zone through its Redis lately (on_error=share; 0: not known).",
+        &redis,
+        &|z| vec![(String::new(), r(z).nodes)],
     );
     family(
         &mut out,
@@ -315,7 +326,7 @@ pub fn json(zones: &[Zone]) -> String {
                      \"errors\":{{\"transport\":{},\"reply\":{}}},\"connects\":{},\"waiting\":{},\
                      \"last_sync_age_seconds\":{age},\"roundtrip_buckets_us\":{:?},\
                      \"roundtrip_counts\":[{}],\"roundtrip_sum_seconds\":{},\
-                     \"strict\":{{\"waits\":{},\"timeouts\":{}}}}}}}",
+                     \"strict\":{{\"waits\":{},\"timeouts\":{}}},\"nodes\":{}}}}}",
                     r.up,
                     r.on_error,
                     r.commands,
@@ -329,6 +340,7 @@ pub fn json(zones: &[Zone]) -> String {
                     secs(r.rtt_sum_us),
                     r.strict_waits,
                     r.strict_timeouts,
+                    r.nodes,
                 );
             }
         }

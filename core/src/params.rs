@@ -14,6 +14,11 @@ pub enum OnError {
     Allow,
     /// Reject every request.
     Deny,
+    /// Keep limiting from this node's own counts, each key at this node's
+    /// share of what Redis last left of its limit: the share learnt from
+    /// Redis's replies, or one node's part (`1/N`, `N` the nodes that
+    /// counted through this Redis lately) for a key it has none of.
+    Share,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -326,9 +331,10 @@ pub fn parse_zone_params(
                     b"local" => OnError::Local,
                     b"allow" => OnError::Allow,
                     b"deny" => OnError::Deny,
+                    b"share" => OnError::Share,
                     _ => {
                         return Err(format!(
-                            "invalid on_error \"{}\": allow, deny or local expected",
+                            "invalid on_error \"{}\": allow, deny, local or share expected",
                             show(v)
                         ))
                     }

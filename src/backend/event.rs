@@ -32,6 +32,9 @@ pub struct ZoneSpec {
     pub tls: super::io::Tls,
     /// A `strict` limit uses the zone (its workers may get strict links).
     pub strict: bool,
+    /// `on_error=share`: the thread keeps the zone's node count
+    /// (`fleet.rs`).
+    pub share: bool,
     /// The zone's shared memory: how many keys the operator expects it to
     /// hold (bounds what the thread remembers per key).
     pub bytes: usize,

@@ -110,6 +110,8 @@ pub struct Backend {
     /// rise; 0: none yet): how long the worker may wait for an answer
     /// (`Channel::stale_ms`).
     pub(super) rtt_us: u64,
+    /// The nodes counting the zone through this Redis (`on_error=share`).
+    pub(super) fleet: super::fleet::Fleet,
 }
 
 impl Backend {
@@ -158,6 +160,7 @@ impl Backend {
             first: FirstCounts::default(),
             set_refused: false,
             rtt_us: 0,
+            fleet: super::fleet::Fleet::new(now),
         }
     }
 

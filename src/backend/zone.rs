@@ -36,6 +36,9 @@ impl Backend {
             if let Some(due) = self.link_due() {
                 next = next.min(due);
             }
+            if self.spec.share {
+                next = next.min(self.fleet.due);
+            }
         }
         next
     }
@@ -81,6 +84,7 @@ impl Backend {
         }
         if self.health.is_up() {
             self.refresh(events);
+            self.say_counting(events);
         }
     }
 

@@ -201,7 +201,11 @@ fn limit(
         (None, _) => ratelimit_core::counter::STALE_MIN_MS,
     };
     let hold_ms = zone.params.as_ref().map_or(0, |p| p.hold_ms);
-    Limit { entry, rate: a.rate, cost: a.cost, mode, strict: a.strict, stale_ms, hold_ms }
+    let nodes = match (mode, channel) {
+        (Mode::Share, Some(ch)) => ch.nodes(a.zone),
+        _ => 0,
+    };
+    Limit { entry, rate: a.rate, cost: a.cost, mode, strict: a.strict, stale_ms, hold_ms, nodes }
 }
 
 /// One limit's decision, as a debug line (compiled out unless nginx was

@@ -28,6 +28,7 @@ pub(super) fn failed(zone: &ZoneConf, thread: bool) -> Mode {
     match zone.params.as_ref().map(|p| p.on_error) {
         Some(OnError::Allow) => Mode::Allow,
         Some(OnError::Deny) => Mode::Deny,
+        Some(OnError::Share) if thread => Mode::Share,
         _ if thread => Mode::Remote,
         _ => Mode::Local,
     }
@@ -41,5 +42,6 @@ fn down(on_error: OnError) -> Mode {
         OnError::Local => Mode::Remote,
         OnError::Allow => Mode::Allow,
         OnError::Deny => Mode::Deny,
+        OnError::Share => Mode::Share,
     }
 }

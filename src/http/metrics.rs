@@ -39,7 +39,8 @@ pub extern "C" fn cmd_metrics(
 /// Every zone's figures, read from its shared memory at `now_ms`.
 fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
     let mut out = Vec::with_capacity(mcf.zones.len());
-    for z in &mcf.zones {
+    let channel = crate::worker::channel::channel();
+    for (i, z) in mcf.zones.iter().enumerate() {
         let Some(shared) = z.shared.as_ref() else {
             continue;
         };
@@ -58,6 +59,7 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
                     OnError::Local => "local",
                     OnError::Allow => "allow",
                     OnError::Deny => "deny",
+                    OnError::Share => "share",
                 },
                 commands: get(&st.commands),
                 pipelines: get(&st.pipelines),
@@ -76,6 +78,7 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
                 rtt_sum_us: get(&st.rtt_sum_us),
                 strict_waits: get(&st.strict_waits),
                 strict_timeouts: get(&st.strict_timeouts),
+                nodes: channel.map_or(0, |ch| u64::from(ch.nodes(i))),
             }
         });
         out.push(Zone {

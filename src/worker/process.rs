@@ -15,6 +15,7 @@ use ngx::http::HttpModuleMainConf;
 use ngx::{ngx_log_debug, ngx_log_error};
 use parking_lot::Mutex;
 use ratelimit_core::counter;
+use ratelimit_core::params::OnError;
 use ratelimit_core::rate::Rate;
 
 use crate::backend::{self, Channel, Event, StatsRef, ZoneSpec};
@@ -120,6 +121,7 @@ unsafe fn start_thread(cycle: *mut ngx_cycle_t) {
                     name: b.tls.as_ref().and_then(|t| t.name.clone()),
                 },
                 strict: z.strict_at.is_some(),
+                share: p.on_error == OnError::Share,
                 bytes: p.size,
                 stats: z.shared.as_ref().map(|s| StatsRef::new(s.stats())),
             })
