@@ -7,13 +7,15 @@ together before gets each node's learnt share of what was left; a key
 whose traffic was 70/10/10/10 keeps most of what is left for the heavy
 node (the light nodes' shares, learnt from two requests each, read high:
 the total is reported, not bounded). When Redis is back, what each node
-counted lands in it, once."""
+counted lands in it, once. Lua callers, deciding through the same
+engine, get the same."""
 
 import json
+import os
 import signal
 import time
 
-from harness import wait_for
+from harness import ROOT, wait_for, write_file
 
 L = 40
 HTTP = "    redis_ratelimit_zone $arg_k zone=sh:1m redis=%s on_error=%s timeout=200ms;\n"
@@ -115,3 +117,64 @@ def test_with_on_error_local_each_node_passes_its_own_limit(h):
     against: a key first seen during the outage gets L on every node."""
     even, _, _, _ = outage(h, "local")
     h.check(sum(even) == 4 * L, "a fresh key: L on each node, 4 L in all (%d)" % sum(even))
+
+
+DEBIAN_NGINX = "/usr/sbin/nginx"
+DEBIAN_MODULE = os.path.join(ROOT, "build", "debian", "modules", "ngx_http_redis_ratelimit_module.so")
+LUA_MODULES = ("/usr/lib/nginx/modules/ndk_http_module.so", "/usr/lib/nginx/modules/ngx_http_lua_module.so")
+LUA_CONF = """load_module %s;
+load_module %s;
+load_module %s;
+worker_processes 1;
+error_log logs/error.log info;
+pid logs/nginx.pid;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    lua_package_path "%s/lua/?.lua;;";
+    redis_ratelimit_zone $arg_k zone=ratelimit_circuit_breaker:1m redis=%s on_error=share timeout=200ms;
+    server {
+        listen 127.0.0.1:%d;
+        location = /a {
+            access_by_lua_block {
+                local lim = require("resty.redis_ratelimit").new("login", "%dr/h")
+                local limited, err = lim:is_rate_limited(ngx.var.arg_k)
+                if err then
+                    ngx.log(ngx.ERR, "is_rate_limited: ", err)
+                    return ngx.exit(500)
+                end
+                if limited then
+                    return ngx.exit(429)
+                end
+            }
+            content_by_lua_block { ngx.say("ok") }
+        }
+        location = /metrics { redis_ratelimit_metrics; }
+    }
+}
+"""
+
+
+def test_lua_callers_limit_at_their_share_too(h):
+    """The Lua API decides through the same engine: two Debian nginx with
+    lua-nginx-module, `on_error=share` on the Lua zone, Redis killed: a key
+    first seen during the outage gets L/2 on each node, L in all."""
+    r = h.redis()
+    nodes = []
+    for _ in range(2):
+        n = h.nginx(start=False)
+        n.binary = DEBIAN_NGINX
+        write_file(n.conf_path, LUA_CONF % (LUA_MODULES + (DEBIAN_MODULE, ROOT, r.url, n.port, L)))
+        nodes.append(n.start())
+
+    def lua_figures(n):
+        return json.loads(n.request("/metrics?format=json")[2])["zones"]["ratelimit_circuit_breaker"]["redis"]
+
+    h.check(wait_for(lambda: all(lua_figures(n)["nodes"] == 2 for n in nodes), 10.0),
+            "each node knows N = 2")
+    r.stop(sig=signal.SIGKILL, quick=True)
+    h.check(wait_for(lambda: all(not lua_figures(n)["up"] for n in nodes), 10.0), "both see Redis down")
+    fresh = h.key("lua-fresh")
+    even = send(nodes, fresh, [50, 50])
+    h.note("Lua, a fresh key during the outage: %s = %d of %d" % (even, sum(even), L))
+    h.check(even == [L // 2, L // 2], "L/2 on each node: %s" % even)
