@@ -21,39 +21,6 @@ pub(super) const EVERY: Duration = Duration::from_secs(2);
 /// A node counts as one of the zone's while it said so this recently.
 pub(super) const LIVE_MS: u64 = 10_000;
 
-/// What the thread knows of the zone's nodes.
-pub(super) struct Fleet {
-    /// How many counted lately (0: not known yet).
-    pub(super) nodes: u32,
-    /// When this node says it counts next.
-    pub(super) due: Instant,
-    /// This node: its host name and nginx master's pid (its workers are
-    /// one node).
-    id: String,
-}
-
-impl Fleet {
-    pub(super) fn new(now: Instant) -> Fleet {
-        Fleet { nodes: 0, due: now, id: node_id() }
-    }
-}
-
-/// `<host name>:<pid of nginx's master>`.
-fn node_id() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: writes at most `buf.len()` bytes into our buffer.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let host = if rc == 0 {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        String::from("unknown")
-    };
-    // SAFETY: getppid cannot fail.
-    let master = unsafe { libc::getppid() };
-    format!("{host}:{master}")
-}
-
 impl Backend {
     /// Says this node counts the zone, and reads how many do, when due.
     pub(super) fn say_counting(&mut self, events: &mut Vec<Event>) {

@@ -111,7 +111,7 @@ pub struct Backend {
     /// (`Channel::stale_ms`).
     pub(super) rtt_us: u64,
     /// The nodes counting the zone through this Redis (`on_error=share`).
-    pub(super) fleet: super::fleet::Fleet,
+    pub(super) fleet: Fleet,
 }
 
 impl Backend {
@@ -160,7 +160,7 @@ impl Backend {
             first: FirstCounts::default(),
             set_refused: false,
             rtt_us: 0,
-            fleet: super::fleet::Fleet::new(now),
+            fleet: Fleet::new(now),
         }
     }
 
@@ -216,4 +216,37 @@ pub fn process_alive(pid: u64) -> bool {
     // SAFETY: signal 0 sends nothing; it only checks that the process exists.
     let sent = unsafe { libc::kill(pid, 0) } == 0;
     sent || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// What the thread knows of the zone's nodes.
+pub(super) struct Fleet {
+    /// How many counted lately (0: not known yet).
+    pub(super) nodes: u32,
+    /// When this node says it counts next.
+    pub(super) due: Instant,
+    /// This node: its host name and nginx master's pid (its workers are
+    /// one node).
+    pub(super) id: String,
+}
+
+impl Fleet {
+    pub(super) fn new(now: Instant) -> Fleet {
+        Fleet { nodes: 0, due: now, id: node_id() }
+    }
+}
+
+/// `<host name>:<pid of nginx's master>`.
+fn node_id() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: writes at most `buf.len()` bytes into our buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let host = if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        String::from("unknown")
+    };
+    // SAFETY: getppid cannot fail.
+    let master = unsafe { libc::getppid() };
+    format!("{host}:{master}")
 }
