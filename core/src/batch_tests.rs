@@ -17,6 +17,19 @@ fn add(
     b.add(id, &Increment { namespace: ns, key, period, limit, n, fresh: Fresh::No }, send).is_some()
 }
 
+/// An increment of `n` for the key (`ns`, `key`) under a period, for the
+/// tightest limit `limit`.
+fn inc<'a>(
+    ns: &'a [u8],
+    key: &'a [u8],
+    period: u32,
+    limit: u32,
+    n: u32,
+    fresh: Fresh,
+) -> Increment<'a> {
+    Increment { namespace: ns, key, period, limit, n, fresh }
+}
+
 fn id(zone: u32, e: u64, window: u64) -> ItemId {
     ItemId { zone, entry: [e, 0], window }
 }
@@ -205,52 +218,19 @@ fn a_quiet_key_carries_what_it_holds_into_the_next_window() {
     // window 5: three held requests (room 10)
     for due in [5_000, 5_100, 5_200] {
         assert!(b
-            .add(
-                id(0, 1, 5),
-                &Increment {
-                    namespace: b"z",
-                    key: b"k",
-                    period: 1,
-                    limit: 100,
-                    n: 1,
-                    fresh: Fresh::No
-                },
-                Due::Hold(due, 10)
-            )
+            .add(id(0, 1, 5), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Hold(due, 10))
             .is_some());
     }
     // window 6: the new item takes them over, keeps the earlier due time
     assert_eq!(
-        b.add(
-            id(0, 1, 6),
-            &Increment {
-                namespace: b"z",
-                key: b"k",
-                period: 1,
-                limit: 100,
-                n: 1,
-                fresh: Fresh::No
-            },
-            Due::Hold(6_000, 9)
-        ),
+        b.add(id(0, 1, 6), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Hold(6_000, 9)),
         Some(5_000)
     );
     assert_eq!(b.len(), 1);
     assert_eq!(b.pending(0), 4);
     // ... and carries them again into window 8 (a window without requests)
     assert!(b
-        .add(
-            id(0, 1, 8),
-            &Increment {
-                namespace: b"z",
-                key: b"k",
-                period: 1,
-                limit: 100,
-                n: 2,
-                fresh: Fresh::No
-            },
-            Due::Hold(8_000, 4)
-        )
+        .add(id(0, 1, 8), &inc(b"z", b"k", 1, 100, 2, Fresh::No), Due::Hold(8_000, 4))
         .is_some());
     let (out, _) = b.drain_due(5_000, 100, 1 << 20);
     assert_eq!(out.len(), 1);
@@ -263,79 +243,26 @@ fn a_quiet_key_carries_what_it_holds_into_the_next_window() {
 fn held_increments_past_the_room_or_near_the_limit_are_not_carried() {
     let mut b = Batch::new(100, 1 << 20);
     for _ in 0..5 {
-        b.add(
-            id(0, 1, 5),
-            &Increment {
-                namespace: b"z",
-                key: b"k",
-                period: 1,
-                limit: 100,
-                n: 1,
-                fresh: Fresh::No,
-            },
-            Due::Hold(9_000, 10),
-        );
+        b.add(id(0, 1, 5), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Hold(9_000, 10));
     }
     // room 4 < 5 held: a new item, and the old one goes with the next flush
     assert_eq!(
-        b.add(
-            id(0, 1, 6),
-            &Increment {
-                namespace: b"z",
-                key: b"k",
-                period: 1,
-                limit: 100,
-                n: 1,
-                fresh: Fresh::No
-            },
-            Due::Hold(9_500, 4)
-        ),
+        b.add(id(0, 1, 6), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Hold(9_500, 4)),
         Some(1)
     );
     let (out, _) = b.drain_due(2, 100, 1 << 20);
     assert_eq!(out.iter().map(|(i, it)| (i.window, it.total())).collect::<Vec<_>>(), [(5, 5)]);
     // an item with a push near the limit is never carried
-    b.add(
-        id(0, 2, 5),
-        &Increment { namespace: b"z", key: b"j", period: 1, limit: 100, n: 1, fresh: Fresh::No },
-        Due::Hold(9_000, 10),
-    );
-    b.add(
-        id(0, 2, 5),
-        &Increment { namespace: b"z", key: b"j", period: 1, limit: 100, n: 1, fresh: Fresh::No },
-        Due::Now,
-    );
-    b.add(
-        id(0, 2, 6),
-        &Increment { namespace: b"z", key: b"j", period: 1, limit: 100, n: 1, fresh: Fresh::No },
-        Due::Hold(9_000, 10),
-    );
+    b.add(id(0, 2, 5), &inc(b"z", b"j", 1, 100, 1, Fresh::No), Due::Hold(9_000, 10));
+    b.add(id(0, 2, 5), &inc(b"z", b"j", 1, 100, 1, Fresh::No), Due::Now);
+    b.add(id(0, 2, 6), &inc(b"z", b"j", 1, 100, 1, Fresh::No), Due::Hold(9_000, 10));
     assert_eq!(b.len(), 3, "window 6 of k, windows 5 and 6 of j");
     // a carried amount that no longer fits the room: the next flush
     let mut b = Batch::new(100, 1 << 20);
-    b.add(
-        id(0, 1, 5),
-        &Increment { namespace: b"z", key: b"k", period: 1, limit: 100, n: 3, fresh: Fresh::No },
-        Due::Hold(9_000, 10),
-    );
-    b.add(
-        id(0, 1, 6),
-        &Increment { namespace: b"z", key: b"k", period: 1, limit: 100, n: 1, fresh: Fresh::No },
-        Due::Hold(9_500, 6),
-    );
+    b.add(id(0, 1, 5), &inc(b"z", b"k", 1, 100, 3, Fresh::No), Due::Hold(9_000, 10));
+    b.add(id(0, 1, 6), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Hold(9_500, 6));
     assert_eq!(
-        b.add(
-            id(0, 1, 6),
-            &Increment {
-                namespace: b"z",
-                key: b"k",
-                period: 1,
-                limit: 100,
-                n: 1,
-                fresh: Fresh::No
-            },
-            Due::Hold(9_500, 2)
-        ),
+        b.add(id(0, 1, 6), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Hold(9_500, 2)),
         Some(1)
     );
     let (out, _) = b.drain_due(2, 100, 1 << 20);
@@ -346,16 +273,8 @@ fn held_increments_past_the_room_or_near_the_limit_are_not_carried() {
 #[test]
 fn a_delete_drops_carried_increments_too() {
     let mut b = Batch::new(100, 1 << 20);
-    b.add(
-        id(0, 1, 5),
-        &Increment { namespace: b"z", key: b"k", period: 1, limit: 100, n: 2, fresh: Fresh::No },
-        Due::Hold(9_000, 10),
-    );
-    b.add(
-        id(0, 1, 6),
-        &Increment { namespace: b"z", key: b"k", period: 1, limit: 100, n: 1, fresh: Fresh::No },
-        Due::Hold(9_000, 10),
-    );
+    b.add(id(0, 1, 5), &inc(b"z", b"k", 1, 100, 2, Fresh::No), Due::Hold(9_000, 10));
+    b.add(id(0, 1, 6), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Hold(9_000, 10));
     assert_eq!(b.pending(0), 3);
     let tag = redis_tag(b"z", b"k");
     assert!(b.delete(Delete { zone: 0, entry: [1, 0], tag, period: 1, window: 6 }));
@@ -376,26 +295,8 @@ fn bounds_follow_the_zones_size() {
 #[test]
 fn a_push_near_the_limit_sends_what_the_key_held_of_earlier_windows_with_it() {
     let mut b = Batch::new(100, 1 << 20);
-    b.add(
-        id(0, 1, 5),
-        &Increment { namespace: b"z", key: b"k", period: 1, limit: 100, n: 3, fresh: Fresh::No },
-        Due::Hold(9_000, 10),
-    );
-    assert_eq!(
-        b.add(
-            id(0, 1, 6),
-            &Increment {
-                namespace: b"z",
-                key: b"k",
-                period: 1,
-                limit: 100,
-                n: 1,
-                fresh: Fresh::No
-            },
-            Due::Now
-        ),
-        Some(0)
-    );
+    b.add(id(0, 1, 5), &inc(b"z", b"k", 1, 100, 3, Fresh::No), Due::Hold(9_000, 10));
+    assert_eq!(b.add(id(0, 1, 6), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Now), Some(0));
     let (out, _) = b.drain_due(0, 100, 1 << 20);
     let mut got: Vec<(u64, u32)> = out.iter().map(|(i, it)| (i.window, it.total())).collect();
     got.sort_unstable();
@@ -405,78 +306,12 @@ fn a_push_near_the_limit_sends_what_the_key_held_of_earlier_windows_with_it() {
 #[test]
 fn an_item_is_far_from_its_limit_until_a_push_is_near_it() {
     let mut b = Batch::new(100, 1 << 20);
-    b.add(
-        id(0, 1, 5),
-        &Increment {
-            namespace: b"z",
-            key: b"far",
-            period: 1,
-            limit: 100,
-            n: 1,
-            fresh: Fresh::Maybe,
-        },
-        Due::Hold(9_000, 10),
-    );
-    b.add(
-        id(0, 1, 5),
-        &Increment {
-            namespace: b"z",
-            key: b"far",
-            period: 1,
-            limit: 100,
-            n: 1,
-            fresh: Fresh::Maybe,
-        },
-        Due::By(2_000),
-    );
-    b.add(
-        id(0, 2, 5),
-        &Increment {
-            namespace: b"z",
-            key: b"near",
-            period: 1,
-            limit: 100,
-            n: 1,
-            fresh: Fresh::Alone,
-        },
-        Due::Hold(9_000, 10),
-    );
-    b.add(
-        id(0, 2, 5),
-        &Increment {
-            namespace: b"z",
-            key: b"near",
-            period: 1,
-            limit: 100,
-            n: 1,
-            fresh: Fresh::Alone,
-        },
-        Due::Now,
-    );
-    b.add(
-        id(0, 3, 5),
-        &Increment {
-            namespace: b"z",
-            key: b"mixed",
-            period: 1,
-            limit: 100,
-            n: 1,
-            fresh: Fresh::Alone,
-        },
-        Due::Hold(9_000, 10),
-    );
-    b.add(
-        id(0, 3, 5),
-        &Increment {
-            namespace: b"z",
-            key: b"mixed",
-            period: 1,
-            limit: 100,
-            n: 1,
-            fresh: Fresh::Maybe,
-        },
-        Due::Hold(9_000, 10),
-    );
+    b.add(id(0, 1, 5), &inc(b"z", b"far", 1, 100, 1, Fresh::Maybe), Due::Hold(9_000, 10));
+    b.add(id(0, 1, 5), &inc(b"z", b"far", 1, 100, 1, Fresh::Maybe), Due::By(2_000));
+    b.add(id(0, 2, 5), &inc(b"z", b"near", 1, 100, 1, Fresh::Alone), Due::Hold(9_000, 10));
+    b.add(id(0, 2, 5), &inc(b"z", b"near", 1, 100, 1, Fresh::Alone), Due::Now);
+    b.add(id(0, 3, 5), &inc(b"z", b"mixed", 1, 100, 1, Fresh::Alone), Due::Hold(9_000, 10));
+    b.add(id(0, 3, 5), &inc(b"z", b"mixed", 1, 100, 1, Fresh::Maybe), Due::Hold(9_000, 10));
     let (items, _) = b.drain();
     let got = |e: u64| items.iter().find(|(i, _)| i.entry[0] == e).map(|(_, it)| it.clone());
     let far = got(1).expect("far item");
