@@ -34,6 +34,7 @@ failure and on Ctrl-C. Python 3.11 stdlib, wrk and redis-server only.
 """
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -74,9 +75,17 @@ def on_signal(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def start_redis(work):
-    """redis-server on a free port, its files in work/redis."""
-    return servers.RedisServer(os.path.join(work, "redis"), registry=STARTED).start(timeout=10.0)
+def start_redis(work, name="redis"):
+    """redis-server on a free port, its files in work/<name>."""
+    return servers.RedisServer(os.path.join(work, name), registry=STARTED).start(timeout=10.0)
+
+
+def share_figures(port):
+    """The outage zone's Redis figures from a node's metrics page."""
+    status, _, body, _ = servers.http_get(port, "/metrics?format=json", timeout=5)
+    if status != 200:
+        raise RuntimeError(f"/metrics on port {port} answered {status}")
+    return json.loads(body.decode())["zones"]["sh"]["redis"]
 
 
 def commands(redis):
@@ -147,6 +156,8 @@ http {{
     redis_ratelimit_zone $arg_k zone=acc:10m redis={redis};
     redis_ratelimit_zone $binary_remote_addr zone=st:10m redis={redis};
     redis_ratelimit_zone $http_x_key zone=sk:10m redis={redis};
+    # the outage case: a Redis of its own, killed at the end
+    redis_ratelimit_zone $arg_k zone=sh:1m redis={outage} on_error=share timeout=200ms;
 
     # rejections are logged at info, below error_log's level: no log cost
     redis_ratelimit_log_level info;
@@ -180,6 +191,7 @@ http {{
         location = /s {{ redis_ratelimit acc 200r/s; try_files /f.txt =404; }}
         location = /st {{ redis_ratelimit st 1000000000r/s strict; try_files /f.txt =404; }}
         location = /sk {{ redis_ratelimit sk 6000r/m strict; try_files /f.txt =404; }}
+        location = /sh {{ redis_ratelimit sh 400r/h; try_files /f.txt =404; }}
         location = /z {{ return 429; }}
         location = /metrics {{ redis_ratelimit_metrics; }}
     }}
@@ -191,13 +203,14 @@ class Nginx(servers.NginxServer):
     """One benchmark nginx: 1 worker (optionally pinned to a CPU), the
     module's zones on one Redis, f.txt served by every case."""
 
-    def __init__(self, binary, module, work, name, port, redis_port, cpu, workers=1):
+    def __init__(self, binary, module, work, name, port, redis_port, cpu, workers=1, outage_port=1):
         super().__init__(binary, os.path.join(work, name), port, workers=workers, name=name,
                          registry=STARTED)
         with open(os.path.join(self.prefix, "html", "f.txt"), "wb") as f:
             f.write(FILE_BODY)
         conf = NGINX_CONF.format(
             module=module, port=port, redis=f"redis://127.0.0.1:{redis_port}", workers=workers,
+            outage=f"redis://127.0.0.1:{outage_port}",
             affinity=(f"worker_cpu_affinity {1 << cpu:b};" if cpu is not None else ""))
         with open(self.conf_path, "w") as f:
             f.write(conf)
@@ -513,6 +526,7 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
     t_start = time.time()
     redis = start_redis(work)
     redis_port = redis.port
+    outage = start_redis(work, "redis-outage")
     a_port, b_port = servers.free_port(), servers.free_port()
     # Run private copies: a concurrent `make build` rewrites build/ in place,
     # which would crash (SIGBUS/SIGSEGV) an nginx that has the files mapped.
@@ -525,11 +539,12 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
     os.chmod(binary, 0o755)
     os.chmod(module, 0o755)
     c_port, d_port = servers.free_port(), servers.free_port()
-    na = Nginx(binary, module, work, "a", a_port, redis_port, cpu_nginx)
-    nb = Nginx(binary, module, work, "b", b_port, redis_port, cpu_nginx_b)
+    op = outage.port
+    na = Nginx(binary, module, work, "a", a_port, redis_port, cpu_nginx, outage_port=op)
+    nb = Nginx(binary, module, work, "b", b_port, redis_port, cpu_nginx_b, outage_port=op)
     # c: 2 workers (the hot key with two workers); c and d: the four-node cases
-    nc = Nginx(binary, module, work, "c", c_port, redis_port, None, workers=2)
-    nd = Nginx(binary, module, work, "d", d_port, redis_port, None)
+    nc = Nginx(binary, module, work, "c", c_port, redis_port, None, workers=2, outage_port=op)
+    nd = Nginx(binary, module, work, "d", d_port, redis_port, None, outage_port=op)
     for n in (na, nb, nc, nd):
         n.start()
     stats = os.path.join(HERE, "stats.lua")
@@ -823,6 +838,38 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
                       f"160 % together (sent {sent}, max lag {max(o[2] for o in out) * 1000:.1f} ms)",
                       "200r/s", f"{sent:,}", allowed, f"{v:.3f} (rate ÷ L)", "≤ 1.05",
                       mark(v <= 1.05)])
+
+        log("accuracy: four nodes while their Redis is down (on_error=share)")
+        ports = (a_port, b_port, c_port, d_port)
+        deadline = time.time() + 15
+        while time.time() < deadline and any(share_figures(p)["nodes"] != 4 for p in ports):
+            time.sleep(0.2)
+        known = [share_figures(p)["nodes"] for p in ports]
+        outage.stop(quick=True, sig=signal.SIGKILL)
+        deadline = time.time() + 15
+        while time.time() < deadline and any(share_figures(p)["up"] for p in ports):
+            time.sleep(0.2)
+        out = [None] * 4
+        path = f"/sh?k=outage-{stamp}".encode()
+
+        def node_outage(i, port):
+            out[i] = paced(port, path, 40, 5, conns=2)
+
+        ts = [threading.Thread(target=node_outage, args=(i, p), daemon=True)
+              for i, p in enumerate(ports)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        if any(o is None for o in out):
+            raise RuntimeError("outage case: a pacing client did not finish")
+        sent = sum(o[0] for o in out)
+        allowed = sum(o[1] for o in out)
+        v = allowed / 400
+        arows.append([f"f. four nodes (N learnt: {known}), their Redis killed (SIGKILL), on_error=share: "
+                      f"a key first seen during the outage, each node paced at 40 req/s for 5 s "
+                      f"({' + '.join(str(o[1]) for o in out)})",
+                      "400r/h", f"{sent:,}", allowed, f"{v:.3f}", "≤ 1.25", mark(v <= 1.25)])
 
         print("## Accuracy")
         print()

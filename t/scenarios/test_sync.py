@@ -172,7 +172,7 @@ def carries(h, path):
     counters, ttls = seen, list(ttls.values())
     h.check(landed, "every count reaches Redis: %d of %d" % (sum(seen.values()), sent))
     h.check(len(windows) >= 5, "the requests spanned %d windows" % len(windows))
-    h.check(len(counters) <= 3, "carried: %d counters for %d windows" % (len(counters), len(windows)))
+    h.check(len(counters) <= 4, "carried: %d counters for %d windows" % (len(counters), len(windows)))
     h.check(all(0 < t <= 2000 for t in ttls), "every counter expires within 2 periods (ms): %s" % ttls)
     return incr, sets, exp
 
@@ -181,14 +181,15 @@ def test_quiet_key_carries_its_counts_across_windows(h):
     """1000r/s, default hold=5s: a key seen 4 times a second for 4.5 s
     (five or six 1 s windows) is far from its limit, so the node carries
     what it holds from window to window and sends it into the counter of
-    the window current when it goes: every count reaches Redis, in at most
+    the window current when it goes: every count reaches Redis, in two or
     three counters (until its first reply a node holds little of a key it
     does not know: one node in 32, 3 requests at this limit; then the rest
-    is carried into one), for at most three INCRBY (or SET NX EX, below) —
-    against one INCRBY and one EXPIRE per window without carrying. Each
+    is carried into one; a first reply later than a window, on a busy
+    machine, costs one more), for at most four INCRBY (or SET NX EX, below)
+    — against one INCRBY and one EXPIRE per window without carrying. Each
     counter has its TTL."""
     incr, sets, exp = carries(h, "/q")
-    h.check(incr + sets <= 3, "carried: %d INCRBY + %d SET" % (incr, sets))
+    h.check(incr + sets <= 4, "carried: %d INCRBY + %d SET" % (incr, sets))
     h.check(exp <= incr, "an EXPIRE only for a counter an INCRBY made: %d EXPIRE, %d INCRBY" % (exp, incr))
 
 
