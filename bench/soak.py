@@ -1059,6 +1059,11 @@ def summarize(run, args):
                sum(a for a, _ in judged) / max(1, len(judged)), len(over),
                len(outage_w), max([a for a, _ in outage_w] or [0])),
             not over and bool(busy))
+        if over:
+            fails.append('strict key "%s": %d judged window(s) over 1.05 x L (max %d of %d)'
+                         % (kname(key), len(over), max(over), STRICT_RATE))
+        elif not busy:
+            fails.append('strict key "%s": no judged window had more demand than L' % kname(key))
 
     # hot keys
     margin = args.margin
