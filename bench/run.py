@@ -352,6 +352,24 @@ def shm_bytes_per_key(port, zone_bytes):
         c.close()
 
 
+def paced_all(ports, path, rate, duration, what):
+    """`paced` on every port at once, two connections each: one result per
+    port."""
+    out = [None] * len(ports)
+
+    def one(i, port):
+        out[i] = paced(port, path, rate, duration, conns=2)
+
+    ts = [threading.Thread(target=one, args=(i, p), daemon=True) for i, p in enumerate(ports)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(duration + 50)
+    if any(o is None for o in out):
+        raise RuntimeError(f"{what}: a pacing client did not finish")
+    return out
+
+
 def paced(port, path, rate, duration, conns=4):
     """Sends `rate` req/s for `duration` s, evenly spaced, over `conns`
     keep-alive connections (connection i takes slots i, i+conns, ...).
@@ -817,20 +835,8 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
         flood("d", [na, nb, nc, nd], 16, 1.05)
 
         log("accuracy: four nodes at 40 % of the limit each (10 s)")
-        out = [None] * 4
-        path = f"/s?k=share-{stamp}".encode()
-
-        def node_share(i, port):
-            out[i] = paced(port, path, 80, 10, conns=2)
-
-        ts = [threading.Thread(target=node_share, args=(i, p), daemon=True)
-              for i, p in enumerate((a_port, b_port, c_port, d_port))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(60)
-        if any(o is None for o in out):
-            raise RuntimeError("four-node 40 % case: a pacing client did not finish")
+        ports = (a_port, b_port, c_port, d_port)
+        out = paced_all(ports, f"/s?k=share-{stamp}".encode(), 80, 10, "four-node 40 % case")
         sent = sum(o[0] for o in out)
         allowed = sum(o[1] for o in out)
         v = allowed / 10 / 200
@@ -840,7 +846,6 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
                       mark(v <= 1.05)])
 
         log("accuracy: four nodes while their Redis is down (on_error=share)")
-        ports = (a_port, b_port, c_port, d_port)
         deadline = time.time() + 15
         while time.time() < deadline and any(share_figures(p)["nodes"] != 4 for p in ports):
             time.sleep(0.2)
@@ -849,20 +854,7 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
         deadline = time.time() + 15
         while time.time() < deadline and any(share_figures(p)["up"] for p in ports):
             time.sleep(0.2)
-        out = [None] * 4
-        path = f"/sh?k=outage-{stamp}".encode()
-
-        def node_outage(i, port):
-            out[i] = paced(port, path, 40, 5, conns=2)
-
-        ts = [threading.Thread(target=node_outage, args=(i, p), daemon=True)
-              for i, p in enumerate(ports)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(60)
-        if any(o is None for o in out):
-            raise RuntimeError("outage case: a pacing client did not finish")
+        out = paced_all(ports, f"/sh?k=outage-{stamp}".encode(), 40, 5, "outage case")
         sent = sum(o[0] for o in out)
         allowed = sum(o[1] for o in out)
         v = allowed / 400

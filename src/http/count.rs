@@ -85,6 +85,9 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
     NGX_OK as ngx_int_t
 }
 
+/// An entry of a zone: its index and the entry's id.
+type Entry = (usize, [u64; 2]);
+
 /// Sends the counts of limits Redis decides down the zone's strict link
 /// (the engine counted them in flight): on that one connection they reach
 /// Redis before this worker's next check of the key. One per entry, at the
@@ -95,29 +98,34 @@ fn send_later(mcf: &MainConf, asks: &[Ask<'_>], now: u64) {
     let Some(ch) = crate::worker::channel::channel() else {
         return;
     };
-    let mut seen: SmallVec<[[u64; 2]; 4]> = SmallVec::new();
+    // each ask's entry (zone, id), hashed once
+    let entries: SmallVec<[Option<Entry>; 4]> = asks
+        .iter()
+        .map(|a| {
+            let shared = mcf.zones.get(a.zone)?.shared.as_ref()?;
+            Some((a.zone, engine::entry_id(shared, a)))
+        })
+        .collect();
     let mut sends = Vec::new();
-    for a in asks {
-        let Some(shared) = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()) else {
+    for (i, a) in asks.iter().enumerate() {
+        let Some(here) = entries[i] else {
             continue;
         };
-        let entry = engine::entry_id(shared, a);
-        if seen.contains(&entry) {
-            continue;
-        }
-        seen.push(entry);
-        if a.strict != Strict::Later {
+        // the first limit of the entry sends, if Redis decides it
+        if entries[..i].contains(&Some(here)) || a.strict != Strict::Later {
             continue;
         }
         let cost = asks
             .iter()
-            .filter(|o| o.zone == a.zone && engine::entry_id(shared, o) == entry)
-            .map(|o| o.cost)
+            .zip(&entries)
+            .filter(|(_, e)| **e == Some(here))
+            .map(|(o, _)| o.cost)
             .max()
             .unwrap_or(a.cost);
         if cost == 0 {
             continue;
         }
+        let entry = here.1;
         sends.push(StrictAsk {
             ticket: waits::NO_TICKET,
             id: ItemId {

@@ -45,6 +45,11 @@ NGINX_BIN = os.environ.get("SCENARIO_NGINX", os.path.join(ROOT, "build", "sbin",
 MODULE_SO = os.environ.get(
     "SCENARIO_MODULE",
     os.path.join(ROOT, "build", "modules", "ngx_http_redis_ratelimit_module.so"))
+# Debian's nginx with its Lua module and the module built for it (make
+# build-debian): the Lua examples and tests
+DEBIAN_NGINX = "/usr/sbin/nginx"
+DEBIAN_MODULE = os.path.join(ROOT, "build", "debian", "modules", "ngx_http_redis_ratelimit_module.so")
+LUA_MODULES = ("/usr/lib/nginx/modules/ndk_http_module.so", "/usr/lib/nginx/modules/ngx_http_lua_module.so")
 REDIS_SERVER = os.environ.get("SCENARIO_REDIS_SERVER") or shutil.which("redis-server") or "redis-server"
 
 

@@ -37,12 +37,9 @@ import shutil
 import subprocess
 
 import harness
-from harness import ROOT
+from harness import DEBIAN_MODULE, DEBIAN_NGINX, LUA_MODULES, ROOT
 from test_tls import example_certificates
 
-DEBIAN_NGINX = "/usr/sbin/nginx"
-DEBIAN_MODULE = os.path.join(ROOT, "build", "debian", "modules", "ngx_http_redis_ratelimit_module.so")
-LUA_MODULES = ("/usr/lib/nginx/modules/ndk_http_module.so", "/usr/lib/nginx/modules/ngx_http_lua_module.so")
 LOAD = "load_module modules/ngx_http_redis_ratelimit_module.so;\n"
 KINDS = ("complete", "main", "http", "server", "location", "lua")
 README_MAX_LINES = 300

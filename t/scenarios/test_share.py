@@ -11,11 +11,10 @@ counted lands in it, once. Lua callers, deciding through the same
 engine, get the same."""
 
 import json
-import os
 import signal
 import time
 
-from harness import ROOT, wait_for, write_file
+from harness import DEBIAN_MODULE, DEBIAN_NGINX, LUA_MODULES, ROOT, wait_for, write_file
 
 L = 40
 HTTP = "    redis_ratelimit_zone $arg_k zone=sh:1m redis=%s on_error=%s timeout=200ms;\n"
@@ -119,9 +118,6 @@ def test_with_on_error_local_each_node_passes_its_own_limit(h):
     h.check(sum(even) == 4 * L, "a fresh key: L on each node, 4 L in all (%d)" % sum(even))
 
 
-DEBIAN_NGINX = "/usr/sbin/nginx"
-DEBIAN_MODULE = os.path.join(ROOT, "build", "debian", "modules", "ngx_http_redis_ratelimit_module.so")
-LUA_MODULES = ("/usr/lib/nginx/modules/ndk_http_module.so", "/usr/lib/nginx/modules/ngx_http_lua_module.so")
 LUA_CONF = """load_module %s;
 load_module %s;
 load_module %s;
