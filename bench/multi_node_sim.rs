@@ -20,9 +20,10 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use common::{Arrivals, Kind, Rng, SlidingLog};
 use ratelimit_core::counter::{
-    cap_to_share, check, confirm, count, counter_is_new, stale_after_ms, wait, Confirmation,
+    check, confirm, count, counter_is_new, stale_after_ms, wait, Confirmation,
 };
 use ratelimit_core::rate::Rate;
+use ratelimit_core::share::cap_to_share;
 use ratelimit_core::strict;
 use ratelimit_core::sync::{self, Due};
 use ratelimit_core::table::Entry;

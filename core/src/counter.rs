@@ -136,15 +136,11 @@ pub fn check_known(e: &mut Entry, rate: Rate, now_ms: u64, cost: u32) -> Check {
     c
 }
 
-/// How many nodes a node that has waited too long for its first reply of a
-/// key assumes flood it with it (`cap_to_share`).
-pub const UNHEARD_NODES: u16 = 8;
-
 /// The least time a node waits for Redis's answer to increments it sent
 /// promptly before its view of the key counts as stale; the zone's round
 /// trip adds to it (`stale_after_ms`). A node whose Redis thread does not
 /// get the CPU (a busy machine), or whose Redis stalls, must not keep
-/// spending the headroom it last saw (`cap_to_share`).
+/// spending the headroom it last saw (`share::cap_to_share`).
 pub const STALE_MIN_MS: u64 = 5;
 
 /// How long a node may wait for Redis's answer before its view counts as
@@ -176,119 +172,6 @@ pub fn waited_ms(e: &Entry, now_ms: u64) -> u64 {
         return 0;
     }
     u64::from((now_ms as u16).wrapping_sub(e.waiting_since))
-}
-
-/// Unconfirmed requests a node may always have near the limit, whatever
-/// its share (`cap_to_share`): a lone client's few requests in flight are
-/// never refused for a share learnt too small.
-pub const CAP_FLOOR: u64 = 4;
-
-/// Near the limit a node spends no more than its share of the headroom
-/// Redis confirmed before it hears back. With the near-limit rule every
-/// node sends at once from `L/2` on, but each would otherwise pass all of
-/// the headroom it sees during a round trip, and `N` nodes together up to
-/// `N` times it. A node whose share of the key's traffic is `f` keeps its
-/// unconfirmed requests within `max(CAP_FLOOR, ⌈f · (L − g)⌉)` (`g`: the
-/// estimate from Redis's counts alone): what all of them pass blind then
-/// adds up to the headroom (plus `CAP_FLOOR` a node) when the shares add
-/// up to 1. A request past it is rejected; the next reply (within a round
-/// trip) moves `g` and the cap on. A node alone learns a share near 1
-/// within a few replies (each one alone moves it a quarter of the way), and
-/// then spends the whole headroom.
-///
-/// Fresh (not waiting for Redis longer than `stale_ms`): no cap far from
-/// the limit, nor before the first reply (a lone client's burst on a fresh
-/// key gets the limit while Redis answers in time). Stale (waiting longer),
-/// near the limit or far from it: the node's share of the headroom, or an
-/// eighth of it before a first reply (`UNHEARD_NODES`): a node that has not
-/// heard back (first contact, a thread that did not run, a Redis that
-/// stalls) may be one of many flooding the key. Four nodes flooding a fresh
-/// key while Redis stalls then pass half of `L` blind together, not `L`
-/// each; a lone client at a modest rate goes on through a stall of seconds.
-/// Near the limit a stale share shrinks by `stale_ms / waited`: the
-/// headroom a node last saw is the older, and the more of it the others
-/// have spent, the longer it waits (nodes whose threads are starved in
-/// turn would otherwise each spend a share of a different, stale headroom).
-/// A node holding increments far from the limit waits for nothing (`wait`),
-/// and is never capped for it; nor is one whose backend is known down
-/// (`on_error` decides then: the caller passes an endless `stale_ms`).
-///
-/// Turns an allowed `c` into a rejection with a retry time of `retry_ms`
-/// from now.
-#[inline]
-pub fn cap_to_share(
-    e: &Entry,
-    rate: Rate,
-    now_ms: u64,
-    cost: u32,
-    retry_ms: u64,
-    stale_ms: u64,
-    c: &mut Check,
-) {
-    if !c.allowed || e.inflight == 0 {
-        return;
-    }
-    let waited = waited_ms(e, now_ms);
-    let stale = waited > stale_ms;
-    let near = c.estimate.remaining(rate.limit) <= (rate.limit / 2).saturating_add(cost);
-    if !stale && (!near || e.share == 0) {
-        return;
-    }
-    // stale before a first reply: as one of `UNHEARD_NODES`
-    let mut share = u64::from(if e.share == 0 { u16::MAX / UNHEARD_NODES } else { e.share });
-    if stale && near {
-        // near the limit, the headroom seen is older the longer the wait:
-        // the others spent it meanwhile
-        share = share * stale_ms / waited;
-    }
-    let p = rate.period_ms();
-    let known = Estimate::new(e.prev, e.cur, now_ms.saturating_sub(c.window_start_ms), p);
-    let headroom = u64::from(known.remaining(rate.limit));
-    let cap = (headroom * share).div_ceil(u64::from(u16::MAX)).max(CAP_FLOOR);
-    if u64::from(e.inflight) + u64::from(cost.max(1)) > cap {
-        c.allowed = false;
-        c.retry_at_ms = now_ms.saturating_add(retry_ms);
-    }
-}
-
-/// While Redis cannot be reached, with `on_error=share`: the node lets a
-/// key through only within its share of what Redis last left of the
-/// limit (`L − g`, `g` the estimate from Redis's counts alone): the share
-/// it learnt from Redis's replies (`Entry::share`), or `1/nodes` for a key
-/// it has none of (`nodes`: the nodes that counted through this Redis
-/// lately; 1 when not known). What all nodes pass blind then adds up to
-/// the headroom when the shares add up to 1, and a key first seen during
-/// the outage gets `L/N` on each node, not `L`. Never less than one
-/// request a window per node. This node's requests not confirmed by Redis
-/// (`inflight`: the outage's, and any sent before it without an answer)
-/// count against it; a new window starts with the previous one's count.
-///
-/// Turns an allowed `c` into a rejection until the window ends.
-#[inline]
-pub fn cap_to_fleet_share(
-    e: &Entry,
-    rate: Rate,
-    now_ms: u64,
-    cost: u32,
-    nodes: u32,
-    c: &mut Check,
-) {
-    if !c.allowed {
-        return;
-    }
-    let p = rate.period_ms();
-    let known = Estimate::new(e.prev, e.cur, now_ms.saturating_sub(c.window_start_ms), p);
-    let headroom = u64::from(known.remaining(rate.limit));
-    let share = if e.share == 0 {
-        u64::from(u16::MAX) / u64::from(nodes.clamp(1, u32::from(u16::MAX)))
-    } else {
-        u64::from(e.share)
-    };
-    let cap = (headroom * share).div_ceil(u64::from(u16::MAX)).max(1);
-    if u64::from(e.inflight) + u64::from(cost.max(1)) > cap {
-        c.allowed = false;
-        c.retry_at_ms = c.window_start_ms.saturating_add(p).max(now_ms);
-    }
 }
 
 /// Whether this node's increments of the entry's window probably create
@@ -489,8 +372,4 @@ pub fn keep_local(e: &mut Entry, window: u64, sent: u32) {
 
 #[cfg(test)]
 #[path = "counter_tests.rs"]
-mod tests;
-
-#[cfg(test)]
-#[path = "counter_cap_tests.rs"]
-mod cap_tests;
+pub(crate) mod tests;

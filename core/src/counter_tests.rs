@@ -34,9 +34,9 @@ fn cost_zero_checks_without_counting_and_cost_above_the_limit_never_passes() {
 }
 
 const R: Rate = Rate { limit: 10, period: 60 };
-pub(super) const T0: u64 = 1_700_000_040_000; // start of a minute
+pub(crate) const T0: u64 = 1_700_000_040_000; // start of a minute
 
-pub(super) fn fresh() -> Entry {
+pub(crate) fn fresh() -> Entry {
     Entry::default()
 }
 

@@ -17,6 +17,7 @@
 
 use crate::counter::{self, Check, Fresh};
 use crate::rate::Rate;
+use crate::share;
 use crate::sync::{self, Due};
 use crate::table::Entry;
 use crate::window::Estimate;
@@ -38,7 +39,7 @@ pub enum Mode {
     Deny,
     /// Backend down, `on_error=share`: counted here (sent when it is
     /// back), each key within this node's share of its limit
-    /// (`counter::cap_to_fleet_share`).
+    /// (`share::cap_to_fleet_share`).
     Share,
 }
 
@@ -149,7 +150,7 @@ pub struct Limit {
     pub mode: Mode,
     pub strict: Strict,
     /// How long the zone's increments may wait for Redis before the
-    /// node's view of a key counts as stale (`counter::cap_to_share`;
+    /// node's view of a key counts as stale (`share::cap_to_share`;
     /// `u64::MAX` while the backend is known down).
     pub stale_ms: u64,
     /// The zone's `hold=` (ms).
@@ -247,8 +248,8 @@ fn check(e: &mut Entry, l: &Limit, now_ms: u64) -> Checked {
         match l.mode {
             // near the limit, or waiting too long for Redis, no more than
             // this node's share of the headroom before Redis answers
-            Mode::Remote => counter::cap_to_share(e, l.rate, now_ms, l.cost, 1, l.stale_ms, &mut c),
-            Mode::Share => counter::cap_to_fleet_share(e, l.rate, now_ms, l.cost, l.nodes, &mut c),
+            Mode::Remote => share::cap_to_share(e, l.rate, now_ms, l.cost, 1, l.stale_ms, &mut c),
+            Mode::Share => share::cap_to_fleet_share(e, l.rate, now_ms, l.cost, l.nodes, &mut c),
             Mode::Local | Mode::Allow | Mode::Deny => {}
         }
         c
@@ -298,6 +299,9 @@ pub fn one(
     take: Take,
     queue: bool,
 ) -> (Decision, Option<Push>) {
+    if l.mode == Mode::Local {
+        return (local(e, l, now_ms, take), None);
+    }
     let mut checked = check(e, l, now_ms);
     let allowed = checked.check.allowed;
     let counted = take.counts(allowed) && l.mode.counts();
@@ -307,18 +311,20 @@ pub fn one(
         // `counter::estimate` gives now, without a second pass)
         checked.after = checked.check.estimate.plus(l.cost);
     }
-    let push = (send && queue).then(|| {
+    let push = if send && queue {
         let due = sync::when(l.rate, checked.after, e.inflight, e.share, now_ms, l.hold_ms);
         counter::wait(e, due.prompt(), now_ms);
-        Push {
+        Some(Push {
             limit_index: 0,
             window: checked.check.window,
             limit: l.rate.limit,
             n: l.cost,
             due,
             fresh: counter::fresh(e),
-        }
-    });
+        })
+    } else {
+        None
+    };
     let d = Decision {
         allowed,
         limit: if allowed { l.rate.limit } else { 0 },
@@ -327,6 +333,26 @@ pub fn one(
         checked,
     };
     (d, push)
+}
+
+/// `one` for a zone counting in this node's shared memory only: the
+/// counts decide, nothing goes to Redis (the embedded zone's whole path).
+#[inline(always)]
+fn local(e: &mut Entry, l: &Limit, now_ms: u64, take: Take) -> Decision {
+    let check = counter::check_cost(e, l.rate, now_ms, l.cost);
+    let allowed = check.allowed;
+    let mut after = check.estimate;
+    if take.counts(allowed) {
+        counter::count_cost(e, false, l.cost);
+        after = check.estimate.plus(l.cost);
+    }
+    Decision {
+        allowed,
+        limit: if allowed { l.rate.limit } else { 0 },
+        retry_at_ms: if allowed { now_ms } else { check.retry_at_ms },
+        tightest: 0,
+        checked: Checked { check, after },
+    }
 }
 
 /// The decision for a request of any limits (at least one).

@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod params;
 pub mod rate;
 pub mod resp;
+pub mod share;
 pub mod slots;
 pub mod stats;
 pub mod strict;

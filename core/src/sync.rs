@@ -8,7 +8,7 @@
 //!   more): at once, as every request was sent before this rule. This is
 //!   what keeps floods exact: from `L/2` on, every node hears of the others
 //!   within a round trip (and spends no more than its share of the
-//!   headroom meanwhile: `counter::cap_to_share`).
+//!   headroom meanwhile: `share::cap_to_share`).
 //! - **far**: the node may hold its unsent increments `u` of the key while
 //!   `u ≤ f · (L/2 − g) / 4`, where `g` is what it knows of the key from
 //!   Redis (its estimate less `u`) and `f` its share of the key's traffic,
@@ -135,7 +135,7 @@ pub fn when(
     now_ms: u64,
     hold_ms: u64,
 ) -> Due {
-    if after.remaining(rate.limit) <= rate.limit / 2 {
+    if after.remaining_at_most(rate.limit, rate.limit / 2) {
         return Due::Now;
     }
     let known = after.value() - f64::from(unsent);

@@ -79,6 +79,15 @@ impl Estimate {
         ((cap - self.scaled).div_ceil(self.period_ms)).min(u64::from(u32::MAX)) as u32
     }
 
+    /// Whether `remaining(limit) <= n`, without its division (the hot
+    /// path asks this of every request near or far from the limit).
+    #[inline(always)]
+    pub fn remaining_at_most(&self, limit: u32, n: u32) -> bool {
+        // ceil(a / p) <= n  <=>  a <= n * p, for a >= 0 and p > 0
+        let cap = u64::from(limit).saturating_mul(self.period_ms);
+        cap.saturating_sub(self.scaled) <= u64::from(n).saturating_mul(self.period_ms)
+    }
+
     /// The estimate once `n` more requests are counted in the current
     /// window (what `new` gives with `cur + n`, without computing it again).
     #[inline]
@@ -211,6 +220,28 @@ mod tests {
         assert_eq!(Estimate::new(0, 10, 0, p).remaining(10), 0);
         assert_eq!(Estimate::new(0, 11, 0, p).remaining(10), 0);
         assert_eq!(Estimate::new(0, 0, 0, p).remaining(10), 10);
+    }
+
+    #[test]
+    fn remaining_at_most_agrees_with_remaining() {
+        for p in [1000u64, 60_000, 86_400_000] {
+            for prev in [0u32, 1, 3, 7, 10, 11, 1000] {
+                for cur in [0u32, 1, 2, 5, 9, 10, 12, 999] {
+                    for elapsed in [0u64, 1, p / 3, p / 2, p - 1, p] {
+                        let est = Estimate::new(prev, cur, elapsed, p);
+                        for limit in [1u32, 2, 5, 10, 20, 1000] {
+                            for n in [0u32, 1, 2, 5, 10, 500, u32::MAX] {
+                                assert_eq!(
+                                    est.remaining_at_most(limit, n),
+                                    est.remaining(limit) <= n,
+                                    "p {p} prev {prev} cur {cur} t {elapsed} L {limit} n {n}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -128,6 +128,7 @@ impl Channel {
     /// as possible. The thread is woken only when the increment is due
     /// before it planned to wake, or when what waits holds more bytes than
     /// the hold budget.
+    #[inline]
     pub fn push(&self, id: ItemId, inc: Increment<'_>, send: Due) -> bool {
         let mut b = self.batch.lock();
         let added = b.add(id, &inc, send);

@@ -186,25 +186,37 @@ fn limit(
     entry: usize,
     channel: Option<&std::sync::Arc<Channel>>,
 ) -> Limit {
+    let Some(ch) = channel else {
+        // no Redis thread in this process: every zone counts here
+        let mode = if a.strict == Strict::Failed {
+            mode::failed(&mcf.zones[a.zone], false)
+        } else {
+            Mode::Local
+        };
+        let stale_ms = ratelimit_core::counter::STALE_MIN_MS;
+        return Limit {
+            entry,
+            rate: a.rate,
+            cost: a.cost,
+            mode,
+            strict: a.strict,
+            stale_ms,
+            hold_ms: 0,
+            nodes: 0,
+        };
+    };
     let zone = &mcf.zones[a.zone];
-    let up = channel.map(|ch| ch.is_up(a.zone));
+    let up = ch.is_up(a.zone);
     let mode = match a.strict {
-        Strict::Failed => mode::failed(zone, channel.is_some()),
-        _ => mode::of(zone, up),
+        Strict::Failed => mode::failed(zone, true),
+        _ => mode::of(zone, Some(up)),
     };
     // how long increments may wait for Redis before a view is stale
-    // (`counter::cap_to_share`); forever while the backend is known down
+    // (`share::cap_to_share`); forever while the backend is known down
     // (`on_error` decides then)
-    let stale_ms = match (channel, up) {
-        (Some(ch), Some(true)) => ch.stale_ms(a.zone),
-        (Some(_), _) => u64::MAX,
-        (None, _) => ratelimit_core::counter::STALE_MIN_MS,
-    };
+    let stale_ms = if up { ch.stale_ms(a.zone) } else { u64::MAX };
     let hold_ms = zone.params.as_ref().map_or(0, |p| p.hold_ms);
-    let nodes = match (mode, channel) {
-        (Mode::Share, Some(ch)) => ch.nodes(a.zone),
-        _ => 0,
-    };
+    let nodes = if mode == Mode::Share { ch.nodes(a.zone) } else { 0 };
     Limit { entry, rate: a.rate, cost: a.cost, mode, strict: a.strict, stale_ms, hold_ms, nodes }
 }
 

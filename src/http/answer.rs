@@ -211,39 +211,30 @@ pub(super) fn finish(
     if rejected {
         log_rejection(r, mcf, lcf, tightest, d);
     }
-    let mut st =
-        RequestState { outcome, after: d.checked.after, limit: d.limit, deferred: ptr::null() };
-    if mcf.count_if && !rejected {
-        defer(r, lcf, limits, &mut st)?;
-    }
-    if !record(r, st) {
+    let deferred = if mcf.count_if && !rejected { defer(r, lcf, limits)? } else { ptr::null() };
+    if !record(r, RequestState { outcome, after: d.checked.after, limit: d.limit, deferred }) {
         return Err(());
     }
     if lcf.headers == HEADERS_OFF && !rejected {
         return Ok(NGX_DECLINED as ngx_int_t);
     }
-    headers(r, mcf, lcf, now, limits, d)
+    headers(r, mcf, lcf, now, limits, *d)
 }
 
 /// Keeps the `count_if=` limits the request passed, with their keys and
-/// rates as checked, for the log phase (`count.rs`).
+/// rates as checked, for the log phase (`count.rs`) (null: none).
 #[cold]
 #[inline(never)]
-fn defer(
-    r: &ngx_http_request_t,
-    lcf: &LocConf,
-    asks: &[Ask<'_>],
-    st: &mut RequestState,
-) -> Result<(), ()> {
+fn defer(r: &ngx_http_request_t, lcf: &LocConf, asks: &[Ask<'_>]) -> Result<*const Deferred, ()> {
     let Some(lines) = lcf.limits.as_deref() else {
-        return Ok(());
+        return Ok(ptr::null());
     };
     let later = |a: &&Ask<'_>| {
         lines.get(a.line as usize).is_some_and(|l| l.count_if.is_some()) && !a.key.is_empty()
     };
     let n = asks.iter().filter(later).count();
     if n == 0 {
-        return Ok(());
+        return Ok(ptr::null());
     }
     // SAFETY: the main request's pool lives as long as the request; the
     // header, its entries and the key copies are written before anything
@@ -268,9 +259,8 @@ fn defer(
                 Counted { line: a.line, rate: a.rate, key, key_len: a.key.len() },
             );
         }
-        st.deferred = d;
+        Ok(d)
     }
-    Ok(())
 }
 
 /// The log line of a rejected request (at `redis_ratelimit_log_level`).
@@ -304,7 +294,7 @@ fn headers(
     lcf: &LocConf,
     now: u64,
     limits: &[Ask<'_>],
-    d: &Decision,
+    d: Decision,
 ) -> Result<ngx_int_t, ()> {
     let rejected = !d.allowed;
     let remaining = d.remaining();

@@ -1,7 +1,8 @@
-//! `counter::cap_to_share` and the wait for Redis's answers: what a node
-//! passes blind near the limit, and once its view is stale.
-use super::tests::{fresh, T0};
+//! `cap_to_share` and the wait for Redis's answers: what a node passes
+//! blind near the limit, and once its view is stale; `cap_to_fleet_share`.
 use super::*;
+use crate::counter::tests::{fresh, T0};
+use crate::counter::*;
 
 /// Near the limit each node spends its share of the confirmed headroom.
 fn capped(e: &mut Entry, rate: Rate, now: u64) -> bool {
