@@ -4,7 +4,9 @@
 # requests to one location, and the same with 200 requests; the difference
 # divided by (N - 200) is the cost of one request. Locations: a static file
 # (baseline), the same behind limit_req, behind an embedded zone, and
-# behind the same zone with its rate from a map (tiers).
+# behind the same zone with its rate from a map (tiers); with redis-server,
+# one key through Redis, strict, and 10 000 keys behind limit_req and a
+# Redis zone (the many-key cases of make bench).
 #
 #   bash bench/callgrind.sh [N]        (needs valgrind; about a minute)
 #   CALLGRIND_MODULE=/path/to/module.so bash bench/callgrind.sh   (another build)
@@ -56,10 +58,14 @@ sed -e 's|^    server {|    map $arg_plan $tier_rate { default 1000000000r/s; }\
 cat > "$work/load.py" <<'PY'
 import socket, sys
 port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+keys = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 s = socket.create_connection(("127.0.0.1", port))
 req = ("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode()
 buf = b""
-for _ in range(n):
+for i in range(n):
+    if keys:
+        # X-Key k0 .. k<keys-1>, in turn
+        req = ("GET %s HTTP/1.1\r\nHost: x\r\nX-Key: k%d\r\n\r\n" % (path, i % keys)).encode()
     s.sendall(req)
     while b"\r\n\r\nok\n" not in buf:
         d = s.recv(65536)
@@ -69,7 +75,7 @@ for _ in range(n):
     buf = buf[buf.index(b"\r\n\r\nok\n") + 7:]
 s.close()
 PY
-run() { # location requests [conf] -> instructions
+run() { # location requests [conf [keys]] -> instructions
     valgrind --tool=callgrind --callgrind-out-file="$work/out" build/sbin/nginx \
         -p "$work/" -c "conf/${3:-nginx.conf}" > "$work/vg.log" 2>&1 &
     nginx_pid=$!
@@ -77,7 +83,7 @@ run() { # location requests [conf] -> instructions
         (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
         sleep 0.2
     done
-    python3 "$work/load.py" "$port" "$1" "$2"
+    python3 "$work/load.py" "$port" "$1" "$2" "${4:-0}"
     kill -QUIT "$nginx_pid"; wait "$nginx_pid" 2>/dev/null || true; nginx_pid=
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$work/vg.log"
 }
@@ -89,6 +95,16 @@ per_request() { # location [conf]
     small=$(run "$1" 200 "${2:-}")
     total=$(run "$1" "$n" "${2:-}")
     echo $(( (total - small) / (n - 200) ))
+}
+# many keys: X-Key over `keys` values in turn, `rounds` times; the first
+# round (every key new) is the baseline taken away, so the figure is what
+# a request of a key seen before costs, its table and batch entries found
+# among `keys` others
+many_per_request() { # location conf keys rounds
+    local first total
+    first=$(run "$1" "$3" "$2" "$3")
+    total=$(run "$1" $(( $3 * $4 )) "$2" "$3")
+    echo $(( (total - first) / ($3 * ($4 - 1)) ))
 }
 for loc in base limit_req embedded; do
     per=$(per_request "/$loc")
@@ -117,6 +133,18 @@ if command -v redis-server >/dev/null; then
     # sent and read on the event loop)
     strict=$(per_request /strict strict.conf)
     echo "| /strict (one key, each request waits for Redis's decision, all threads; strict.conf) | $strict | $(( strict - base )) |"
+    # 10 000 keys, far below their limits: limit_req and a Redis zone on
+    # the same key variable and zone size (bench/run.py's many-key cases)
+    sed -e "s|^    server {|    limit_req_zone \$http_x_key zone=lrk:10m rate=100r/s;\n    redis_ratelimit_zone \$http_x_key zone=km:10m redis=redis://127.0.0.1:$rport;\n    server {|" \
+        -e 's|^    }$|        location = /lrk { root html; try_files /b =404; limit_req zone=lrk burst=1000000 nodelay; }\n        location = /redis-10k { root html; try_files /b =404; redis_ratelimit km 6000r/m; }\n    }|' \
+        "$work/conf/nginx.conf" > "$work/conf/keys.conf"
+    keys=${CALLGRIND_KEYS:-10000}
+    lrk=$(many_per_request /lrk keys.conf "$keys" 3)
+    rk=$(many_per_request /redis-10k keys.conf "$keys" 3)
+    echo "| /lrk (limit_req, $keys keys by X-Key; keys.conf) | $lrk | $(( lrk - base )) |"
+    echo "| /redis-10k ($keys keys by X-Key through Redis, 6000r/m, all threads; keys.conf) | $rk | $(( rk - base )) |"
+    echo
+    echo "many keys: /redis-10k ÷ /lrk = $(( rk * 1000 / lrk )) per mille (X-Key's header adds to both and to neither baseline)"
 fi
 fixed=$(per_request /embedded map.conf)
 mapped=$(per_request /embedded-map map.conf)
