@@ -18,11 +18,18 @@ pub struct Calls<K, G> {
     waiting: HashMap<K, G, Fast>,
     busy: HashSet<K, Fast>,
     flight: VecDeque<(K, G, Instant)>,
+    /// The keys `write` moves, a buffer it reuses.
+    ready: Vec<K>,
 }
 
 impl<K: Hash + Eq + Copy, G> Default for Calls<K, G> {
     fn default() -> Self {
-        Calls { waiting: HashMap::default(), busy: HashSet::default(), flight: VecDeque::new() }
+        Calls {
+            waiting: HashMap::default(),
+            busy: HashSet::default(),
+            flight: VecDeque::new(),
+            ready: Vec::new(),
+        }
     }
 }
 
@@ -37,14 +44,16 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// written.
     pub fn write(&mut self, at: Instant) -> impl Iterator<Item = &G> {
         let start = self.flight.len();
-        let ready: Vec<K> =
-            self.waiting.keys().filter(|k| !self.busy.contains(k)).copied().collect();
-        for k in ready {
+        let mut ready = std::mem::take(&mut self.ready);
+        ready.clear();
+        ready.extend(self.waiting.keys().filter(|k| !self.busy.contains(k)).copied());
+        for &k in &ready {
             if let Some(g) = self.waiting.remove(&k) {
                 self.busy.insert(k);
                 self.flight.push_back((k, g, at));
             }
         }
+        self.ready = ready;
         self.flight.range(start..).map(|(_, g, _)| g)
     }
 

@@ -355,7 +355,8 @@ fn local(e: &mut Entry, l: &Limit, now_ms: u64, take: Take) -> Decision {
     }
 }
 
-/// The decision for a request of any limits (at least one).
+/// The decision for a request of any limits (at least one), with what
+/// each limit said and the increments to queue.
 pub fn many<E: Entries + ?Sized>(
     entries: &mut E,
     limits: &[Limit],
@@ -363,8 +364,26 @@ pub fn many<E: Entries + ?Sized>(
     take: Take,
     queue: bool,
 ) -> (Decision, CheckedAll, Pushes) {
-    let mut all: CheckedAll =
-        limits.iter().map(|l| check(entries.entry(l.entry), l, now_ms)).collect();
+    let (mut all, mut pushes) = (CheckedAll::new(), Pushes::new());
+    let d = many_into(entries, limits, now_ms, take, queue, &mut all, &mut pushes);
+    (d, all, pushes)
+}
+
+/// `many`, writing what each limit said into `all` and the increments
+/// into `pushes` (the caller's: lists of a few hundred bytes are not moved
+/// on the way out).
+pub fn many_into<E: Entries + ?Sized>(
+    entries: &mut E,
+    limits: &[Limit],
+    now_ms: u64,
+    take: Take,
+    queue: bool,
+    all: &mut CheckedAll,
+    pushes: &mut Pushes,
+) -> Decision {
+    all.clear();
+    pushes.clear();
+    all.extend(limits.iter().map(|l| check(entries.entry(l.entry), l, now_ms)));
     let allowed = all.iter().all(|c| c.check.allowed);
 
     // count, once per entry
@@ -394,7 +413,6 @@ pub fn many<E: Entries + ?Sized>(
 
     // when each increment goes, as the limits of its entry say (`sync`): a
     // key near any of them goes at once, and then waits for Redis's answer
-    let mut pushes = Pushes::new();
     if queue {
         for &Counted { limit_index: i, limit, n } in &counts {
             let entry = limits[i].entry;
@@ -404,7 +422,7 @@ pub fn many<E: Entries + ?Sized>(
             };
             let due = limits
                 .iter()
-                .zip(&all)
+                .zip(all.iter())
                 .filter(|(o, _)| o.entry == entry)
                 .map(|(o, c)| sync::when(o.rate, c.after, unsent, share, now_ms, o.hold_ms))
                 .fold(Due::LATEST, Due::min);
@@ -419,7 +437,7 @@ pub fn many<E: Entries + ?Sized>(
     let (tightest, retry_at_ms) = if allowed {
         let mut tightest = 0;
         let mut remaining = u32::MAX;
-        for (i, (l, c)) in limits.iter().zip(&all).enumerate() {
+        for (i, (l, c)) in limits.iter().zip(all.iter()).enumerate() {
             let left = c.after.remaining(l.rate.limit);
             if left < remaining {
                 remaining = left;
@@ -433,14 +451,13 @@ pub fn many<E: Entries + ?Sized>(
             all.iter().filter(|c| !c.check.allowed).fold(now_ms, |r, c| r.max(c.check.retry_at_ms));
         (tightest, retry)
     };
-    let d = Decision {
+    Decision {
         allowed,
         limit: if allowed { limits[tightest].rate.limit } else { 0 },
         retry_at_ms,
         tightest,
         checked: all[tightest],
-    };
-    (d, all, pushes)
+    }
 }
 
 #[cfg(test)]

@@ -37,8 +37,9 @@ impl Value {
         }
     }
 
-    /// The integers of an array of integers.
-    pub fn ints(&self) -> Option<Vec<i64>> {
+    /// The integers of an array of integers (a strict answer holds two
+    /// and a flag per request: kept inline).
+    pub fn ints(&self) -> Option<smallvec::SmallVec<[i64; 8]>> {
         match self {
             Value::Array(Some(items)) => items
                 .iter()
@@ -80,19 +81,64 @@ pub fn bulk(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Appends `n` in decimal.
-pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+/// "00", "01", ... "99": two digits a step.
+const PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
+/// Writes `n` in decimal into `buf`, ending just before `end`, two digits
+/// a step (a strict call writes a dozen numbers of up to 13 digits);
+/// returns where it starts.
+#[inline]
+fn decimal(buf: &mut [u8], end: usize, mut n: u64) -> usize {
+    let mut i = end;
+    while n >= 100 {
+        let d = (n % 100) as usize * 2;
+        n /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[d..d + 2]);
     }
-    out.extend_from_slice(&digits[i..]);
+    if n >= 10 {
+        let d = n as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[d..d + 2]);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + n as u8;
+    }
+    i
+}
+
+/// Appends `n` in decimal.
+pub fn push_u64(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let at = decimal(&mut digits, 20, n);
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// Appends `n` in decimal as a bulk string (what `bulk` makes of its
+/// digits), in one copy.
+pub fn bulk_u64(out: &mut Vec<u8>, n: u64) {
+    let len = n.checked_ilog10().map_or(1, |l| l as usize + 1);
+    // `$`, the length (1 or 2 digits), CRLF, up to 20 digits, CRLF
+    let mut buf = [0u8; 27];
+    buf[0] = b'$';
+    let head = decimal(&mut buf, 3, len as u64);
+    let at = if head == 1 {
+        3
+    } else {
+        // one digit: moved next to the `$`
+        buf[1] = buf[2];
+        2
+    };
+    buf[at..at + 2].copy_from_slice(b"\r\n");
+    let end = at + 2 + len;
+    decimal(&mut buf, end, n);
+    buf[end..end + 2].copy_from_slice(b"\r\n");
+    out.extend_from_slice(&buf[..end + 2]);
 }
 
 /// Reads one reply from the start of `buf`: `Ok(None)` when `buf` holds
@@ -119,8 +165,30 @@ fn line<'a>(buf: &'a [u8], at: &mut usize) -> Result<Option<&'a [u8]>, ProtocolE
     Ok(Some(&rest[..end - 1]))
 }
 
+/// An integer line's text: an optional `-` and 1 to 19 digits (what
+/// `i64::from_str` takes of Redis's integers, without its `+` or an
+/// overflow), read in place.
 fn number(text: &[u8]) -> Result<i64, ProtocolError> {
-    std::str::from_utf8(text).ok().and_then(|s| s.parse().ok()).ok_or(ProtocolError)
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, text),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return Err(ProtocolError);
+    }
+    let mut n: u64 = 0;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return Err(ProtocolError);
+        }
+        n = n * 10 + u64::from(b - b'0');
+    }
+    if negative {
+        // down to i64::MIN
+        0i64.checked_sub_unsigned(n).ok_or(ProtocolError)
+    } else {
+        i64::try_from(n).map_err(|_| ProtocolError)
+    }
 }
 
 /// A length: -1 (nil) or 0..=max.
@@ -193,10 +261,46 @@ mod tests {
         let mut out = Vec::new();
         command(&mut out, &[&b"EVALSHA"[..], b"ab", b""]);
         assert_eq!(out, b"*3\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$0\r\n\r\n");
-        for n in [0, 7, 10, 99, 1234567890, u64::MAX] {
+        let powers = (0..20).map(|k| 10u64.pow(k));
+        let around = powers.flat_map(|p| [p - 1, p, p + 1, p.wrapping_mul(7).wrapping_add(3)]);
+        for n in around.chain([42, 1234567890, 1_700_000_000_500, u64::MAX]) {
             let mut d = Vec::new();
             push_u64(&mut d, n);
             assert_eq!(d, n.to_string().as_bytes());
+            let (mut b, mut want) = (b"x".to_vec(), b"x".to_vec());
+            bulk_u64(&mut b, n);
+            bulk(&mut want, n.to_string().as_bytes());
+            assert_eq!(b, want, "{n}");
+        }
+    }
+
+    #[test]
+    fn integers_read_as_i64_from_str_reads_them() {
+        let texts = [
+            "0",
+            "7",
+            "-1",
+            "-0",
+            "42",
+            "1234567890",
+            "9223372036854775807",
+            "-9223372036854775808",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "99999999999999999999",
+            "",
+            "-",
+            "+1",
+            "1a",
+            " 1",
+            "1 ",
+            "--1",
+            "0x10",
+            "١",
+        ];
+        for t in texts {
+            let want = t.parse::<i64>().ok().filter(|_| !t.starts_with('+'));
+            assert_eq!(number(t.as_bytes()).ok(), want, "{t:?}");
         }
     }
 
@@ -224,7 +328,10 @@ mod tests {
         );
         assert_eq!(got[1].error_code(), Some("NOSCRIPT"));
         assert_eq!(got[5].ints(), None);
-        assert_eq!(Value::Array(Some(vec![Value::Int(3), Value::Int(4)])).ints(), Some(vec![3, 4]));
+        assert_eq!(
+            Value::Array(Some(vec![Value::Int(3), Value::Int(4)])).ints(),
+            Some(smallvec::smallvec![3, 4])
+        );
     }
 
     #[test]

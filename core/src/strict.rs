@@ -184,42 +184,58 @@ pub struct Call<'a> {
     pub deadlines: &'a [u64],
 }
 
+/// One word of a call: bytes, or a number (written without a scratch
+/// copy).
+enum Word<'a> {
+    Bytes(&'a [u8]),
+    Number(u64),
+}
+
 impl Call<'_> {
-    /// Its words, each built in `scratch` and handed to `f`.
-    fn each(&self, scratch: &mut Vec<u8>, mut f: impl FnMut(&[u8])) {
+    /// Its words after `EVALSHA <sha> 2` (the same in every call), the keys
+    /// built in `scratch`, each handed to `f`.
+    fn each(&self, scratch: &mut Vec<u8>, mut f: impl FnMut(Word<'_>)) {
         let p = u64::from(self.period);
-        f(b"EVALSHA");
-        f(sha1_hex().as_bytes());
-        f(b"2");
         for w in [self.window, self.window.saturating_sub(1)] {
             scratch.clear();
             write_key_for_tag(scratch, self.prefix, self.tag, self.period, w * p);
-            f(scratch);
+            f(Word::Bytes(scratch));
         }
         let elapsed = self.now_ms.saturating_sub(self.window * p * 1000);
         for n in args(self.limit, self.period, elapsed, self.costs, self.deadlines) {
-            scratch.clear();
-            if n == COUNTED {
-                scratch.extend_from_slice(b"-1");
-            } else {
-                resp::push_u64(scratch, n);
-            }
-            f(scratch);
+            f(if n == COUNTED { Word::Bytes(b"-1") } else { Word::Number(n) });
         }
     }
 
     /// The command's words (for a `redis::Cmd`).
     pub fn words(&self) -> Vec<Vec<u8>> {
         let mut out = Vec::with_capacity(9 + 2 * self.costs.len());
-        self.each(&mut Vec::new(), |w| out.push(w.to_vec()));
+        out.extend([&b"EVALSHA"[..], sha1_hex().as_bytes(), b"2"].map(<[u8]>::to_vec));
+        self.each(&mut Vec::new(), |w| {
+            out.push(match w {
+                Word::Bytes(b) => b.to_vec(),
+                Word::Number(n) => n.to_string().into_bytes(),
+            })
+        });
         out
     }
 
     /// The command written as RESP at the end of `out` (a strict link's
     /// request path: no allocation per word).
     pub fn write(&self, out: &mut Vec<u8>, scratch: &mut Vec<u8>) {
+        static HEAD: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
         resp::array(out, 9 + 2 * self.costs.len());
-        self.each(scratch, |w| resp::bulk(out, w));
+        out.extend_from_slice(HEAD.get_or_init(|| {
+            let mut head = Vec::new();
+            for w in [&b"EVALSHA"[..], sha1_hex().as_bytes(), b"2"] {
+                resp::bulk(&mut head, w);
+            }
+            head
+        }));
+        self.each(scratch, |w| match w {
+            Word::Bytes(b) => resp::bulk(out, b),
+            Word::Number(n) => resp::bulk_u64(out, n),
+        });
     }
 }
 

@@ -11,6 +11,7 @@ use ratelimit_core::counter::Confirmation;
 use ratelimit_core::params::Sentinel;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::strict::{self, Answer};
+use smallvec::SmallVec;
 
 /// Items per pipeline.
 pub const PIPELINE_ITEMS: usize = 1024;
@@ -101,12 +102,30 @@ pub struct StrictGroup {
     pub tag: Box<[u8]>,
     pub period: u32,
     pub limit: u32,
-    pub tickets: Vec<u64>,
-    pub costs: Vec<u32>,
-    pub deadlines: Vec<u64>,
+    pub tickets: Each<u64>,
+    pub costs: Each<u32>,
+    pub deadlines: Each<u64>,
 }
 
+/// One value per request of a group: a group mostly holds one request (a
+/// key's requests wait together only while its call is out).
+pub type Each<T> = SmallVec<[T; 2]>;
+
 impl StrictGroup {
+    /// A group with `a`'s key and limit, and none of its requests yet
+    /// (`a`'s tag moved in, where `of` copies it).
+    pub fn from(a: StrictAsk) -> StrictGroup {
+        StrictGroup {
+            id: a.id,
+            tag: a.tag,
+            period: a.period,
+            limit: a.limit,
+            tickets: SmallVec::new(),
+            costs: SmallVec::new(),
+            deadlines: SmallVec::new(),
+        }
+    }
+
     /// A group with `a`'s key and limit, and none of its requests yet.
     pub fn of(a: &StrictAsk) -> StrictGroup {
         StrictGroup {
@@ -114,16 +133,21 @@ impl StrictGroup {
             tag: a.tag.clone(),
             period: a.period,
             limit: a.limit,
-            tickets: Vec::new(),
-            costs: Vec::new(),
-            deadlines: Vec::new(),
+            tickets: SmallVec::new(),
+            costs: SmallVec::new(),
+            deadlines: SmallVec::new(),
         }
     }
 
     pub fn add(&mut self, a: &StrictAsk) {
-        self.tickets.push(a.ticket);
-        self.costs.push(a.cost);
-        self.deadlines.push(a.deadline_ms);
+        self.push(a.ticket, a.cost, a.deadline_ms);
+    }
+
+    /// Adds a request: its ticket, cost and deadline.
+    pub fn push(&mut self, ticket: u64, cost: u32, deadline_ms: u64) {
+        self.tickets.push(ticket);
+        self.costs.push(cost);
+        self.deadlines.push(deadline_ms);
     }
 
     /// Asks grouped per key and limit, in the order they came.
@@ -207,7 +231,7 @@ pub enum Event {
         /// What the group's counts after the response weigh (in flight
         /// here until the answer).
         counted: u32,
-        tickets: Vec<u64>,
+        tickets: Each<u64>,
         answer: Option<Answer>,
     },
     Log {

@@ -16,7 +16,7 @@ use nginx_sys::ngx_log_t;
 use ngx::log::DebugMask;
 use ngx::ngx_log_debug;
 use ratelimit_core::batch::ItemId;
-use ratelimit_core::decide::{self, Entries, Limit, Push, INLINE};
+use ratelimit_core::decide::{self, CheckedAll, Entries, Limit, Push, Pushes, INLINE};
 pub use ratelimit_core::decide::{Checked, Decision, Mode, Strict, Take};
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
@@ -159,12 +159,15 @@ fn decide_many(
         });
         limits.push(limit(mcf, a, index, channel));
     }
-    let (d, all, pushes) = decide::many(
+    let (mut all, mut pushes) = (CheckedAll::new(), Pushes::new());
+    let d = decide::many_into(
         &mut Held { guards: &mut guards, places: &places },
         &limits,
         now,
         take,
         channel.is_some(),
+        &mut all,
+        &mut pushes,
     );
     drop(guards);
     for ((a, &id), (l, c)) in asks.iter().zip(&ids).zip(limits.iter().zip(&all)) {

@@ -30,6 +30,7 @@ use ratelimit_core::batch::ItemId;
 use ratelimit_core::key::redis_tag;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::window::window_index;
+use smallvec::SmallVec;
 
 use crate::backend::StrictAsk;
 use crate::conf::module::Module;
@@ -109,7 +110,7 @@ pub(super) fn limit(
 
     // wait
     let base = waits::next_base();
-    let mut sends = Vec::with_capacity(waiting);
+    let mut sends: SmallVec<[StrictAsk; 2]> = SmallVec::new();
     let mut verdicts = [Verdict::NotAsked; MAX_STRICT];
     // the request waits as long as its slowest zone's timeout=: past it,
     // `on_error` decides, and a script that runs later counts nothing

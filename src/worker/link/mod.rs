@@ -72,6 +72,9 @@ struct Link {
     out: Vec<u8>,
     written: usize,
     input: Vec<u8>,
+    /// Buffers a flush reuses: a call's key, its deadlines.
+    scratch: Vec<u8>,
+    deadlines: Vec<u64>,
     /// Requests not written yet, per key, and calls out.
     calls: Calls<Key, StrictGroup>,
 }
@@ -102,6 +105,8 @@ fn link(zone: usize) -> *mut Link {
                 out: Vec::new(),
                 written: 0,
                 input: Vec::new(),
+                scratch: Vec::new(),
+                deadlines: Vec::new(),
                 calls: Calls::default(),
             }))
         })
@@ -165,7 +170,7 @@ fn take(zone: usize, fd: OwnedFd, clock_offset_ms: Option<i64>, log: *mut ngx_lo
 
 /// Sends strict requests' limits: down the zone's link when it has one,
 /// else through the thread.
-pub fn send(ch: &Channel, asks: Vec<StrictAsk>) {
+pub fn send(ch: &Channel, asks: impl IntoIterator<Item = StrictAsk>) {
     let mut rest = Vec::new();
     for a in asks {
         // SAFETY: as in `take`.
@@ -180,7 +185,9 @@ pub fn send(ch: &Channel, asks: Vec<StrictAsk>) {
             rest.push(a);
             continue;
         }
-        link.calls.waiting((a.id, a.limit), || StrictGroup::of(&a)).add(&a);
+        let (ticket, cost, deadline_ms) = (a.ticket, a.cost, a.deadline_ms);
+        let group = link.calls.waiting((a.id, a.limit), || StrictGroup::from(a));
+        group.push(ticket, cost, deadline_ms);
         link.post_flush();
     }
     if !rest.is_empty() {
@@ -262,9 +269,8 @@ impl Link {
             return;
         };
         let now = now_ms();
-        let mut scratch = Vec::with_capacity(128);
-        let mut deadlines = Vec::new();
         let offset = self.clock_offset_ms;
+        let (scratch, deadlines) = (&mut self.scratch, &mut self.deadlines);
         for g in self.calls.write(Instant::now()) {
             deadlines.clear();
             deadlines.extend(g.deadlines.iter().map(|&d| strict::redis_deadline(d, offset)));
@@ -276,9 +282,9 @@ impl Link {
                 limit: g.limit,
                 now_ms: now,
                 costs: &g.costs,
-                deadlines: &deadlines,
+                deadlines,
             };
-            call.write(&mut self.out, &mut scratch);
+            call.write(&mut self.out, scratch);
         }
         self.arm(false);
         self.write_out();
