@@ -10,6 +10,9 @@
 #
 #   bash bench/callgrind.sh [N]        (needs valgrind; about a minute)
 #   CALLGRIND_MODULE=/path/to/module.so bash bench/callgrind.sh   (another build)
+#   CALLGRIND_OUT=dir bash bench/callgrind.sh   (keeps each run's profile,
+#       with per-instruction counts, as dir/<conf>-<location>-<requests>.out: for
+#       bench/callgrind_instr.py, or callgrind_annotate on two of them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2400}
@@ -76,7 +79,8 @@ for i in range(n):
 s.close()
 PY
 run() { # location requests [conf [keys]] -> instructions
-    valgrind --tool=callgrind --callgrind-out-file="$work/out" build/sbin/nginx \
+    valgrind --tool=callgrind --callgrind-out-file="$work/out" \
+        ${CALLGRIND_OUT:+--dump-instr=yes} build/sbin/nginx \
         -p "$work/" -c "conf/${3:-nginx.conf}" > "$work/vg.log" 2>&1 &
     nginx_pid=$!
     for _ in $(seq 150); do
@@ -85,6 +89,10 @@ run() { # location requests [conf [keys]] -> instructions
     done
     python3 "$work/load.py" "$port" "$1" "$2" "${4:-0}"
     kill -QUIT "$nginx_pid"; wait "$nginx_pid" 2>/dev/null || true; nginx_pid=
+    if [ -n "${CALLGRIND_OUT:-}" ]; then
+        mkdir -p "$CALLGRIND_OUT"
+        cp "$work/out" "$CALLGRIND_OUT/$(basename "${3:-nginx.conf}" .conf)-$(echo "${1#/}" | tr / -)-$2.out"
+    fi
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$work/vg.log"
 }
 echo "| location | instructions per request | beyond the baseline |"
