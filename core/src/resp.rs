@@ -74,11 +74,23 @@ pub fn array(out: &mut Vec<u8>, n: usize) {
 
 /// Appends a bulk string.
 pub fn bulk(out: &mut Vec<u8>, b: &[u8]) {
-    out.push(b'$');
-    push_u64(out, b.len() as u64);
-    out.extend_from_slice(b"\r\n");
+    bulk_head(out, b.len());
     out.extend_from_slice(b);
     out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a bulk string's head, for `len` bytes the caller writes next
+/// (then CRLF).
+pub fn bulk_head(out: &mut Vec<u8>, len: usize) {
+    out.push(b'$');
+    push_u64(out, len as u64);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// How many decimal digits `n` has.
+#[inline]
+pub fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |l| l as usize + 1)
 }
 
 /// "00", "01", ... "99": two digits a step.
@@ -122,7 +134,7 @@ pub fn push_u64(out: &mut Vec<u8>, n: u64) {
 /// Appends `n` in decimal as a bulk string (what `bulk` makes of its
 /// digits), in one copy.
 pub fn bulk_u64(out: &mut Vec<u8>, n: u64) {
-    let len = n.checked_ilog10().map_or(1, |l| l as usize + 1);
+    let len = digits(n);
     // `$`, the length (1 or 2 digits), CRLF, up to 20 digits, CRLF
     let mut buf = [0u8; 27];
     buf[0] = b'$';

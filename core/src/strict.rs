@@ -129,20 +129,22 @@ pub fn sha1_hex() -> &'static str {
 /// window in ms, TTL in seconds (two periods: the window is read as the
 /// previous one during the next), then per request its cost and deadline
 /// (ms in Redis's clock, 0: none).
-pub fn args<'a>(
+pub fn args(
     limit: u32,
     period: u32,
     elapsed_ms: u64,
-    costs: &'a [u32],
-    deadlines: &'a [u64],
-) -> impl Iterator<Item = u64> + 'a {
+    costs: &[u32],
+    deadlines: &[u64],
+    mut f: impl FnMut(u64),
+) {
     let p = u64::from(period) * 1000;
-    [u64::from(limit), p, elapsed_ms.min(p), 2 * u64::from(period)].into_iter().chain(
-        costs
-            .iter()
-            .enumerate()
-            .flat_map(move |(i, &c)| [u64::from(c), deadlines.get(i).copied().unwrap_or(0)]),
-    )
+    for n in [u64::from(limit), p, elapsed_ms.min(p), 2 * u64::from(period)] {
+        f(n);
+    }
+    for (i, &c) in costs.iter().enumerate() {
+        f(u64::from(c));
+        f(deadlines.get(i).copied().unwrap_or(0));
+    }
 }
 
 /// A request's deadline in Redis's clock: when it stops waiting
@@ -184,37 +186,40 @@ pub struct Call<'a> {
     pub deadlines: &'a [u64],
 }
 
-/// One word of a call: bytes, or a number (written without a scratch
-/// copy).
+/// One word of a call: bytes, a number, or the key of the window that
+/// starts at this second (each written without a scratch copy).
 enum Word<'a> {
     Bytes(&'a [u8]),
     Number(u64),
+    Key(u64),
 }
 
 impl Call<'_> {
-    /// Its words after `EVALSHA <sha> 2` (the same in every call), the keys
-    /// built in `scratch`, each handed to `f`.
-    fn each(&self, scratch: &mut Vec<u8>, mut f: impl FnMut(Word<'_>)) {
+    /// Its words after `EVALSHA <sha> 2` (the same in every call), each
+    /// handed to `f`.
+    fn each(&self, mut f: impl FnMut(Word<'_>)) {
         let p = u64::from(self.period);
-        for w in [self.window, self.window.saturating_sub(1)] {
-            scratch.clear();
-            write_key_for_tag(scratch, self.prefix, self.tag, self.period, w * p);
-            f(Word::Bytes(scratch));
-        }
+        f(Word::Key(self.window * p));
+        f(Word::Key(self.window.saturating_sub(1) * p));
         let elapsed = self.now_ms.saturating_sub(self.window * p * 1000);
-        for n in args(self.limit, self.period, elapsed, self.costs, self.deadlines) {
-            f(if n == COUNTED { Word::Bytes(b"-1") } else { Word::Number(n) });
-        }
+        args(self.limit, self.period, elapsed, self.costs, self.deadlines, |n| {
+            f(if n == COUNTED { Word::Bytes(b"-1") } else { Word::Number(n) })
+        });
     }
 
     /// The command's words (for a `redis::Cmd`).
     pub fn words(&self) -> Vec<Vec<u8>> {
         let mut out = Vec::with_capacity(9 + 2 * self.costs.len());
         out.extend([&b"EVALSHA"[..], sha1_hex().as_bytes(), b"2"].map(<[u8]>::to_vec));
-        self.each(&mut Vec::new(), |w| {
+        self.each(|w| {
             out.push(match w {
                 Word::Bytes(b) => b.to_vec(),
                 Word::Number(n) => n.to_string().into_bytes(),
+                Word::Key(start) => {
+                    let mut key = Vec::new();
+                    write_key_for_tag(&mut key, self.prefix, self.tag, self.period, start);
+                    key
+                }
             })
         });
         out
@@ -222,7 +227,7 @@ impl Call<'_> {
 
     /// The command written as RESP at the end of `out` (a strict link's
     /// request path: no allocation per word).
-    pub fn write(&self, out: &mut Vec<u8>, scratch: &mut Vec<u8>) {
+    pub fn write(&self, out: &mut Vec<u8>) {
         static HEAD: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
         resp::array(out, 9 + 2 * self.costs.len());
         out.extend_from_slice(HEAD.get_or_init(|| {
@@ -232,9 +237,20 @@ impl Call<'_> {
             }
             head
         }));
-        self.each(scratch, |w| match w {
+        self.each(|w| match w {
             Word::Bytes(b) => resp::bulk(out, b),
             Word::Number(n) => resp::bulk_u64(out, n),
+            Word::Key(start) => {
+                // `<prefix>{<tag>}:<period>:<start>`, its length known
+                let len = self.prefix.len()
+                    + self.tag.len()
+                    + 4
+                    + resp::digits(u64::from(self.period))
+                    + resp::digits(start);
+                resp::bulk_head(out, len);
+                write_key_for_tag(out, self.prefix, self.tag, self.period, start);
+                out.extend_from_slice(b"\r\n");
+            }
         });
     }
 }
@@ -393,13 +409,19 @@ mod tests {
         assert_eq!(flags, [false]);
     }
 
+    fn collect(limit: u32, period: u32, elapsed: u64, costs: &[u32], dl: &[u64]) -> Vec<u64> {
+        let mut out = Vec::new();
+        args(limit, period, elapsed, costs, dl, |n| out.push(n));
+        out
+    }
+
     #[test]
     fn args_and_answers() {
         assert_eq!(
-            args(100, 60, 1500, &[1, 3], &[0, 1_700_000_000_500]).collect::<Vec<_>>(),
+            collect(100, 60, 1500, &[1, 3], &[0, 1_700_000_000_500]),
             [100, 60_000, 1500, 120, 1, 0, 3, 1_700_000_000_500]
         );
-        assert_eq!(args(5, 1, 99_999, &[1], &[]).collect::<Vec<_>>(), [5, 1000, 1000, 2, 1, 0]);
+        assert_eq!(collect(5, 1, 99_999, &[1], &[]), [5, 1000, 1000, 2, 1, 0]);
         let a = parse_answer(&[7, 2, 1, 0, 2], 3).unwrap();
         assert_eq!(a, Answer { cur: 7, prev: 2, allowed: vec![Some(true), Some(false), None] });
         assert_eq!(parse_answer(&[7, 2, 1], 2), None);
@@ -443,8 +465,8 @@ mod tests {
                 "-1"
             ]
         );
-        let (mut out, mut scratch, mut want) = (Vec::new(), Vec::new(), Vec::new());
-        c.write(&mut out, &mut scratch);
+        let (mut out, mut want) = (Vec::new(), Vec::new());
+        c.write(&mut out);
         resp::command(&mut want, &words);
         assert_eq!(out, want);
         let first = Call { window: 0, now_ms: 5, costs: &[], deadlines: &[], ..c };

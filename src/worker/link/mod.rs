@@ -72,8 +72,7 @@ struct Link {
     out: Vec<u8>,
     written: usize,
     input: Vec<u8>,
-    /// Buffers a flush reuses: a call's key, its deadlines.
-    scratch: Vec<u8>,
+    /// A buffer a flush reuses: a call's deadlines.
     deadlines: Vec<u64>,
     /// Requests not written yet, per key, and calls out.
     calls: Calls<Key, StrictGroup>,
@@ -105,7 +104,6 @@ fn link(zone: usize) -> *mut Link {
                 out: Vec::new(),
                 written: 0,
                 input: Vec::new(),
-                scratch: Vec::new(),
                 deadlines: Vec::new(),
                 calls: Calls::default(),
             }))
@@ -270,7 +268,7 @@ impl Link {
         };
         let now = now_ms();
         let offset = self.clock_offset_ms;
-        let (scratch, deadlines) = (&mut self.scratch, &mut self.deadlines);
+        let deadlines = &mut self.deadlines;
         for g in self.calls.write(Instant::now()) {
             deadlines.clear();
             deadlines.extend(g.deadlines.iter().map(|&d| strict::redis_deadline(d, offset)));
@@ -284,7 +282,7 @@ impl Link {
                 costs: &g.costs,
                 deadlines,
             };
-            call.write(&mut self.out, scratch);
+            call.write(&mut self.out);
         }
         self.arm(false);
         self.write_out();
