@@ -3,7 +3,6 @@
 //! or sent again), and what is left to do once all are read (`conclude`).
 //! What each reply means for an increment: `flush.rs`.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use ratelimit_core::batch::{Item, ItemId};
@@ -87,18 +86,17 @@ impl Backend {
         deadline: Option<Instant>,
     ) -> Option<(Vec<Reply>, Option<redis::RedisError>, Instant)> {
         let stop_at = deadline.unwrap_or_else(|| Instant::now() + self.spec.timeout);
-        let incr_at: HashMap<usize, Vec<u8>> = items
-            .iter()
-            .zip(slots)
-            .filter(|((_, item), s)| item.total() > 0 && !s.create)
-            .map(|((id, item), s)| (s.cur, cmds_key(&self.spec.prefix, id, item)))
-            .collect();
+        // asked only for a cluster pipeline that failed in part: the key
+        // whose `INCRBY` command `i` is, found then
+        let prefix = &self.spec.prefix;
         let readback = |i: usize| {
-            incr_at.get(&i).map(|k| {
-                let mut c = redis::cmd("GET");
-                c.arg(k);
-                c
-            })
+            let ((id, item), _) = items
+                .iter()
+                .zip(slots)
+                .find(|((_, item), s)| s.cur == i && item.total() > 0 && !s.create)?;
+            let mut c = redis::cmd("GET");
+            c.arg(cmds_key(prefix, id, item));
+            Some(c)
         };
         let conn = self.conn.as_mut()?;
         let sent_at = Instant::now();

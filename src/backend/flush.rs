@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use ratelimit_core::batch::{Item, ItemId};
-use ratelimit_core::key::redis_key_for_tag;
+use ratelimit_core::key::{redis_key_for_tag, write_key_for_tag};
 use redis::{Cmd, Value};
 
 use super::event::{Event, PIPELINE_ITEMS};
@@ -108,10 +108,19 @@ impl Backend {
         if self.prev.len() > (self.spec.bytes / PREV_BYTES).max(PREV_MAX) {
             self.prev.clear();
         }
+        // the counters' names, written into one buffer (each command
+        // copies its arguments)
+        let (mut cur_key, mut prev_key) = (Vec::with_capacity(64), Vec::with_capacity(64));
         for (id, item) in items {
             let p = u64::from(item.period);
-            let cur_key =
-                redis_key_for_tag(&self.spec.prefix, &item.tag, item.period, id.window * p);
+            cur_key.clear();
+            write_key_for_tag(
+                &mut cur_key,
+                &self.spec.prefix,
+                &item.tag,
+                item.period,
+                id.window * p,
+            );
             let cur = cmds.len();
             // a counter this node probably creates, of a key far from its
             // limit: with its TTL, in one command (not on a cluster, whose
@@ -149,14 +158,16 @@ impl Backend {
                     Some(s) => s.value.is_none() || (!s.settled && settled),
                 };
             let prev = want_prev.then(|| {
-                let key = redis_key_for_tag(
+                prev_key.clear();
+                write_key_for_tag(
+                    &mut prev_key,
                     &self.spec.prefix,
                     &item.tag,
                     item.period,
                     id.window.saturating_sub(1) * p,
                 );
                 let mut c = redis::cmd("GET");
-                c.arg(key);
+                c.arg(&prev_key);
                 cmds.push(c);
                 cmds.len() - 1
             });
