@@ -113,7 +113,7 @@ pub type Each<T> = SmallVec<[T; 2]>;
 
 impl StrictGroup {
     /// A group with `a`'s key and limit, and none of its requests yet
-    /// (`a`'s tag moved in, where `of` copies it).
+    /// (`a`'s tag moved in).
     pub fn from(a: StrictAsk) -> StrictGroup {
         StrictGroup {
             id: a.id,
@@ -128,15 +128,7 @@ impl StrictGroup {
 
     /// A group with `a`'s key and limit, and none of its requests yet.
     pub fn of(a: &StrictAsk) -> StrictGroup {
-        StrictGroup {
-            id: a.id,
-            tag: a.tag.clone(),
-            period: a.period,
-            limit: a.limit,
-            tickets: SmallVec::new(),
-            costs: SmallVec::new(),
-            deadlines: SmallVec::new(),
-        }
+        StrictGroup::from(StrictAsk { tag: a.tag.clone(), ..*a })
     }
 
     pub fn add(&mut self, a: &StrictAsk) {
