@@ -27,6 +27,11 @@ directory, then in the same run:
     decision code (cargo test --release -p ratelimit-core --test trace_sim
     -- --nocapture --exact trace_simulation).
 
+`--floods N` runs only the two- and four-node floods, N times each, and
+prints their distribution (with `--stall-redis MS`: Redis stopped for up
+to MS ms at random during each flood; with `--expiring-keys N`: N Redis
+keys expiring during each).
+
 Prints two markdown tables with the targets and a check mark next to each
 figure (nothing is asserted: the exit status is 0 unless the harness itself
 failed). Every process started here is stopped by its PID on exit, on
@@ -456,6 +461,77 @@ def wait_minute_safe(limit=50):
         time.sleep(60 - s + 0.05)
 
 
+def flood_once(nodes, conns, key):
+    """Every node floods one fresh key of 1000r/m (`/a`) for 3 s; the
+    allowed requests of each node."""
+    rs = wrk_parallel([(f"http://127.0.0.1:{x.port}/a?k={key}", conns, 3, os.path.join(HERE, "stats.lua"),
+                        None) for x in nodes])
+    for x in nodes:
+        x.check_workers("flood")
+    return [r["allowed"] for r in rs]
+
+
+class RedisStaller(threading.Thread):
+    """Stops a Redis we started (SIGSTOP, by its PID) for up to `ms` ms at
+    random every 20-200 ms until `stop`."""
+
+    def __init__(self, redis, ms):
+        super().__init__(daemon=True)
+        self.pid, self.ms, self.done = redis.popen.pid, ms, threading.Event()
+
+    def run(self):
+        import random
+        try:
+            while not self.done.wait(random.uniform(0.02, 0.2)):
+                os.kill(self.pid, signal.SIGSTOP)
+                time.sleep(random.uniform(0, self.ms) / 1000)
+                os.kill(self.pid, signal.SIGCONT)
+        finally:
+            os.kill(self.pid, signal.SIGCONT)
+
+    def stop(self):
+        self.done.set()
+        self.join()
+
+
+def expiring(redis, n, tag):
+    """`n` keys that expire 0.5-3.5 s from now."""
+    import random
+    for i in range(0, n, 5000):
+        servers.pipeline(redis.port, [("SET", f"exp:{tag}:{j}", "1", "PX", str(random.randint(500, 3500)))
+                                      for j in range(i, min(n, i + 5000))], timeout=30)
+
+
+def floods(n, two, four, redis, stall_ms=0, expiring_keys=0):
+    """`--floods N`: cases b and d, N times each, one fresh key each, every
+    flood inside one minute window; prints each and the distribution."""
+    stamp = int(time.time())
+    out = {2: [], 4: []}
+    for i in range(n):
+        for nodes, conns in ((two, 32), (four, 16)):
+            wait_minute_safe(55)
+            if expiring_keys:
+                expiring(redis, expiring_keys, f"{len(nodes)}-{i}")
+            st = RedisStaller(redis, stall_ms) if stall_ms else None
+            if st:
+                st.start()
+            try:
+                got = flood_once(nodes, conns, f"f{len(nodes)}-{stamp}-{i}")
+            finally:
+                if st:
+                    st.stop()
+            v = sum(got) / 1000
+            out[len(nodes)].append(v)
+            print(f"{len(nodes)} nodes, run {i + 1}: {v:.3f} ({' + '.join(map(str, got))}) "
+                  f"{mark(v <= 1.05)}", flush=True)
+    for k, vs in out.items():
+        vs = sorted(vs)
+        over = sum(v > 1.05 for v in vs)
+        print(f"{k} nodes: {len(vs)} floods, min {vs[0]:.3f}, median {vs[len(vs) // 2]:.3f}, "
+              f"max {vs[-1]:.3f}, over 1.05: {over}")
+    return 0
+
+
 # --------------------------------------------------------------------------
 # formatting
 # --------------------------------------------------------------------------
@@ -497,6 +573,15 @@ def main():
                     help="only the strict latency table (one connection, sequential)")
     ap.add_argument("--accuracy-only", action="store_true",
                     help="only the accuracy cases (no throughput, no strict latency)")
+    ap.add_argument("--floods", type=int, default=0, metavar="N",
+                    help="only the two- and four-node floods (cases b and d), N times each, "
+                         "and their distribution")
+    ap.add_argument("--stall-redis", type=float, default=0, metavar="MS",
+                    help="with --floods: stop Redis (SIGSTOP) for up to MS ms at random "
+                         "every 20-200 ms during each flood")
+    ap.add_argument("--expiring-keys", type=int, default=0, metavar="N",
+                    help="with --floods: before each flood, N Redis keys that expire during it "
+                         "(Redis's expiry cycles take its time and a CPU, as after the many-key cases)")
     ap.add_argument("--nginx", default=os.path.join(ROOT, "build", "sbin", "nginx"))
     ap.add_argument("--module", default=os.path.join(ROOT, "build", "modules", MODULE_NAME + ".so"))
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -585,6 +670,9 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
     else:
         print("CPU pinning: none (taskset missing or a single CPU).")
     print()
+
+    if a.floods:
+        return floods(a.floods, [na, nb], [na, nb, nc, nd], redis, a.stall_redis, a.expiring_keys)
 
     if not a.accuracy_only:
         if not a.latency_only:

@@ -247,7 +247,8 @@ fn check(e: &mut Entry, l: &Limit, now_ms: u64) -> Checked {
         let mut c = counter::check_cost(e, l.rate, now_ms, l.cost);
         match l.mode {
             // near the limit, or waiting too long for Redis, no more than
-            // this node's share of the headroom before Redis answers
+            // a part of this node's share of the headroom before Redis
+            // answers
             Mode::Remote => share::cap_to_share(e, l.rate, now_ms, l.cost, 1, l.stale_ms, &mut c),
             Mode::Share => share::cap_to_fleet_share(e, l.rate, now_ms, l.cost, l.nodes, &mut c),
             Mode::Local | Mode::Allow | Mode::Deny => {}

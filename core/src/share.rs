@@ -18,32 +18,40 @@ pub const UNHEARD_NODES: u16 = 8;
 /// never refused for a share learnt too small.
 pub const CAP_FLOOR: u64 = 4;
 
-/// Near the limit a node spends no more than its share of the headroom
-/// Redis confirmed before it hears back. With the near-limit rule every
-/// node sends at once from `L/2` on, but each would otherwise pass all of
-/// the headroom it sees during a round trip, and `N` nodes together up to
-/// `N` times it. A node whose share of the key's traffic is `f` keeps its
-/// unconfirmed requests within `max(CAP_FLOOR, ⌈f · (L − g)⌉)` (`g`: the
-/// estimate from Redis's counts alone): what all of them pass blind then
-/// adds up to the headroom (plus `CAP_FLOOR` a node) when the shares add
-/// up to 1. A request past it is rejected; the next reply (within a round
-/// trip) moves `g` and the cap on. A node alone learns a share near 1
-/// within a few replies (each one alone moves it a quarter of the way), and
-/// then spends the whole headroom.
+/// Near the limit a node spends no more than half its share of the
+/// headroom Redis confirmed before it hears back. With the near-limit rule
+/// every node sends at once from `L/2` on, but each would otherwise pass
+/// all of the headroom it sees during a round trip, and `N` nodes together
+/// up to `N` times it. A node whose share of the key's traffic is `f`
+/// keeps its unconfirmed requests within `max(CAP_FLOOR, ⌈f/2 · (L − g)⌉)`
+/// (`g`: the estimate from Redis's counts alone): what all of them pass
+/// blind then adds up to the headroom (plus `CAP_FLOOR` a node) while the
+/// shares add up to 2 or less. They add up to 1 when measured over the
+/// same traffic, and to more when the nodes' replies land in different
+/// orders: the first node to be answered after a stall sees its own
+/// increments and few of the others', and learns a share too large. A
+/// request past the cap is rejected; the next reply (within a round trip)
+/// moves `g` and the cap on, so the last of the headroom goes in halves. A
+/// node alone learns a share near 1 within a few replies (each one alone
+/// moves it a quarter of the way).
 ///
 /// Fresh (not waiting for Redis longer than `stale_ms`): no cap far from
 /// the limit, nor before the first reply (a lone client's burst on a fresh
-/// key gets the limit while Redis answers in time). Stale (waiting longer),
-/// near the limit or far from it: the node's share of the headroom, or an
-/// eighth of it before a first reply (`UNHEARD_NODES`): a node that has not
-/// heard back (first contact, a thread that did not run, a Redis that
-/// stalls) may be one of many flooding the key. Four nodes flooding a fresh
-/// key while Redis stalls then pass half of `L` blind together, not `L`
-/// each; a lone client at a modest rate goes on through a stall of seconds.
-/// Near the limit a stale share shrinks by `stale_ms / waited`: the
-/// headroom a node last saw is the older, and the more of it the others
-/// have spent, the longer it waits (nodes whose threads are starved in
-/// turn would otherwise each spend a share of a different, stale headroom).
+/// key gets the limit while Redis answers in time). Stale (waiting longer)
+/// and far from the limit: the node's share of the headroom below `L/2`,
+/// or an eighth of it before a first reply (`UNHEARD_NODES`): a node that
+/// has not heard back (first contact, a thread that did not run, a Redis
+/// that stalls) may be one of many flooding the key, which all take the
+/// same shares of the same stale headroom; past `L/2` every one of them
+/// must have heard from Redis. Four nodes flooding a fresh key while Redis
+/// stalls then pass a quarter of `L` blind together, not `L` each; two
+/// nodes that learnt half each from their first reply pass `L/2` together,
+/// not `L`; a lone client at a modest rate goes on through a stall of
+/// seconds. Near the limit a stale share shrinks further by
+/// `stale_ms / waited`: the headroom a node last saw is the older, and the
+/// more of it the others have spent, the longer it waits (nodes whose
+/// threads are starved in turn would otherwise each spend a share of a
+/// different, stale headroom).
 /// A node holding increments far from the limit waits for nothing (`wait`),
 /// and is never capped for it; nor is one whose backend is known down
 /// (`on_error` decides then: the caller passes an endless `stale_ms`).
@@ -84,6 +92,11 @@ fn cap(e: &Entry, rate: Rate, now_ms: u64, cost: u32, retry_ms: u64, stale_ms: u
     let (stale, near) = (waited > stale_ms, near(c, rate, cost));
     // stale before a first reply: as one of `UNHEARD_NODES`
     let mut share = u64::from(if e.share == 0 { u16::MAX / UNHEARD_NODES } else { e.share });
+    if near {
+        // half of it: shares learnt from replies that land in different
+        // orders add up to more than 1
+        share /= 2;
+    }
     if stale && near {
         // near the limit, the headroom seen is older the longer the wait:
         // the others spent it meanwhile
@@ -91,7 +104,12 @@ fn cap(e: &Entry, rate: Rate, now_ms: u64, cost: u32, retry_ms: u64, stale_ms: u
     }
     let p = rate.period_ms();
     let known = Estimate::new(e.prev, e.cur, now_ms.saturating_sub(c.window_start_ms), p);
-    let headroom = u64::from(known.remaining(rate.limit));
+    let mut headroom = u64::from(known.remaining(rate.limit));
+    if stale && !near {
+        // far from the limit and stale: the share of the headroom below
+        // half the limit
+        headroom = headroom.saturating_sub(u64::from(rate.limit - rate.limit / 2));
+    }
     let most = (headroom * share).div_ceil(u64::from(u16::MAX)).max(CAP_FLOOR);
     if u64::from(e.inflight) + u64::from(cost.max(1)) > most {
         c.allowed = false;

@@ -7,7 +7,7 @@
 //! - **near** (the estimate after this request is at half the limit or
 //!   more): at once, as every request was sent before this rule. This is
 //!   what keeps floods exact: from `L/2` on, every node hears of the others
-//!   within a round trip (and spends no more than its share of the
+//!   within a round trip (and spends no more than half its share of the
 //!   headroom meanwhile: `share::cap_to_share`).
 //! - **far**: the node may hold its unsent increments `u` of the key while
 //!   `u ≤ f · (L/2 − g) / 4`, where `g` is what it knows of the key from
