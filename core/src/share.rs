@@ -42,11 +42,13 @@ pub const CAP_FLOOR: u64 = 4;
 /// or an eighth of it before a first reply (`UNHEARD_NODES`): a node that
 /// has not heard back (first contact, a thread that did not run, a Redis
 /// that stalls) may be one of many flooding the key, which all take the
-/// same shares of the same stale headroom; past `L/2` every one of them
-/// must have heard from Redis. Four nodes flooding a fresh key while Redis
+/// same shares of the same stale headroom, and with their shares adding
+/// up to 2 or less they do not take the key past `L` together before
+/// they hear from Redis. Four nodes flooding a fresh key while Redis
 /// stalls then pass a quarter of `L` blind together, not `L` each; two
-/// nodes that learnt half each from their first reply pass `L/2` together,
-/// not `L`; a lone client at a modest rate goes on through a stall of
+/// nodes that learnt half each from their first reply pass `L/2`
+/// together, not `L`; a lone client at a modest rate whose node has heard
+/// of its key (its share all of the traffic) goes on through a stall of
 /// seconds. Near the limit a stale share shrinks further by
 /// `stale_ms / waited`: the headroom a node last saw is the older, and the
 /// more of it the others have spent, the longer it waits (nodes whose

@@ -33,14 +33,18 @@ fn near_the_limit_a_node_spends_only_its_share_of_the_headroom() {
     cap_to_share(&e, rate, T0 + 10, 1, 1, STALE_MIN_MS, &mut c);
     assert!(!c.allowed);
     assert_eq!(c.retry_at_ms, T0 + 11, "until the next reply");
-    // the reply: the others sent 3 × 26 meanwhile
+    // the reply: three others with the same share sent 13 each meanwhile
     let reply =
-        Confirmation { window: e.window.into(), sent: 13, carried: 0, cur: 991, prev: None };
+        Confirmation { window: e.window.into(), sent: 13, carried: 0, cur: 952, prev: None };
     confirm(&mut e, &reply, rate, T0 + 11);
     assert_eq!(e.inflight, 0);
-    // nine left: half a quarter is 2, but CAP_FLOOR (4) requests may be in
-    // flight
-    assert_eq!((0..10).take_while(|_| capped(&mut e, rate, T0 + 12)).count(), 4);
+    // 48 left, the share still a quarter: half a quarter of 48
+    assert_eq!((0..10).take_while(|_| capped(&mut e, rate, T0 + 12)).count(), 6);
+    // the next: 9 left, and a share learnt smaller (6 of 39): half of it
+    // is less than one request, but CAP_FLOOR (4) may be in flight
+    let reply = Confirmation { window: e.window.into(), sent: 6, carried: 0, cur: 991, prev: None };
+    confirm(&mut e, &reply, rate, T0 + 13);
+    assert_eq!((0..10).take_while(|_| capped(&mut e, rate, T0 + 14)).count(), 4);
 }
 
 #[test]
@@ -94,8 +98,9 @@ fn a_stale_view_spends_only_a_share() {
     let near = (0..600).filter(|_| capped(&mut e, rate, T0)).count();
     assert_eq!(near, 600);
     assert_eq!(e.waiting, 1, "past FIRST_SHARE's allowance: sent, waiting");
-    // ... but with no reply STALE_MIN_MS later, no more than an eighth of
-    // the headroom Redis confirmed (1000: nothing confirmed yet) is in
+    // ... but with no reply STALE_MIN_MS later (near the limit now, by its
+    // own 600), no more than half an eighth of the headroom Redis
+    // confirmed (1000: nothing confirmed yet), shrunk by the wait, is in
     // flight: 600 are already, so none passes
     let late = T0 + STALE_MIN_MS + 1;
     assert_eq!((0..100).filter(|_| capped(&mut e, rate, late)).count(), 0);
@@ -111,10 +116,23 @@ fn a_stale_view_spends_only_a_share() {
     assert!(capped(&mut e, rate, late + 1));
 
     // a Redis that stalls at first contact: an eighth of the headroom
-    // below half the limit, then nothing until it answers
+    // below half the limit, then nothing until it answers (5 a ms: 30 come
+    // before the wait is stale)
     let mut e = fresh();
     let stalled = (0..400).filter(|i| capped(&mut e, rate, T0 + i / 5)).count();
     assert_eq!(stalled, 63, "an eighth of 500");
+
+    // a lone client (its share all of the key's traffic) at 10 a second
+    // goes on through a Redis stall of 3 s: its share of the 400 below
+    // half the limit is all of them
+    let mut e = fresh();
+    roll(&mut e, T0, 60_000);
+    e.cur = 100;
+    e.share = u16::MAX;
+    // it sent at once at T0 (past its allowance) and Redis stalls
+    wait(&mut e, true, T0);
+    let stall = (0..30).filter(|i| capped(&mut e, rate, T0 + i * 100)).count();
+    assert_eq!((stall, e.waiting), (30, 1));
 
     // far from the limit: no cap while fresh, the share of the headroom
     // below half the limit once stale, however long the wait

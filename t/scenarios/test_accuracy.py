@@ -3,13 +3,15 @@ key while Redis itself stalls (CLIENT PAUSE for 40 ms, from just before
 the first request and every 300 ms after), or while the nodes' Redis
 threads get the CPU only part of the time (a busy loop at real-time
 priority takes their CPU for 20 ms of every 50, the workers squeezed onto
-the other CPU). Both read 1.00 to 1.05 × L typically on this 2-core
-machine; the stalls' worst seen is 1.05, the starved floods' 1.11 (about
-one flood in 30 above 1.08). The bounds asserted leave room for that
-tail, 1.08 and 1.20: they stand against the blow-up, not the tail. A node
-that hears nothing from Redis for a while must not go on spending the
-headroom it last saw: without that, two and four nodes pass 2 and 4 × L
-in the stall. Redis holds what was allowed."""
+the other CPU). Both read 1.00 to 1.05 × L on this 2-core machine, the
+worst seen 1.05 in both. The bounds asserted, 1.08 and 1.10, leave room
+for that tail: they stand against the blow-up, not the tail. A node that
+hears nothing from Redis for a while must not go on spending the headroom
+it last saw: without that, two and four nodes pass 2 and 4 × L in the
+stall. Near the limit a node spends half its learnt share of the headroom
+a round trip: shares learnt from replies that land in different orders
+add up to more than 1, and the starved floods read up to 1.13 × L when
+each node spends all of its share. Redis holds what was allowed."""
 
 import os
 import re
@@ -118,7 +120,7 @@ def floods(h, how, bound):
 
 
 def test_floods_with_the_redis_threads_starved(h):
-    floods(h, lambda r, pids: starve.Starver(pids, cpu=1, on_ms=20, off_ms=30), 1.20)
+    floods(h, lambda r, pids: starve.Starver(pids, cpu=1, on_ms=20, off_ms=30), 1.10)
 
 
 def test_floods_while_redis_stalls(h):
