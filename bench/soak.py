@@ -47,8 +47,11 @@ beside it) is reported, and so is, per hot window, the longest gap between
 two answers of a node: accuracy excursions usually sit on such gaps.
 
 Exit status: 0 when every check holds; 1 when a check fails (5xx, crashes,
-a hot-key or strict window outside outages above 1.05 x L (a strict key
-judged in no window with demand above L fails too), requests that got no
+a hot-key or strict window outside outages above 1.05 x L (a strict
+window tallied over it passes when Redis's own counter of that window,
+read after it ended, holds at most L: its answers came after the window
+ended; a strict key judged in no window with demand above L fails too, and
+so does a Redis count above L in any judged window), requests that got no
 status, 429s on keys far below their limit, stalls, counter keys without a
 TTL); 2 when the harness failed.  Logs and soak-data.json (every figure's
 raw data) are kept in the temp dir on failure or with --keep.
@@ -122,8 +125,8 @@ def many_key(i, tag):
     return "4k", head + (b"0123456789abcdef" * 256)[:4096 - len(head)]
 
 
-def counter_name(key, w, period=1):
-    return b"rl:{%s:%s}:%d:%d" % (ZONE.encode(), key, period, w)
+def counter_name(key, w, period=1, zone=ZONE):
+    return b"rl:{%s:%s}:%d:%d" % (zone.encode(), key, period, w)
 
 
 # --------------------------------------------------------------------------
@@ -378,6 +381,7 @@ class Run:
         self.redis_rate = []      # (t, commands/s)
         self.redis_err = []
         self.hot_redis = {}       # (k, w) -> value read from Redis (int or str)
+        self.strict_redis = {}    # the same for the strict keys
         self.thread_errors = []
         self.dead_masters = set()
         self.stalls = []          # (t, node) of requests in flight >= --stall s
@@ -498,7 +502,8 @@ class Run:
                 w = int(time.time()) - 1
                 cmds = [("INFO", "server", "commandstats")]
                 if 0.3 <= frac <= 0.9:
-                    cmds.append(["MGET"] + [counter_name(k, w) for k in HOT_KEYS])
+                    cmds.append(["MGET"] + [counter_name(k, w) for k in HOT_KEYS]
+                                + [counter_name(k, w, zone=STRICT_ZONE) for k in STRICT_KEYS])
                 replies = conn.pipeline(cmds)
                 info = replies[0]
                 vals = replies[1] if len(replies) > 1 else None
@@ -518,11 +523,13 @@ class Run:
                     last = (now, total, mine)
                 if isinstance(vals, list):
                     for k, v in enumerate(vals):
+                        into, kk = ((self.hot_redis, k) if k < len(HOT_KEYS)
+                                    else (self.strict_redis, k - len(HOT_KEYS)))
                         if v is not None:
                             try:
-                                self.hot_redis[(k, w)] = int(v)
+                                into[(kk, w)] = int(v)
                             except ValueError:
-                                self.hot_redis[(k, w)] = v
+                                into[(kk, w)] = v
             except (OSError, ConnectionError, ValueError) as e:
                 self.redis_err.append((t, "%s: %s" % (type(e).__name__, e)))
                 if conn is not None:
@@ -1042,23 +1049,45 @@ def summarize(run, args):
                     gaps[w][n] = max(gaps[w][n], b - a)
 
     # strict keys: decided in Redis, so a window outside outages holds at
-    # most L (a request decided just before a window's end and answered just
-    # after it is tallied in the next: a little slack, as for hot keys)
+    # most L. Clients tally an answer by its X-T, the time nginx wrote it:
+    # a request Redis decided just before a window's end and answered
+    # just after it is tallied in the next, so a tally has a little slack
+    # (as for hot keys), and a tally over it is judged by what Redis
+    # counted in that window (its counter, read after the window ended),
+    # when that was read: Redis's count is what it allowed there.
     for k, key in enumerate(STRICT_KEYS):
-        judged, outage_w = [], []
+        judged, outage_w, late = [], [], []
         for (kk, w), (allowed, tot) in sorted(strict.items()):
             if kk != k or w < int(t_start) or w > int(t_end):
                 continue
-            (outage_w if overlaps(w, outs, args.margin) else judged).append((allowed, tot))
-        over = [a for a, _ in judged if a > STRICT_RATE * 1.05]
-        busy = [a for a, t in judged if t > STRICT_RATE]
+            (outage_w if overlaps(w, outs, args.margin) else judged).append((allowed, tot, w))
+        over = []
+        for a, _, w in judged:
+            if a <= STRICT_RATE * 1.05:
+                continue
+            v = run.strict_redis.get((k, w))
+            if isinstance(v, int) and v <= STRICT_RATE:
+                late.append("w=%d tallied %d, Redis counted %d" % (w, a, v))
+            else:
+                over.append(a)
+        busy = [a for a, t, _ in judged if t > STRICT_RATE]
         row('strict "%s" %dr/s: allowed per 1 s window' % (kname(key), STRICT_RATE),
             "%d windows judged (%d with demand > L): max %d, mean %.1f, > 1.05 x L: %d; "
-            "outage windows %d (max %d)"
-            % (len(judged), len(busy), max([a for a, _ in judged] or [0]),
-               sum(a for a, _ in judged) / max(1, len(judged)), len(over),
-               len(outage_w), max([a for a, _ in outage_w] or [0])),
+            "outage windows %d (max %d)%s"
+            % (len(judged), len(busy), max([a for a, _, _ in judged] or [0]),
+               sum(a for a, _, _ in judged) / max(1, len(judged)), len(over),
+               len(outage_w), max([a for a, _, _ in outage_w] or [0]),
+               "; tallied over but counted within L by Redis (answered after the window "
+               "ended): " + "; ".join(late) if late else ""),
             not over and bool(busy))
+        counted = [(w, v) for (kk, w), v in run.strict_redis.items()
+                   if kk == k and isinstance(v, int) and int(t_start) <= w <= int(t_end)
+                   and not overlaps(w, outs, args.margin)]
+        row("  Redis's count per judged window",
+            "%d read: max %d" % (len(counted), max([v for _, v in counted] or [0])))
+        if any(v > STRICT_RATE for _, v in counted):
+            fails.append('strict key "%s": Redis counted more than L in a judged window (max %d of %d)'
+                         % (kname(key), max(v for _, v in counted), STRICT_RATE))
         if over:
             fails.append('strict key "%s": %d judged window(s) over 1.05 x L (max %d of %d)'
                          % (kname(key), len(over), max(over), STRICT_RATE))
