@@ -369,12 +369,15 @@ impl<'a> Sim<'a> {
                 let first = (start_ms as u64 / p + 1) * p + 1000;
                 (0..u64::from(count)).map(|k| first + k * gap).collect()
             }
-            None if s.burst.is_some() => {
-                let (count, ms) = s.burst.unwrap_or_default();
-                let first = (start_ms as u64 / p + 1) * p + 1000;
-                (0..u64::from(count)).map(|k| first + k * ms / u64::from(count)).collect()
-            }
-            None => Arrivals::new(rng.next_u64(), s.kind, per_ms, p as f64, from, end_ms).collect(),
+            None => match s.burst {
+                Some((count, ms)) => {
+                    let first = (start_ms as u64 / p + 1) * p + 1000;
+                    (0..u64::from(count)).map(|k| first + k * ms / u64::from(count)).collect()
+                }
+                None => {
+                    Arrivals::new(rng.next_u64(), s.kind, per_ms, p as f64, from, end_ms).collect()
+                }
+            },
         };
         // arrivals in µs with a random sub-millisecond part, one event each
         let mut times: Vec<u64> =
@@ -386,6 +389,7 @@ impl<'a> Sim<'a> {
         let mut log = SlidingLog::new(p);
         let mut windows: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
         let mut arrived = 0usize;
+        let trace = std::env::var_os("SIM_TRACE").is_some();
         while let Some(Reverse((t, _, idx))) = self.heap.pop() {
             if let Some((on, every)) = s.starve {
                 // each seed starts the flood at another point of the cycle
@@ -408,7 +412,7 @@ impl<'a> Sim<'a> {
                     let now = t / 1000;
                     let exact_allows = log.count_at(now) < s.rate.limit as usize;
                     let allowed = self.request(node, t);
-                    if allowed && std::env::var_os("SIM_TRACE").is_some() {
+                    if allowed && trace {
                         let e = &self.nodes[node].e;
                         println!(
                             "{:.3} node {node} allowed: total {} view {} inflight {} share {:.3} waiting {}",

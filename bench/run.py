@@ -41,6 +41,7 @@ failure and on Ctrl-C. Python 3.11 stdlib, wrk and redis-server only.
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -461,14 +462,14 @@ def wait_minute_safe(limit=50):
         time.sleep(60 - s + 0.05)
 
 
-def flood_once(nodes, conns, key):
-    """Every node floods one fresh key of 1000r/m (`/a`) for 3 s; the
-    allowed requests of each node."""
+def flood_once(nodes, conns, key, what="flood"):
+    """Every node floods one fresh key of 1000r/m (`/a`) for 3 s; each
+    node's wrk figures."""
     rs = wrk_parallel([(f"http://127.0.0.1:{x.port}/a?k={key}", conns, 3, os.path.join(HERE, "stats.lua"),
                         None) for x in nodes])
     for x in nodes:
-        x.check_workers("flood")
-    return [r["allowed"] for r in rs]
+        x.check_workers(what)
+    return rs
 
 
 class RedisStaller(threading.Thread):
@@ -480,7 +481,6 @@ class RedisStaller(threading.Thread):
         self.pid, self.ms, self.done = redis.popen.pid, ms, threading.Event()
 
     def run(self):
-        import random
         try:
             while not self.done.wait(random.uniform(0.02, 0.2)):
                 os.kill(self.pid, signal.SIGSTOP)
@@ -496,7 +496,6 @@ class RedisStaller(threading.Thread):
 
 def expiring(redis, n, tag):
     """`n` keys that expire 0.5-3.5 s from now."""
-    import random
     for i in range(0, n, 5000):
         servers.pipeline(redis.port, [("SET", f"exp:{tag}:{j}", "1", "PX", str(random.randint(500, 3500)))
                                       for j in range(i, min(n, i + 5000))], timeout=30)
@@ -516,7 +515,7 @@ def floods(n, two, four, redis, stall_ms=0, expiring_keys=0):
             if st:
                 st.start()
             try:
-                got = flood_once(nodes, conns, f"f{len(nodes)}-{stamp}-{i}")
+                got = [r["allowed"] for r in flood_once(nodes, conns, f"f{len(nodes)}-{stamp}-{i}")]
             finally:
                 if st:
                     st.stop()
@@ -897,13 +896,9 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
             words = {2: "two", 4: "four"}
             log(f"accuracy: {words[n]}-node flood")
             wait_minute_safe(50)
-            key = f"{words[n]}-{stamp}"
-            rs = wrk_parallel([(f"http://127.0.0.1:{x.port}/a?k={key}", conns, 3, stats, None)
-                               for x in nodes])
+            rs = flood_once(nodes, conns, f"{words[n]}-{stamp}", f"{words[n]}-node flood")
             tot = sum(r["allowed"] for r in rs)
             v = tot / 1000
-            for x in nodes:
-                x.check_workers(f"{words[n]}-node flood")
             arows.append([f"{row}. {words[n]} nodes, same key, {n}×{conns} conns flood 3 s "
                           f"({' + '.join(str(r['allowed']) for r in rs)})", "1000r/m",
                           f"{int(sum(r['requests'] for r in rs)):,}", tot, f"{v:.3f}",

@@ -98,11 +98,11 @@ fn cap(e: &Entry, rate: Rate, now_ms: u64, cost: u32, retry_ms: u64, stale_ms: u
         // half of it: shares learnt from replies that land in different
         // orders add up to more than 1
         share /= 2;
-    }
-    if stale && near {
-        // near the limit, the headroom seen is older the longer the wait:
-        // the others spent it meanwhile
-        share = share * stale_ms / waited;
+        if stale {
+            // the headroom seen is older the longer the wait: the others
+            // spent it meanwhile
+            share = share * stale_ms / waited;
+        }
     }
     let p = rate.period_ms();
     let known = Estimate::new(e.prev, e.cur, now_ms.saturating_sub(c.window_start_ms), p);
