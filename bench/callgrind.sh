@@ -10,6 +10,8 @@
 #
 #   bash bench/callgrind.sh [N]        (needs valgrind; about a minute)
 #   CALLGRIND_MODULE=/path/to/module.so bash bench/callgrind.sh   (another build)
+#   CALLGRIND_ONLY='strict lrk' bash bench/callgrind.sh   (only these rows, by
+#       location name without its slash; the baseline is always run)
 #   CALLGRIND_OUT=dir bash bench/callgrind.sh   (keeps each run's profile,
 #       with per-instruction counts, as dir/<conf>-<location>-<requests>.out: for
 #       bench/callgrind_instr.py, or callgrind_annotate on two of them)
@@ -95,6 +97,9 @@ run() { # location requests [conf [keys]] -> instructions
     fi
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$work/vg.log"
 }
+# whether a row is wanted (CALLGRIND_ONLY: its location names; the baseline
+# always is: every row is also given beyond it)
+want() { [ -z "${CALLGRIND_ONLY:-}" ] || [ "$1" = base ] || [[ " $CALLGRIND_ONLY " == *" $1 "* ]]; }
 echo "| location | instructions per request | beyond the baseline |"
 echo "|---|---:|---:|"
 base=
@@ -115,6 +120,7 @@ many_per_request() { # location conf keys rounds
     echo $(( (total - first) / ($3 * ($4 - 1)) ))
 }
 for loc in base limit_req embedded; do
+    want "$loc" || continue
     per=$(per_request "/$loc")
     [ -n "$base" ] || base=$per
     echo "| /$loc | $per | $(( per - base )) |"
@@ -135,12 +141,16 @@ if command -v redis-server >/dev/null; then
     # strict limit uses gets a strict link per worker)
     sed -e 's|^    }$|        location = /strict { root html; try_files /b =404; redis_ratelimit r 1000000000r/s strict; }\n    }|' \
         "$work/conf/redis.conf" > "$work/conf/strict.conf"
-    hot=$(per_request /redis-hot redis.conf)
-    echo "| /redis-hot (one key through Redis, all threads; redis.conf) | $hot | $(( hot - base )) |"
+    if want redis-hot; then
+        hot=$(per_request /redis-hot redis.conf)
+        echo "| /redis-hot (one key through Redis, all threads; redis.conf) | $hot | $(( hot - base )) |"
+    fi
     # a strict request waits for its script call (the worker's strict link:
     # sent and read on the event loop)
-    strict=$(per_request /strict strict.conf)
-    echo "| /strict (one key, each request waits for Redis's decision, all threads; strict.conf) | $strict | $(( strict - base )) |"
+    if want strict; then
+        strict=$(per_request /strict strict.conf)
+        echo "| /strict (one key, each request waits for Redis's decision, all threads; strict.conf) | $strict | $(( strict - base )) |"
+    fi
     # 10 000 keys, far below their limits: limit_req and a Redis zone on
     # the same key variable and zone size (bench/run.py's many-key cases).
     # hold=60s: the held counts wait out the run, so the figure is the
@@ -152,15 +162,19 @@ if command -v redis-server >/dev/null; then
         -e 's|^    }$|        location = /lrk { root html; try_files /b =404; limit_req zone=lrk burst=1000000 nodelay; }\n        location = /redis-10k { root html; try_files /b =404; redis_ratelimit km 6000r/m; }\n    }|' \
         "$work/conf/nginx.conf" > "$work/conf/keys.conf"
     keys=${CALLGRIND_KEYS:-10000}
-    lrk=$(many_per_request /lrk keys.conf "$keys" 3)
-    rk=$(many_per_request /redis-10k keys.conf "$keys" 3)
-    echo "| /lrk (limit_req, $keys keys by X-Key; keys.conf) | $lrk | $(( lrk - base )) |"
-    echo "| /redis-10k ($keys keys by X-Key through Redis, 6000r/m, hold=60s, all threads; keys.conf) | $rk | $(( rk - base )) |"
-    echo
-    echo "many keys: /redis-10k ÷ /lrk = $(( rk * 1000 / lrk )) per mille (X-Key's header adds to both and to neither baseline)"
+    if want lrk || want redis-10k; then
+        lrk=$(many_per_request /lrk keys.conf "$keys" 3)
+        rk=$(many_per_request /redis-10k keys.conf "$keys" 3)
+        echo "| /lrk (limit_req, $keys keys by X-Key; keys.conf) | $lrk | $(( lrk - base )) |"
+        echo "| /redis-10k ($keys keys by X-Key through Redis, 6000r/m, hold=60s, all threads; keys.conf) | $rk | $(( rk - base )) |"
+        echo
+        echo "many keys: /redis-10k ÷ /lrk = $(( rk * 1000 / lrk )) per mille (X-Key's header adds to both and to neither baseline)"
+    fi
 fi
-fixed=$(per_request /embedded map.conf)
-mapped=$(per_request /embedded-map map.conf)
-echo
-echo "rate from a map (map.conf: the same plus one map): /embedded $fixed, /embedded-map $mapped" \
-     "instructions per request ($(( mapped - fixed )) more, $(( (mapped - fixed) * 1000 / fixed )) per mille)"
+if want embedded-map; then
+    fixed=$(per_request /embedded map.conf)
+    mapped=$(per_request /embedded-map map.conf)
+    echo
+    echo "rate from a map (map.conf: the same plus one map): /embedded $fixed, /embedded-map $mapped" \
+         "instructions per request ($(( mapped - fixed )) more, $(( (mapped - fixed) * 1000 / fixed )) per mille)"
+fi

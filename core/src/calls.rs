@@ -4,7 +4,7 @@
 //! call is out wait, and go together in its next call (one call answers
 //! every request of the key that waited meanwhile).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash};
 use std::time::Instant;
 
@@ -15,28 +15,39 @@ type Fast = BuildHasherDefault<ItemHasher>;
 
 #[derive(Debug)]
 pub struct Calls<K, G> {
-    waiting: HashMap<K, G, Fast>,
-    busy: HashSet<K, Fast>,
-    flight: VecDeque<(K, G, Instant)>,
-    /// The keys `write` moves, a buffer it reuses.
+    /// Per key that has a group waiting or a call out (or both).
+    keys: HashMap<K, Slot<G>, Fast>,
+    /// The keys whose waiting group can be written (no call out), in the
+    /// order they became so.
     ready: Vec<K>,
+    /// How many groups wait (ready or behind a call out).
+    waiting: usize,
+    flight: VecDeque<(K, G, Instant)>,
+}
+
+#[derive(Debug)]
+struct Slot<G> {
+    waiting: Option<G>,
+    out: bool,
 }
 
 impl<K: Hash + Eq + Copy, G> Default for Calls<K, G> {
     fn default() -> Self {
-        Calls {
-            waiting: HashMap::default(),
-            busy: HashSet::default(),
-            flight: VecDeque::new(),
-            ready: Vec::new(),
-        }
+        Calls { keys: HashMap::default(), ready: Vec::new(), waiting: 0, flight: VecDeque::new() }
     }
 }
 
 impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// The group waiting for `key` (made by `make` if there is none).
     pub fn waiting(&mut self, key: K, make: impl FnOnce() -> G) -> &mut G {
-        self.waiting.entry(key).or_insert_with(make)
+        let slot = self.keys.entry(key).or_insert(Slot { waiting: None, out: false });
+        if slot.waiting.is_none() {
+            self.waiting += 1;
+            if !slot.out {
+                self.ready.push(key);
+            }
+        }
+        slot.waiting.get_or_insert_with(make)
     }
 
     /// Moves every waiting group whose key has no call out to the calls
@@ -44,16 +55,15 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// written.
     pub fn write(&mut self, at: Instant) -> impl Iterator<Item = &G> {
         let start = self.flight.len();
-        let mut ready = std::mem::take(&mut self.ready);
-        ready.clear();
-        ready.extend(self.waiting.keys().filter(|k| !self.busy.contains(k)).copied());
-        for &k in &ready {
-            if let Some(g) = self.waiting.remove(&k) {
-                self.busy.insert(k);
+        for k in self.ready.drain(..) {
+            if let Some(g) = self.keys.get_mut(&k).and_then(|s| {
+                s.out = true;
+                s.waiting.take()
+            }) {
+                self.waiting -= 1;
                 self.flight.push_back((k, g, at));
             }
         }
-        self.ready = ready;
         self.flight.range(start..).map(|(_, g, _)| g)
     }
 
@@ -61,13 +71,20 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// with when it was written.
     pub fn answered(&mut self) -> Option<(G, Instant)> {
         let (k, g, at) = self.flight.pop_front()?;
-        self.busy.remove(&k);
+        if let Some(s) = self.keys.get_mut(&k) {
+            s.out = false;
+            if s.waiting.is_some() {
+                self.ready.push(k);
+            } else {
+                self.keys.remove(&k);
+            }
+        }
         Some((g, at))
     }
 
     /// Something waits to be written.
     pub fn has_waiting(&self) -> bool {
-        !self.waiting.is_empty()
+        self.waiting > 0
     }
 
     /// Some call is out.
@@ -77,9 +94,10 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
 
     /// Everything, taken out: the calls out (in order), then what waited.
     pub fn drain(&mut self) -> (Vec<G>, Vec<G>) {
-        self.busy.clear();
+        self.ready.clear();
+        self.waiting = 0;
         let out = self.flight.drain(..).map(|(_, g, _)| g).collect();
-        let waiting = self.waiting.drain().map(|(_, g)| g).collect();
+        let waiting = self.keys.drain().filter_map(|(_, s)| s.waiting).collect();
         (out, waiting)
     }
 }
@@ -118,6 +136,31 @@ mod tests {
         assert_eq!(c.answered().map(|x| x.0), Some(vec![12, 13]));
         assert_eq!(c.answered().map(|x| x.0), None);
         assert!(!c.in_flight());
+    }
+
+    #[test]
+    fn keys_are_written_in_the_order_they_became_ready() {
+        let t = Instant::now();
+        let mut c: Calls<u32, Vec<u32>> = Calls::default();
+        for k in [5, 1, 9, 3] {
+            c.waiting(k, Vec::new).push(k);
+        }
+        let order: Vec<u32> = c.write(t).map(|g| g[0]).collect();
+        assert_eq!(order, [5, 1, 9, 3]);
+        // 9 and 5 wait behind their calls; 5's answer comes first
+        c.waiting(9, Vec::new).push(90);
+        c.waiting(5, Vec::new).push(50);
+        assert_eq!(c.write(t).count(), 0);
+        assert_eq!(c.answered().map(|x| x.0), Some(vec![5]));
+        assert_eq!(c.write(t).cloned().collect::<Vec<_>>(), [vec![50]]);
+        for _ in 0..3 {
+            c.answered();
+        }
+        assert_eq!(c.write(t).cloned().collect::<Vec<_>>(), [vec![90]]);
+        assert!(!c.has_waiting());
+        c.answered();
+        c.answered();
+        assert!(!c.in_flight() && c.keys.is_empty(), "no key left behind");
     }
 
     #[test]

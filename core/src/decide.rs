@@ -289,9 +289,8 @@ fn count(e: &mut Entry, mode: Mode, cost: u32) -> bool {
     mode.remote() && cost > 0
 }
 
-/// The decision for a request of one background limit (`Strict::No`),
-/// as `many` makes it, on one entry. `queue`: the zone has a Redis
-/// thread to push to.
+/// The decision for a request of one limit, as `many` makes it, on one
+/// entry. `queue`: the zone has a Redis thread to push to.
 #[inline(always)]
 pub fn one(
     e: &mut Entry,
@@ -300,14 +299,19 @@ pub fn one(
     take: Take,
     queue: bool,
 ) -> (Decision, Option<Push>) {
-    if l.mode == Mode::Local {
+    if l.mode == Mode::Local && l.strict == Strict::No {
         return (local(e, l, now_ms, take), None);
     }
     let mut checked = check(e, l, now_ms);
     let allowed = checked.check.allowed;
-    let counted = take.counts(allowed) && l.mode.counts();
-    let send = counted && count(e, l.mode, l.cost);
-    if counted {
+    // what Redis decided it counted already
+    let counted = take.counts(allowed) && l.mode.counts() && !l.strict.decided();
+    let send = counted && count(e, l.mode, l.cost) && l.strict != Strict::Later;
+    if l.strict != Strict::No {
+        // checked without this node's unconfirmed increments (`Before`),
+        // or counted in Redis: the entry's estimate as it is now
+        checked.after = counter::estimate(e, l.rate, now_ms);
+    } else if counted {
         // the entry's estimate with this request in it (what
         // `counter::estimate` gives now, without a second pass)
         checked.after = checked.check.estimate.plus(l.cost);

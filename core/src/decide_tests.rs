@@ -268,7 +268,17 @@ fn the_one_limit_path_decides_as_the_general_path() {
         let mut e = Entry::default();
         let mut now = T0 + g.below(120_000);
         for _ in 0..200 {
-            let l = random_limit(&mut g, 0);
+            let strict = g.pick(&[
+                Strict::No,
+                Strict::No,
+                Strict::No,
+                Strict::Before,
+                Strict::Later,
+                Strict::Allowed,
+                Strict::Rejected,
+                Strict::Failed,
+            ]);
+            let l = Limit { strict, ..random_limit(&mut g, 0) };
             let take = g.pick(&[Take::IfAllowed, Take::IfAllowed, Take::Always, Take::Never]);
             let queue = g.below(4) != 0;
             let mut a = e;

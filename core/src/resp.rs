@@ -131,26 +131,93 @@ pub fn push_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(&digits[at..]);
 }
 
+/// `n` as a bulk string (`$<len>\r\n<digits>\r\n`) at the end of `buf`,
+/// written back to front (the digits first, then their count): returns
+/// where it starts.
+#[inline]
+fn bulk_digits(buf: &mut [u8; 27], n: u64) -> usize {
+    buf[25..].copy_from_slice(b"\r\n");
+    let at = decimal(buf, 25, n);
+    let len = 25 - at;
+    // at least 5 bytes before the digits (20 at most): `$`, two, CRLF
+    buf[at - 2..at].copy_from_slice(b"\r\n");
+    let head = decimal(buf, at - 2, len as u64);
+    buf[head - 1] = b'$';
+    head - 1
+}
+
 /// Appends `n` in decimal as a bulk string (what `bulk` makes of its
 /// digits), in one copy.
 pub fn bulk_u64(out: &mut Vec<u8>, n: u64) {
-    let len = digits(n);
-    // `$`, the length (1 or 2 digits), CRLF, up to 20 digits, CRLF
     let mut buf = [0u8; 27];
-    buf[0] = b'$';
-    let head = decimal(&mut buf, 3, len as u64);
-    let at = if head == 1 {
-        3
-    } else {
-        // one digit: moved next to the `$`
-        buf[1] = buf[2];
-        2
-    };
-    buf[at..at + 2].copy_from_slice(b"\r\n");
-    let end = at + 2 + len;
-    decimal(&mut buf, end, n);
-    buf[end..end + 2].copy_from_slice(b"\r\n");
-    out.extend_from_slice(&buf[..end + 2]);
+    let at = bulk_digits(&mut buf, n);
+    out.extend_from_slice(&buf[at..]);
+}
+
+/// A command written in place at the end of a buffer: room made once for
+/// what the caller expects to write (a hint: a word past it makes more),
+/// each word copied in; what was not used is cut off when it is dropped.
+/// A strict call writes a dozen words: no growth check per word.
+pub struct Writer<'a> {
+    out: &'a mut Vec<u8>,
+    at: usize,
+}
+
+impl<'a> Writer<'a> {
+    /// Room for about `room` bytes at the end of `out`.
+    pub fn new(out: &'a mut Vec<u8>, room: usize) -> Writer<'a> {
+        let at = out.len();
+        out.resize(at + room, 0);
+        Writer { out, at }
+    }
+
+    #[inline]
+    pub fn put(&mut self, b: &[u8]) {
+        let end = self.at + b.len();
+        if end > self.out.len() {
+            self.out.resize(end, 0);
+        }
+        self.out[self.at..end].copy_from_slice(b);
+        self.at = end;
+    }
+
+    /// `n` in decimal.
+    #[inline]
+    pub fn decimal(&mut self, n: u64) {
+        let mut d = [0u8; 20];
+        let at = decimal(&mut d, 20, n);
+        self.put(&d[at..]);
+    }
+
+    /// An array's header (`*n`).
+    #[inline]
+    pub fn array(&mut self, n: usize) {
+        self.put(b"*");
+        self.decimal(n as u64);
+        self.put(b"\r\n");
+    }
+
+    /// A bulk string's head, for `len` bytes written next (then CRLF).
+    #[inline]
+    pub fn bulk_head(&mut self, len: usize) {
+        self.put(b"$");
+        self.decimal(len as u64);
+        self.put(b"\r\n");
+    }
+
+    /// `n` in decimal as a bulk string.
+    #[inline]
+    pub fn bulk_u64(&mut self, n: u64) {
+        let mut buf = [0u8; 27];
+        let at = bulk_digits(&mut buf, n);
+        self.put(&buf[at..]);
+    }
+}
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        self.out.truncate(self.at);
+    }
 }
 
 /// Reads one reply from the start of `buf`: `Ok(None)` when `buf` holds
@@ -161,6 +228,44 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
         Some(v) => Ok(Some((v, at))),
         None => Ok(None),
     }
+}
+
+/// A reply as a strict link reads it: an array of integers (what the
+/// script answers) read straight into integers, anything else as a
+/// `Value`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Ints(smallvec::SmallVec<[i64; 8]>),
+    Other(Value),
+}
+
+/// `parse`, with an array of integers read as `Reply::Ints` (no `Value`
+/// per element, no allocation for a short one): `Ok(None)` when `buf`
+/// holds only part of the reply, else the reply and the bytes it took.
+pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    if buf.first() == Some(&b'*') {
+        let mut at = 0;
+        let Some(head) = line(buf, &mut at)? else {
+            return Ok(None);
+        };
+        if let Some(n) = length(&head[1..], MAX_ARRAY)? {
+            let mut ints = smallvec::SmallVec::new();
+            while ints.len() < n {
+                match buf.get(at) {
+                    Some(b':') => {}
+                    // an element of another kind: the general reader
+                    Some(_) => return Ok(parse(buf)?.map(|(v, n)| (Reply::Other(v), n))),
+                    None => return Ok(None),
+                }
+                let Some(text) = line(buf, &mut at)? else {
+                    return Ok(None);
+                };
+                ints.push(number(&text[1..])?);
+            }
+            return Ok(Some((Reply::Ints(ints), at)));
+        }
+    }
+    Ok(parse(buf)?.map(|(v, n)| (Reply::Other(v), n)))
 }
 
 /// A line without its CRLF, from `*at` (moved past it); `None`: not all
@@ -287,6 +392,28 @@ mod tests {
     }
 
     #[test]
+    fn a_writer_writes_what_the_appending_functions_do_whatever_its_room() {
+        for room in [0, 3, 64, 4096] {
+            let (mut got, mut want) = (b"x".to_vec(), b"x".to_vec());
+            {
+                let mut w = Writer::new(&mut got, room);
+                w.array(3);
+                w.bulk_head(2);
+                w.put(b"ab\r\n");
+                w.bulk_u64(0);
+                w.bulk_u64(u64::MAX);
+                w.decimal(1234567);
+            }
+            array(&mut want, 3);
+            bulk(&mut want, b"ab");
+            bulk_u64(&mut want, 0);
+            bulk(&mut want, u64::MAX.to_string().as_bytes());
+            push_u64(&mut want, 1234567);
+            assert_eq!(got, want, "room {room}");
+        }
+    }
+
+    #[test]
     fn integers_read_as_i64_from_str_reads_them() {
         let texts = [
             "0",
@@ -361,6 +488,58 @@ mod tests {
                 Value::Bulk(Some(b"hi".to_vec())),
                 Value::Int(0)
             ]))
+        );
+    }
+
+    /// What `parse_reply` reads of `bytes`, as `parse` reads it: an array
+    /// of integers as `Ints`, the rest as the same `Value`.
+    fn as_parse(bytes: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
+        parse(bytes).map(|o| {
+            o.map(|(v, n)| match v {
+                Value::Array(Some(ref items))
+                    if items.iter().all(|i| matches!(i, Value::Int(_))) =>
+                {
+                    (Reply::Ints(v.ints().unwrap_or_default()), n)
+                }
+                v => (Reply::Other(v), n),
+            })
+        })
+    }
+
+    #[test]
+    fn replies_read_as_parse_reads_them_integer_arrays_as_integers() {
+        let replies: [&[u8]; 14] = [
+            b"*4\r\n:7\r\n:2\r\n:1\r\n:0\r\n",
+            b"*0\r\n",
+            b"*-1\r\n",
+            b"*2\r\n:-9223372036854775808\r\n:9223372036854775807\r\n",
+            b"*3\r\n:7\r\n$2\r\nhi\r\n:0\r\n",
+            b"*2\r\n:1\r\n*1\r\n:2\r\n",
+            b"-NOSCRIPT No matching script\r\n",
+            b"+OK\r\n",
+            b":5\r\n",
+            b"*1\r\n:1a\r\n",
+            b"*1\r\n:\r\n",
+            b"*2\r\n:1\r\n?\r\n",
+            b"*65537\r\n",
+            b"*1\r\n:99999999999999999999\r\n",
+        ];
+        for r in replies {
+            let mut two = r.to_vec();
+            two.extend_from_slice(b":1\r\n");
+            for bytes in [r, &two[..]] {
+                let show = String::from_utf8_lossy(bytes);
+                assert_eq!(parse_reply(bytes), as_parse(bytes), "{show:?}");
+                for cut in 0..bytes.len() {
+                    let part = &bytes[..cut];
+                    let show = String::from_utf8_lossy(part);
+                    assert_eq!(parse_reply(part), as_parse(part), "{show:?}");
+                }
+            }
+        }
+        assert_eq!(
+            parse_reply(b"*3\r\n:7\r\n:2\r\n:1\r\n"),
+            Ok(Some((Reply::Ints(smallvec::smallvec![7, 2, 1]), 16)))
         );
     }
 

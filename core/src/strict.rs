@@ -226,30 +226,43 @@ impl Call<'_> {
     }
 
     /// The command written as RESP at the end of `out` (a strict link's
-    /// request path: no allocation per word).
+    /// request path: written in place, no allocation per word).
     pub fn write(&self, out: &mut Vec<u8>) {
         static HEAD: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-        resp::array(out, 9 + 2 * self.costs.len());
-        out.extend_from_slice(HEAD.get_or_init(|| {
+        let head = HEAD.get_or_init(|| {
             let mut head = Vec::new();
             for w in [&b"EVALSHA"[..], sha1_hex().as_bytes(), b"2"] {
                 resp::bulk(&mut head, w);
             }
             head
-        }));
-        self.each(|w| match w {
-            Word::Bytes(b) => resp::bulk(out, b),
-            Word::Number(n) => resp::bulk_u64(out, n),
-            Word::Key(start) => {
-                // `<prefix>{<tag>}:<period>:<start>`, its length known
-                let len = self.prefix.len()
-                    + self.tag.len()
-                    + 4
-                    + resp::digits(u64::from(self.period))
-                    + resp::digits(start);
-                resp::bulk_head(out, len);
-                write_key_for_tag(out, self.prefix, self.tag, self.period, start);
-                out.extend_from_slice(b"\r\n");
+        });
+        let p = u64::from(self.period);
+        // `<prefix>{<tag>}:<period>:` and then the window's start
+        let key = self.prefix.len() + self.tag.len() + 4 + resp::digits(p);
+        let words = 9 + 2 * self.costs.len();
+        // the words after the keys: numbers of at most 20 digits
+        let room = 8 + head.len() + 2 * (key + 28) + (words - 5) * 27;
+        let mut w = resp::Writer::new(out, room);
+        w.array(words);
+        w.put(head);
+        let starts = [self.window * p, self.window.saturating_sub(1) * p];
+        for start in starts {
+            w.bulk_head(key + resp::digits(start));
+            w.put(self.prefix);
+            w.put(b"{");
+            w.put(self.tag);
+            w.put(b"}:");
+            w.decimal(p);
+            w.put(b":");
+            w.decimal(start);
+            w.put(b"\r\n");
+        }
+        let elapsed = self.now_ms.saturating_sub(starts[0] * 1000);
+        args(self.limit, self.period, elapsed, self.costs, self.deadlines, |n| {
+            if n == COUNTED {
+                w.put(b"$2\r\n-1\r\n");
+            } else {
+                w.bulk_u64(n);
             }
         });
     }
@@ -265,7 +278,7 @@ pub struct Answer {
     /// One per request of the group, in order: allowed (and counted) or
     /// not; `None` when the script ran after the request's deadline (not
     /// checked, not counted: `on_error` decided it).
-    pub allowed: Vec<Option<bool>>,
+    pub allowed: smallvec::SmallVec<[Option<bool>; 4]>,
 }
 
 /// Reads the script's reply (the integers of its array), checking that it
@@ -423,7 +436,10 @@ mod tests {
         );
         assert_eq!(collect(5, 1, 99_999, &[1], &[]), [5, 1000, 1000, 2, 1, 0]);
         let a = parse_answer(&[7, 2, 1, 0, 2], 3).unwrap();
-        assert_eq!(a, Answer { cur: 7, prev: 2, allowed: vec![Some(true), Some(false), None] });
+        assert_eq!(
+            a,
+            Answer { cur: 7, prev: 2, allowed: smallvec::smallvec![Some(true), Some(false), None] }
+        );
         assert_eq!(parse_answer(&[7, 2, 1], 2), None);
         assert_eq!(parse_answer(&[7, 2, 3], 1), None);
         assert_eq!(parse_answer(&[-1, 2, 1], 1), None);

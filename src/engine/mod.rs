@@ -87,43 +87,14 @@ fn decide_other(
     log: *mut ngx_log_t,
 ) -> Result<Decision, NoZone> {
     match asks {
-        [one] => decide_single(mcf, one, now, take, log),
+        // one limit Redis decides (checked before its wait, and again
+        // with the verdict)
+        [one] => decide_one(mcf, one, now, take, log),
         _ => decide_many(mcf, asks, now, take, log),
     }
 }
 
-/// `decide` for one limit Redis decides (checked before its wait, and
-/// again with the verdict): one lock, one entry, the general decision
-/// without the bookkeeping for several zones.
-#[inline]
-fn decide_single(
-    mcf: &MainConf,
-    a: &Ask<'_>,
-    now: u64,
-    take: Take,
-    log: *mut ngx_log_t,
-) -> Result<Decision, NoZone> {
-    let channel = crate::worker::channel::channel();
-    let (shared, id) = identify(mcf, a)?;
-    let l = limit(mcf, a, 0, channel);
-    let (mut all, mut pushes) = (CheckedAll::new(), Pushes::new());
-    let mut locked = shared.lock();
-    let (entry, _) = locked.table.get_or_insert(id);
-    let entries = std::slice::from_mut(locked.table.entry_mut(entry));
-    let d = decide::many_into(entries, &[l], now, take, channel.is_some(), &mut all, &mut pushes);
-    drop(locked);
-    if let Some(c) = all.first() {
-        trace(log, mcf, a, id, l.mode, c);
-    }
-    if let Some(ch) = channel {
-        for p in &pushes {
-            queue(mcf, ch, a, id, p);
-        }
-    }
-    Ok(d)
-}
-
-/// `decide` for one background limit: one lock, one entry.
+/// `decide` for one limit: one lock, one entry.
 #[inline(always)]
 fn decide_one(
     mcf: &MainConf,

@@ -37,7 +37,7 @@ use nginx_sys::{
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::calls::Calls;
 use ratelimit_core::rate::Rate;
-use ratelimit_core::resp::{self, Value};
+use ratelimit_core::resp::{self, Reply, Value};
 use ratelimit_core::stats::Stats;
 use ratelimit_core::strict;
 
@@ -378,7 +378,7 @@ impl Link {
         let mut at = 0;
         let mut lost: Option<String> = None;
         loop {
-            match resp::parse(&self.input[at..]) {
+            match resp::parse_reply(&self.input[at..]) {
                 Ok(Some((v, n))) => {
                     at += n;
                     let Some((g, sent_at)) = self.calls.answered() else {
@@ -413,7 +413,7 @@ impl Link {
 
     /// Applies one answer; the error reply that drops the link, if it is
     /// one.
-    fn answer(&mut self, g: StrictGroup, sent_at: Instant, v: Value) -> Option<String> {
+    fn answer(&mut self, g: StrictGroup, sent_at: Instant, v: Reply) -> Option<String> {
         let mcf = main_conf()?;
         let log = self.log();
         let stats = zone_stats(mcf, self.zone);
@@ -421,15 +421,18 @@ impl Link {
             st.pipeline(1, sent_at.elapsed().as_micros() as u64);
         }
         let rate = Rate { limit: g.limit, period: g.period };
-        if let Value::Error(text) = &v {
-            // it did not run: the thread deals with it as with its own
-            if let Some(ch) = self.channel() {
-                ch.push_strict(g.into_asks());
+        let answer = match &v {
+            Reply::Ints(ints) => strict::parse_answer(ints, g.tickets.len()),
+            Reply::Other(e @ Value::Error(text)) => {
+                // it did not run: the thread deals with it as with its own
+                if let Some(ch) = self.channel() {
+                    ch.push_strict(g.into_asks());
+                }
+                let lost = LOST.contains(&e.error_code().unwrap_or_default());
+                return lost.then(|| text.chars().take(200).collect());
             }
-            let lost = LOST.contains(&v.error_code().unwrap_or_default());
-            return lost.then(|| text.chars().take(200).collect());
-        }
-        let answer = v.ints().and_then(|ints| strict::parse_answer(&ints, g.tickets.len()));
+            Reply::Other(_) => None,
+        };
         match &answer {
             Some(_) => {
                 if let Some(st) = stats {
