@@ -257,15 +257,41 @@ pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> 
                     Some(_) => return Ok(parse(buf)?.map(|(v, n)| (Reply::Other(v), n))),
                     None => return Ok(None),
                 }
-                let Some(text) = line(buf, &mut at)? else {
-                    return Ok(None);
-                };
-                ints.push(number(&text[1..])?);
+                match short_int(buf, at + 1) {
+                    Some((n, end)) => {
+                        ints.push(n);
+                        at = end;
+                    }
+                    None => {
+                        let Some(text) = line(buf, &mut at)? else {
+                            return Ok(None);
+                        };
+                        ints.push(number(&text[1..])?);
+                    }
+                }
             }
             return Ok(Some((Reply::Ints(ints), at)));
         }
     }
     Ok(parse(buf)?.map(|(v, n)| (Reply::Other(v), n)))
+}
+
+/// An integer line's digits from `at`: 1 to 18 of them (no sign) and
+/// CRLF, all here, read in one pass; `None` for anything else (a sign, a
+/// longer number, a partial line, an error), which `line` and `number`
+/// then read as they read any line. The script's answers are such lines.
+#[inline]
+fn short_int(buf: &[u8], at: usize) -> Option<(i64, usize)> {
+    let rest = buf.get(at..)?;
+    let mut n: i64 = 0;
+    for (i, &b) in rest.iter().enumerate().take(19) {
+        match b {
+            b'0'..=b'9' => n = n * 10 + i64::from(b - b'0'),
+            b'\r' if i > 0 && rest.get(i + 1) == Some(&b'\n') => return Some((n, at + i + 2)),
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// A line without its CRLF, from `*at` (moved past it); `None`: not all
@@ -508,7 +534,11 @@ mod tests {
 
     #[test]
     fn replies_read_as_parse_reads_them_integer_arrays_as_integers() {
-        let replies: [&[u8]; 14] = [
+        let replies: [&[u8]; 18] = [
+            b"*2\r\n:999999999999999999\r\n:1000000000000000000\r\n",
+            b"*1\r\n:007\r\n",
+            b"*1\r\n:7\rx\n",
+            b"*1\r\n:7\n",
             b"*4\r\n:7\r\n:2\r\n:1\r\n:0\r\n",
             b"*0\r\n",
             b"*-1\r\n",
