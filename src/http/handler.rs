@@ -64,7 +64,7 @@ fn limit(
             return Ok(NGX_DECLINED as ngx_int_t);
         };
         if exact(mcf, l.zone, rate) {
-            return limit_all(r, mcf, lcf, limits);
+            return limit_in_redis(r, mcf, lcf, l, rate);
         }
         let key = key(r, mcf, l.zone)?;
         if key.is_empty() {
@@ -79,7 +79,34 @@ fn limit(
         };
         return finish(r, mcf, lcf, now, &asks, &decision);
     }
+    if let [l] = limits {
+        // one strict limit
+        let Some(rate) = rate(r, mcf, l)? else {
+            return Ok(NGX_DECLINED as ngx_int_t);
+        };
+        return limit_in_redis(r, mcf, lcf, l, rate);
+    }
     limit_all(r, mcf, lcf, limits)
+}
+
+/// A location's one limit, which Redis decides (`in_redis`): `limit_all`
+/// without its lists (out of line: the path above stays small).
+#[inline(never)]
+fn limit_in_redis(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    l: &Limit,
+    rate: Rate,
+) -> Result<ngx_int_t, ()> {
+    let key = key(r, mcf, l.zone)?;
+    if key.is_empty() {
+        not_limited(mcf, l.zone);
+        return Ok(NGX_DECLINED as ngx_int_t);
+    }
+    let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
+    let mut asks = [ask(mcf, l, 0, key, rate, cost)];
+    crate::http::strict::limit(r, mcf, lcf, &mut asks, &[true])
 }
 
 /// A small limit (`strict::small`) on a zone with Redis is decided by
@@ -99,8 +126,8 @@ pub(super) fn in_redis(mcf: &MainConf, l: &Limit, rate: Rate) -> bool {
     l.strict || exact(mcf, l.zone, rate)
 }
 
-/// Every limit of the location, each key evaluated once (out of line: the
-/// one-limit path above stays small).
+/// Every limit of a location with several, each key evaluated once (out
+/// of line: the one-limit path above stays small).
 #[inline(never)]
 fn limit_all(
     r: &mut ngx_http_request_t,

@@ -54,7 +54,9 @@ fn set_ctx(r: &mut ngx_http_request_t, w: *mut Wait) {
     unsafe { *r.ctx.add(i) = w.cast::<c_void>() };
 }
 
-/// Decides a request with strict limits (`wants[i]`: `asks[i]` is one).
+/// Decides a request with strict limits (`wants[i]`: `asks[i]` is one); out
+/// of line, so that the handler's path without them stays small.
+#[inline(never)]
 pub(super) fn limit(
     r: &mut ngx_http_request_t,
     mcf: &MainConf,
