@@ -189,7 +189,7 @@ impl<'a> Writer<'a> {
         Writer { out, at }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn put(&mut self, b: &[u8]) {
         let end = self.at + b.len();
         if end > self.out.len() {
@@ -200,13 +200,13 @@ impl<'a> Writer<'a> {
     }
 
     /// Where the next byte goes (for `again`).
-    #[inline]
+    #[inline(always)]
     pub fn mark(&self) -> usize {
         self.at
     }
 
     /// Writes again what was written from `from` to `to` (marks).
-    #[inline]
+    #[inline(always)]
     pub fn again(&mut self, from: usize, to: usize) {
         let end = self.at + (to - from);
         if end > self.out.len() {
@@ -217,7 +217,7 @@ impl<'a> Writer<'a> {
     }
 
     /// `n` in decimal.
-    #[inline]
+    #[inline(always)]
     pub fn decimal(&mut self, n: u64) {
         let mut d = [0u8; 20];
         let at = decimal(&mut d, 20, n);
@@ -225,7 +225,7 @@ impl<'a> Writer<'a> {
     }
 
     /// An array's header (`*n`).
-    #[inline]
+    #[inline(always)]
     pub fn array(&mut self, n: usize) {
         self.put(b"*");
         self.decimal(n as u64);
@@ -233,7 +233,7 @@ impl<'a> Writer<'a> {
     }
 
     /// A bulk string's head, for `len` bytes written next (then CRLF).
-    #[inline]
+    #[inline(always)]
     pub fn bulk_head(&mut self, len: usize) {
         self.put(b"$");
         self.decimal(len as u64);
@@ -241,7 +241,7 @@ impl<'a> Writer<'a> {
     }
 
     /// `n` in decimal as a bulk string.
-    #[inline]
+    #[inline(always)]
     pub fn bulk_u64(&mut self, n: u64) {
         let mut buf = [0u8; 27];
         let at = bulk_digits(&mut buf, n);

@@ -156,10 +156,11 @@ pub(super) fn limit(
             // `ngx_pcalloc` gives); `suspend` sets what a subrequest uses.
             ev: unsafe { std::mem::zeroed() },
             sub: !ptr::eq(r.main, r),
+            listed: false,
         },
         timeout,
     )?;
-    waits::register(base, wait);
+    waits::register(wait);
     crate::worker::link::send(ch, sends);
     Ok(NGX_AGAIN as ngx_int_t)
 }
@@ -246,7 +247,7 @@ unsafe extern "C" fn wake_sub(ev: *mut ngx_event_t) {
         let r = (*w).r;
         if (*ev).timedout() != 0 {
             (*ev).set_timedout(0);
-            waits::unregister((*w).base);
+            waits::unregister(w);
         }
         (*r).write_event_handler = Some(ngx_http_core_run_phases);
         let c = (*r).connection;
@@ -278,7 +279,7 @@ unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
         }
         let w = ctx(r);
         if !w.is_null() {
-            waits::unregister((*w).base);
+            waits::unregister(w);
         }
         if ngx_handle_read_event((*c).read, 0) != NGX_OK as ngx_int_t {
             ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);

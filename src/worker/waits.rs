@@ -45,6 +45,9 @@ pub(crate) struct Wait {
     /// `limit_req` does.
     pub(crate) ev: ngx_event_t,
     pub(crate) sub: bool,
+    /// In the map (from `register` until an answer, a timeout or its
+    /// cleanup takes it out): only then is there anything to remove.
+    pub(crate) listed: bool,
 }
 
 thread_local! {
@@ -59,9 +62,7 @@ thread_local! {
 /// went away): a late answer must not find it.
 pub(crate) unsafe extern "C" fn forget(data: *mut c_void) {
     let w = data.cast::<Wait>();
-    // SAFETY: `data` is the `Wait` written in `suspend`.
-    let base = unsafe { (*w).base };
-    WAITS.with(|m| m.borrow_mut().remove(&base));
+    unregister(w);
     // SAFETY: the wait's own event, if it is a subrequest's: neither its
     // timer nor its posting may outlive the pool it lives in.
     unsafe {
@@ -99,6 +100,7 @@ pub fn resolve(tickets: &[u64], allowed: Option<&[Option<bool>]>) {
         wait.waiting = wait.waiting.saturating_sub(1);
         if wait.waiting == 0 {
             WAITS.with(|m| m.borrow_mut().remove(&wait.base));
+            wait.listed = false;
             if wait.sub {
                 // SAFETY: the wait (and its event) is alive while it is in
                 // the map; posted, it runs in this event loop's turn.
@@ -143,10 +145,21 @@ pub fn next_base() -> u64 {
     })
 }
 
-pub(crate) fn register(base: u64, wait: *mut Wait) {
-    WAITS.with(|m| m.borrow_mut().insert(base, wait));
+/// Lists a wait (in its request's pool) under its tickets' base.
+pub(crate) fn register(wait: *mut Wait) {
+    // SAFETY: a wait just written in its request's pool (`suspend`).
+    let w = unsafe { &mut *wait };
+    WAITS.with(|m| m.borrow_mut().insert(w.base, wait));
+    w.listed = true;
 }
 
-pub(crate) fn unregister(base: u64) {
-    WAITS.with(|m| m.borrow_mut().remove(&base));
+/// Takes a wait out of the map, if it is still there.
+pub(crate) fn unregister(wait: *mut Wait) {
+    // SAFETY: a wait in its request's pool, alive until its cleanup
+    // (which calls this) has run.
+    let w = unsafe { &mut *wait };
+    if w.listed {
+        WAITS.with(|m| m.borrow_mut().remove(&w.base));
+        w.listed = false;
+    }
 }

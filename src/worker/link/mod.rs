@@ -377,7 +377,7 @@ impl Link {
         };
         let mut at = 0;
         let mut lost: Option<String> = None;
-        loop {
+        while at < self.input.len() {
             match resp::parse_reply(&self.input[at..]) {
                 Ok(Some((v, n))) => {
                     at += n;
