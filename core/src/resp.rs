@@ -321,7 +321,7 @@ fn short_int(buf: &[u8], at: usize) -> Option<(i64, usize)> {
     let mut n: i64 = 0;
     for (i, &b) in rest.iter().enumerate().take(19) {
         match b {
-            b'0'..=b'9' => n = n * 10 + i64::from(b - b'0'),
+            b'0'..=b'9' if i < 18 => n = n * 10 + i64::from(b - b'0'),
             b'\r' if i > 0 && rest.get(i + 1) == Some(&b'\n') => return Some((n, at + i + 2)),
             _ => return None,
         }
