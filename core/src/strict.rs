@@ -61,56 +61,49 @@ pub const COUNTED: u64 = u64::MAX;
 /// alone. `TIME` is read only when a request has a deadline (before any
 /// write: Redis before 5 needs its effects replicated to allow that).
 pub const SCRIPT: &str = r#"-- ngx_http_redis_ratelimit strict mode
-local function count(v)
-  if not v then return 0 end
-  local n = tonumber(v)
-  if not n or n < 0 or n ~= math.floor(n) then
-    return nil
-  end
-  return n
-end
 local both = redis.call('MGET', KEYS[1], KEYS[2])
-local cur = count(both[1])
-local prev = count(both[2])
-if not cur or not prev then
+local cur = tonumber(both[1] or 0)
+local prev = tonumber(both[2] or 0)
+if not cur or not prev or cur < 0 or prev < 0 or cur % 1 ~= 0 or prev % 1 ~= 0 then
   return redis.error_reply('ERR redis_ratelimit: the counter is not an integer')
 end
 local limit = tonumber(ARGV[1])
 local p = tonumber(ARGV[2])
 local e = tonumber(ARGV[3])
-local ttl = tonumber(ARGV[4])
 if e > p then e = p end
 local weighted = prev * (p - e)
 local cap = limit * p
 local out = {0, prev}
+local j = 2
 local added = 0
-local now = nil
+local now
 for i = 5, #ARGV - 1, 2 do
   local c = tonumber(ARGV[i])
   local dl = tonumber(ARGV[i + 1])
   if dl > 0 and not now then
     if redis.replicate_commands then redis.replicate_commands() end
     local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    now = t[1] * 1000 + math.floor(t[2] / 1000)
   end
   local k = c
   if k < 1 then k = 1 end
+  j = j + 1
   if dl < 0 then
     added = added + c
-    out[#out + 1] = 1
+    out[j] = 1
   elseif dl > 0 and now > dl then
-    out[#out + 1] = 2
+    out[j] = 2
   elseif weighted + (cur + added + k - 1) * p < cap then
     added = added + c
-    out[#out + 1] = 1
+    out[j] = 1
   else
-    out[#out + 1] = 0
+    out[j] = 0
   end
 end
 if added > 0 then
   local now_count = redis.call('INCRBY', KEYS[1], added)
   if now_count == added then
-    redis.call('EXPIRE', KEYS[1], ttl)
+    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
   end
   cur = now_count
 end
