@@ -36,21 +36,6 @@ impl Value {
             _ => None,
         }
     }
-
-    /// The integers of an array of integers (a strict answer holds two
-    /// and a flag per request: kept inline).
-    pub fn ints(&self) -> Option<smallvec::SmallVec<[i64; 8]>> {
-        match self {
-            Value::Array(Some(items)) => items
-                .iter()
-                .map(|v| match v {
-                    Value::Int(n) => Some(*n),
-                    _ => None,
-                })
-                .collect(),
-            _ => None,
-        }
-    }
 }
 
 /// The stream is not RESP2 within the bounds above.
@@ -164,14 +149,6 @@ fn bulk_digits(buf: &mut [u8; 27], n: u64) -> usize {
     }
 }
 
-/// Appends `n` in decimal as a bulk string (what `bulk` makes of its
-/// digits), in one copy.
-pub fn bulk_u64(out: &mut Vec<u8>, n: u64) {
-    let mut buf = [0u8; 27];
-    let at = bulk_digits(&mut buf, n);
-    out.extend_from_slice(&buf[at..]);
-}
-
 /// A command written in place at the end of a buffer: room made once for
 /// what the caller expects to write (a hint: a word past it makes more),
 /// each word copied in; what was not used is cut off when it is dropped.
@@ -189,12 +166,20 @@ impl<'a> Writer<'a> {
         Writer { out, at }
     }
 
+    /// Where `n` more bytes end, room made for them if the hint fell
+    /// short.
     #[inline(always)]
-    pub fn put(&mut self, b: &[u8]) {
-        let end = self.at + b.len();
+    fn end(&mut self, n: usize) -> usize {
+        let end = self.at + n;
         if end > self.out.len() {
             self.out.resize(end, 0);
         }
+        end
+    }
+
+    #[inline(always)]
+    pub fn put(&mut self, b: &[u8]) {
+        let end = self.end(b.len());
         self.out[self.at..end].copy_from_slice(b);
         self.at = end;
     }
@@ -208,10 +193,7 @@ impl<'a> Writer<'a> {
     /// Writes again what was written from `from` to `to` (marks).
     #[inline(always)]
     pub fn again(&mut self, from: usize, to: usize) {
-        let end = self.at + (to - from);
-        if end > self.out.len() {
-            self.out.resize(end, 0);
-        }
+        let end = self.end(to - from);
         self.out.copy_within(from..to, self.at);
         self.at = end;
     }
@@ -240,7 +222,8 @@ impl<'a> Writer<'a> {
         self.put(b"\r\n");
     }
 
-    /// `n` in decimal as a bulk string.
+    /// `n` in decimal as a bulk string (what `bulk` makes of its digits),
+    /// in one copy.
     #[inline(always)]
     pub fn bulk_u64(&mut self, n: u64) {
         let mut buf = [0u8; 27];
@@ -278,6 +261,7 @@ pub enum Reply {
 /// per element, no allocation for a short one): `Ok(None)` when `buf`
 /// holds only part of the reply, else the reply and the bytes it took.
 pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    let other = || Ok(parse(buf)?.map(|(v, n)| (Reply::Other(v), n)));
     if buf.first() == Some(&b'*') {
         let mut at = 0;
         let Some(head) = line(buf, &mut at)? else {
@@ -289,7 +273,7 @@ pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> 
                 match buf.get(at) {
                     Some(b':') => {}
                     // an element of another kind: the general reader
-                    Some(_) => return Ok(parse(buf)?.map(|(v, n)| (Reply::Other(v), n))),
+                    Some(_) => return other(),
                     None => return Ok(None),
                 }
                 match short_int(buf, at + 1) {
@@ -308,7 +292,7 @@ pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> 
             return Ok(Some((Reply::Ints(ints), at)));
         }
     }
-    Ok(parse(buf)?.map(|(v, n)| (Reply::Other(v), n)))
+    other()
 }
 
 /// An integer line's digits from `at`: 1 to 18 of them (no sign) and
