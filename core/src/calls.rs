@@ -2,7 +2,8 @@
 //! what is waiting to be written, per key, and what was written and waits
 //! for its answer. A key has at most one call out: requests of a key whose
 //! call is out wait, and go together in its next call (one call answers
-//! every request of the key that waited meanwhile).
+//! every request of the key that waited meanwhile). A call decides
+//! several keys' groups, and is answered once for all of them.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash};
@@ -22,7 +23,11 @@ pub struct Calls<K, G> {
     ready: Vec<K>,
     /// How many groups wait (ready or behind a call out).
     waiting: usize,
-    flight: VecDeque<(K, G, Instant)>,
+    /// The groups of the calls out, oldest first.
+    flight: VecDeque<(K, G)>,
+    /// Per call out, oldest first: how many of `flight`'s groups it holds,
+    /// and when it was written.
+    calls: VecDeque<(usize, Instant)>,
 }
 
 #[derive(Debug)]
@@ -33,7 +38,13 @@ struct Slot<G> {
 
 impl<K: Hash + Eq + Copy, G> Default for Calls<K, G> {
     fn default() -> Self {
-        Calls { keys: HashMap::default(), ready: Vec::new(), waiting: 0, flight: VecDeque::new() }
+        Calls {
+            keys: HashMap::default(),
+            ready: Vec::new(),
+            waiting: 0,
+            flight: VecDeque::new(),
+            calls: VecDeque::new(),
+        }
     }
 }
 
@@ -50,10 +61,14 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         slot.waiting.get_or_insert_with(make)
     }
 
-    /// Moves every waiting group whose key has no call out to the calls
-    /// out (written `at`), and returns those, in the order they are to be
-    /// written.
-    pub fn write(&mut self, at: Instant) -> impl Iterator<Item = &G> {
+    /// Moves every waiting group whose key has no call out to calls out
+    /// of at most `max` groups each (written `at`), and returns those
+    /// calls' groups, call by call, in the order they are to be written.
+    pub fn write(
+        &mut self,
+        at: Instant,
+        max: usize,
+    ) -> impl Iterator<Item = impl Iterator<Item = &G> + Clone> {
         let start = self.flight.len();
         for k in self.ready.drain(..) {
             if let Some(g) = self.keys.get_mut(&k).and_then(|s| {
@@ -61,25 +76,40 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
                 s.waiting.take()
             }) {
                 self.waiting -= 1;
-                self.flight.push_back((k, g, at));
+                self.flight.push_back((k, g));
             }
         }
-        self.flight.range(start..).map(|(_, g, _)| g)
+        let (end, max) = (self.flight.len(), max.max(1));
+        for from in (start..end).step_by(max) {
+            self.calls.push_back(((end - from).min(max), at));
+        }
+        let flight = &self.flight;
+        (start..end)
+            .step_by(max)
+            .map(move |from| flight.range(from..(from + max).min(end)).map(|(_, g)| g))
     }
 
-    /// The oldest call out, answered (the connection answers in order),
-    /// with when it was written.
-    pub fn answered(&mut self) -> Option<(G, Instant)> {
-        let (k, g, at) = self.flight.pop_front()?;
-        if let Some(s) = self.keys.get_mut(&k) {
-            s.out = false;
-            if s.waiting.is_some() {
-                self.ready.push(k);
-            } else {
-                self.keys.remove(&k);
+    /// The groups of the oldest call out (none when no call is out).
+    pub fn oldest(&self) -> impl Iterator<Item = &G> + Clone {
+        let n = self.calls.front().map_or(0, |c| c.0);
+        self.flight.range(..n).map(|(_, g)| g)
+    }
+
+    /// The oldest call out, answered (the connection answers in order):
+    /// its groups, and when it was written.
+    pub fn answered(&mut self) -> Option<(impl Iterator<Item = G> + '_, Instant)> {
+        let (n, at) = self.calls.pop_front()?;
+        for (k, _) in self.flight.range(..n) {
+            if let Some(s) = self.keys.get_mut(k) {
+                s.out = false;
+                if s.waiting.is_some() {
+                    self.ready.push(*k);
+                } else {
+                    self.keys.remove(k);
+                }
             }
         }
-        Some((g, at))
+        Some((self.flight.drain(..n).map(|(_, g)| g), at))
     }
 
     /// Something waits to be written.
@@ -89,14 +119,16 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
 
     /// Some call is out.
     pub fn in_flight(&self) -> bool {
-        !self.flight.is_empty()
+        !self.calls.is_empty()
     }
 
-    /// Everything, taken out: the calls out (in order), then what waited.
+    /// Everything, taken out: the groups of the calls out (in order), then
+    /// what waited.
     pub fn drain(&mut self) -> (Vec<G>, Vec<G>) {
         self.ready.clear();
         self.waiting = 0;
-        let out = self.flight.drain(..).map(|(_, g, _)| g).collect();
+        self.calls.clear();
+        let out = self.flight.drain(..).map(|(_, g)| g).collect();
         let waiting = self.keys.drain().filter_map(|(_, s)| s.waiting).collect();
         (out, waiting)
     }
@@ -106,69 +138,74 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
 mod tests {
     use super::*;
 
+    type C = Calls<u32, Vec<u32>>;
+
+    /// The calls written (each its groups).
+    fn write(c: &mut C, max: usize) -> Vec<Vec<Vec<u32>>> {
+        c.write(Instant::now(), max).map(|call| call.cloned().collect()).collect()
+    }
+
+    /// The oldest call's groups, answered.
+    fn answer(c: &mut C) -> Option<Vec<Vec<u32>>> {
+        let peeked: Vec<Vec<u32>> = c.oldest().cloned().collect();
+        let got: Option<Vec<Vec<u32>>> = c.answered().map(|(gs, _)| gs.collect());
+        assert_eq!(got.clone().unwrap_or_default(), peeked, "oldest() shows what answered() takes");
+        got
+    }
+
     #[test]
     fn a_key_has_one_call_out_and_the_rest_wait_together() {
-        let t = Instant::now();
-        let mut c: Calls<u32, Vec<u32>> = Calls::default();
+        let mut c = C::default();
         c.waiting(1, Vec::new).push(10);
         c.waiting(1, Vec::new).push(11);
         c.waiting(2, Vec::new).push(20);
-        let mut first: Vec<Vec<u32>> = c.write(t).cloned().collect();
-        first.sort();
-        assert_eq!(first, [vec![10, 11], vec![20]]);
+        let first = write(&mut c, 8);
+        assert_eq!(first, [vec![vec![10, 11], vec![20]]], "one call, two keys");
         assert!(!c.has_waiting() && c.in_flight());
         // key 1 is out: its new requests wait, key 3 goes
         c.waiting(1, Vec::new).push(12);
         c.waiting(1, Vec::new).push(13);
         c.waiting(3, Vec::new).push(30);
-        let second: Vec<Vec<u32>> = c.write(t).cloned().collect();
-        assert_eq!(second, [vec![30]]);
+        assert_eq!(write(&mut c, 8), [vec![vec![30]]]);
         assert!(c.has_waiting());
         // answers in order free their keys
-        let (a, _) = c.answered().unwrap();
-        let (b, _) = c.answered().unwrap();
-        let mut ab = vec![a, b];
-        ab.sort();
-        assert_eq!(ab, first);
-        let third: Vec<Vec<u32>> = c.write(t).cloned().collect();
-        assert_eq!(third, [vec![12, 13]]);
-        assert_eq!(c.answered().map(|x| x.0), Some(vec![30]));
-        assert_eq!(c.answered().map(|x| x.0), Some(vec![12, 13]));
-        assert_eq!(c.answered().map(|x| x.0), None);
-        assert!(!c.in_flight());
-    }
-
-    #[test]
-    fn keys_are_written_in_the_order_they_became_ready() {
-        let t = Instant::now();
-        let mut c: Calls<u32, Vec<u32>> = Calls::default();
-        for k in [5, 1, 9, 3] {
-            c.waiting(k, Vec::new).push(k);
-        }
-        let order: Vec<u32> = c.write(t).map(|g| g[0]).collect();
-        assert_eq!(order, [5, 1, 9, 3]);
-        // 9 and 5 wait behind their calls; 5's answer comes first
-        c.waiting(9, Vec::new).push(90);
-        c.waiting(5, Vec::new).push(50);
-        assert_eq!(c.write(t).count(), 0);
-        assert_eq!(c.answered().map(|x| x.0), Some(vec![5]));
-        assert_eq!(c.write(t).cloned().collect::<Vec<_>>(), [vec![50]]);
-        for _ in 0..3 {
-            c.answered();
-        }
-        assert_eq!(c.write(t).cloned().collect::<Vec<_>>(), [vec![90]]);
-        assert!(!c.has_waiting());
-        c.answered();
-        c.answered();
+        assert_eq!(answer(&mut c), Some(first[0].clone()));
+        assert_eq!(write(&mut c, 8), [vec![vec![12, 13]]]);
+        assert_eq!(answer(&mut c), Some(vec![vec![30]]));
+        assert_eq!(answer(&mut c), Some(vec![vec![12, 13]]));
+        assert_eq!(answer(&mut c), None);
         assert!(!c.in_flight() && c.keys.is_empty(), "no key left behind");
     }
 
     #[test]
+    fn keys_are_written_in_the_order_they_became_ready_in_calls_of_at_most_max() {
+        let mut c = C::default();
+        for k in [5, 1, 9, 3, 7] {
+            c.waiting(k, Vec::new).push(k);
+        }
+        let calls = write(&mut c, 2);
+        assert_eq!(calls, [vec![vec![5], vec![1]], vec![vec![9], vec![3]], vec![vec![7]]]);
+        // 9 and 5 wait behind their calls; 5's call is answered first
+        c.waiting(9, Vec::new).push(90);
+        c.waiting(5, Vec::new).push(50);
+        assert!(write(&mut c, 2).is_empty());
+        assert_eq!(answer(&mut c), Some(vec![vec![5], vec![1]]));
+        assert_eq!(write(&mut c, 2), [vec![vec![50]]]);
+        assert_eq!(answer(&mut c), Some(vec![vec![9], vec![3]]));
+        assert_eq!(write(&mut c, 2), [vec![vec![90]]]);
+        assert!(!c.has_waiting());
+        assert_eq!(answer(&mut c), Some(vec![vec![7]]));
+        assert_eq!(answer(&mut c), Some(vec![vec![50]]));
+        assert_eq!(answer(&mut c), Some(vec![vec![90]]));
+        assert!(!c.in_flight() && c.keys.is_empty(), "no key left behind");
+        assert_eq!(c.oldest().count(), 0);
+    }
+
+    #[test]
     fn drain_takes_everything_and_frees_the_keys() {
-        let t = Instant::now();
-        let mut c: Calls<u32, Vec<u32>> = Calls::default();
+        let mut c = C::default();
         c.waiting(1, Vec::new).push(1);
-        let _ = c.write(t).count();
+        assert_eq!(write(&mut c, 4).len(), 1);
         c.waiting(1, Vec::new).push(2);
         c.waiting(2, Vec::new).push(3);
         let (out, mut waiting) = c.drain();
@@ -178,6 +215,6 @@ mod tests {
         assert!(!c.in_flight() && !c.has_waiting());
         // key 1 is free again
         c.waiting(1, Vec::new).push(4);
-        assert_eq!(c.write(t).count(), 1);
+        assert_eq!(write(&mut c, 4), [vec![vec![4]]]);
     }
 }

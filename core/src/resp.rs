@@ -226,6 +226,11 @@ impl<'a> Writer<'a> {
     /// in one copy.
     #[inline(always)]
     pub fn bulk_u64(&mut self, n: u64) {
+        if n < 10 {
+            // a count, a flag, a cost: as a rule one digit
+            self.put(&[b'$', b'1', b'\r', b'\n', b'0' + n as u8, b'\r', b'\n']);
+            return;
+        }
         let mut buf = [0u8; 27];
         let at = bulk_digits(&mut buf, n);
         self.put(&buf[at..]);

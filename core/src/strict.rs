@@ -48,96 +48,35 @@ pub fn small(rate: Rate) -> bool {
 /// whatever the estimate and whenever it runs (written `-1`).
 pub const COUNTED: u64 = u64::MAX;
 
-/// The script: `KEYS[1]` the current window's counter, `KEYS[2]` the
-/// previous one's; `ARGV` limit, period (ms), time into the window (ms),
-/// TTL (s), then per request its cost and its deadline (ms in Redis's
-/// clock, 0: none, -1: counted whatever the estimate, `COUNTED`). Answers
-/// `{cur, prev, a1, a2, ...}` with `ai` 1 when request `i` is allowed (and
-/// counted), 0 when it is not, 2 when the script ran after its deadline
-/// (neither). One `MGET` reads both windows
-/// (the same slot). A counter that holds something else than an integer
-/// is an error reply (the script's own; a key of another type reads as nil
-/// for `MGET` and then fails `INCRBY` with `WRONGTYPE`), so the item fails
-/// alone. `TIME` is read only when a request has a deadline (before any
-/// write: Redis before 5 needs its effects replicated to allow that).
-pub const SCRIPT: &str = r#"-- ngx_http_redis_ratelimit strict mode
-local both = redis.call('MGET', KEYS[1], KEYS[2])
-local cur = tonumber(both[1] or 0)
-local prev = tonumber(both[2] or 0)
-if not cur or not prev or cur < 0 or prev < 0 or cur % 1 ~= 0 or prev % 1 ~= 0 then
-  return redis.error_reply('ERR redis_ratelimit: the counter is not an integer')
-end
-local limit = tonumber(ARGV[1])
-local p = tonumber(ARGV[2])
-local e = tonumber(ARGV[3])
-if e > p then e = p end
-local weighted = prev * (p - e)
-local cap = limit * p
-local out = {0, prev}
-local j = 2
-local added = 0
-local now
-for i = 5, #ARGV - 1, 2 do
-  local c = tonumber(ARGV[i])
-  local dl = tonumber(ARGV[i + 1])
-  if dl > 0 and not now then
-    if redis.replicate_commands then redis.replicate_commands() end
-    local t = redis.call('TIME')
-    now = t[1] * 1000 + math.floor(t[2] / 1000)
-  end
-  local k = c
-  if k < 1 then k = 1 end
-  j = j + 1
-  if dl < 0 then
-    added = added + c
-    out[j] = 1
-  elseif dl > 0 and now > dl then
-    out[j] = 2
-  elseif weighted + (cur + added + k - 1) * p < cap then
-    added = added + c
-    out[j] = 1
-  else
-    out[j] = 0
-  end
-end
-if added > 0 then
-  local now_count = redis.call('INCRBY', KEYS[1], added)
-  if now_count == added then
-    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
-  end
-  cur = now_count
-end
-out[1] = cur
-return out
-"#;
+/// The most groups (keys) one call decides: a call holds Redis for a few
+/// µs per group.
+pub const MAX_GROUPS: usize = 32;
+
+/// The script (`strict.lua`): one call decides one or more groups, each a
+/// key's requests. `KEYS` two per group: the current window's counter,
+/// then the previous one's. `ARGV[1]` is 1 when some request has a
+/// deadline (`TIME` is then read once, before any write: Redis before 5
+/// needs its effects replicated to allow that); then per group: limit,
+/// period (ms), time into the window (ms), TTL (s), the number of
+/// requests, and per request its cost and its deadline (ms in Redis's
+/// clock, 0: none, -1: counted whatever the estimate, `COUNTED`).
+///
+/// Answers per group `cur, prev, a1, a2, ...` in one flat array, with `ai`
+/// 1 when request `i` is allowed (and counted), 0 when it is not, 2 when
+/// the script ran after its deadline (neither). One `MGET` reads a group's
+/// windows (the same slot). A counter that holds something else than an
+/// integer, or an `INCRBY` that fails (`WRONGTYPE`: a key of another type
+/// reads as nil for `MGET`), is the script's error reply while nothing has
+/// been counted by the call; after another group counted, the failed group
+/// answers `cur` -1 (it counted nothing) and the rest go on: a call is
+/// never half done and then answered as an error.
+pub const SCRIPT: &str = include_str!("strict.lua");
 
 /// The script's SHA1 (what `EVALSHA` names it by), as Redis computes it;
 /// worked out once.
 pub fn sha1_hex() -> &'static str {
     static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SHA.get_or_init(|| sha1(SCRIPT.as_bytes()).iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// The arguments after the two keys: limit, period in ms, time into the
-/// window in ms, TTL in seconds (two periods: the window is read as the
-/// previous one during the next), then per request its cost and deadline
-/// (ms in Redis's clock, 0: none).
-pub fn args(
-    limit: u32,
-    period: u32,
-    elapsed_ms: u64,
-    costs: &[u32],
-    deadlines: &[u64],
-    mut f: impl FnMut(u64),
-) {
-    let p = u64::from(period) * 1000;
-    for n in [u64::from(limit), p, elapsed_ms.min(p), 2 * u64::from(period)] {
-        f(n);
-    }
-    for (i, &c) in costs.iter().enumerate() {
-        f(u64::from(c));
-        f(deadlines.get(i).copied().unwrap_or(0));
-    }
 }
 
 /// A request's deadline in Redis's clock: when it stops waiting
@@ -161,56 +100,92 @@ pub fn clock_offset(secs: u64, micros: u64, before_ms: u64, after_ms: u64) -> i6
     redis as i64 - ours as i64
 }
 
-/// One call of the script for a group of requests of one key: `EVALSHA
-/// <sha> 2`, its two keys (the current window `window` and the one
-/// before, under `prefix` and the key's hash `tag`) and its arguments.
-/// `now_ms` is when it is sent: the time into the window is worked out
-/// then.
+/// One key's requests in a call: its two windows (under the call's prefix
+/// and the key's hash `tag`), its limit, and per request its cost and
+/// when it stops waiting (this node's clock: 0 none, `COUNTED`).
 #[derive(Clone, Copy, Debug)]
-pub struct Call<'a> {
-    pub prefix: &'a [u8],
+pub struct Group<'a> {
     pub tag: &'a [u8],
     pub period: u32,
     pub window: u64,
     pub limit: u32,
-    pub now_ms: u64,
     pub costs: &'a [u32],
-    /// Per request, its deadline in Redis's clock (0: none).
     pub deadlines: &'a [u64],
 }
 
-/// One word of a call: bytes, a number, or the key of the window that
-/// starts at this second (each written without a scratch copy).
-enum Word<'a> {
-    Bytes(&'a [u8]),
-    Number(u64),
-    Key(u64),
+impl Group<'_> {
+    /// When its current window and the one before start (s).
+    fn starts(&self) -> (u64, u64) {
+        let p = u64::from(self.period);
+        (self.window * p, self.window.saturating_sub(1) * p)
+    }
+
+    /// Its arguments: limit, period in ms, time into the window in ms
+    /// (at `now_ms`), TTL in seconds (two periods: the window is read as
+    /// the previous one during the next), the number of requests, then per
+    /// request its cost and its deadline in Redis's clock.
+    fn args(&self, now_ms: u64, offset_ms: Option<i64>, mut f: impl FnMut(u64)) {
+        let p = u64::from(self.period) * 1000;
+        let elapsed = now_ms.saturating_sub(self.starts().0 * 1000);
+        let n = self.costs.len() as u64;
+        for x in [u64::from(self.limit), p, elapsed.min(p), 2 * u64::from(self.period), n] {
+            f(x);
+        }
+        for (i, &c) in self.costs.iter().enumerate() {
+            f(u64::from(c));
+            f(redis_deadline(self.deadlines.get(i).copied().unwrap_or(0), offset_ms));
+        }
+    }
 }
 
-impl Call<'_> {
-    /// Its words after `EVALSHA <sha> 2` (the same in every call), each
-    /// handed to `f`.
-    fn each(&self, mut f: impl FnMut(Word<'_>)) {
-        let p = u64::from(self.period);
-        f(Word::Key(self.window * p));
-        f(Word::Key(self.window.saturating_sub(1) * p));
-        let elapsed = self.now_ms.saturating_sub(self.window * p * 1000);
-        args(self.limit, self.period, elapsed, self.costs, self.deadlines, |n| {
-            f(if n == COUNTED { Word::Bytes(b"-1") } else { Word::Number(n) })
-        });
+/// One call of the script: `EVALSHA <sha> <2 × groups>`, each group's two
+/// keys, then whether `TIME` is needed and each group's arguments. `now_ms`
+/// is when it is sent (the time into each window is worked out then);
+/// `clock_offset_ms` moves deadlines into Redis's clock (`None`: unknown,
+/// no deadline).
+#[derive(Clone, Copy, Debug)]
+pub struct Call<'a, G> {
+    pub prefix: &'a [u8],
+    pub now_ms: u64,
+    pub clock_offset_ms: Option<i64>,
+    /// Its groups (gone through once per part of the call).
+    pub groups: G,
+}
+
+impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
+    /// Some request has a deadline in Redis's clock: the script reads
+    /// `TIME`.
+    fn timed(&self) -> bool {
+        self.clock_offset_ms.is_some()
+            && self.groups.clone().any(|g| g.deadlines.iter().any(|&d| d > 0 && d != COUNTED))
+    }
+
+    /// Its words after `EVALSHA <sha>`, each handed to `f`.
+    fn each(&self, mut f: impl FnMut(Word<'a>)) {
+        f(Word::Number(2 * self.groups.clone().count() as u64));
+        for g in self.groups.clone() {
+            let (cur, prev) = g.starts();
+            f(Word::Key(g, cur));
+            f(Word::Key(g, prev));
+        }
+        f(Word::Number(u64::from(self.timed())));
+        for g in self.groups.clone() {
+            g.args(self.now_ms, self.clock_offset_ms, |n| {
+                f(if n == COUNTED { Word::Bytes(b"-1") } else { Word::Number(n) })
+            });
+        }
     }
 
     /// The command's words (for a `redis::Cmd`).
     pub fn words(&self) -> Vec<Vec<u8>> {
-        let mut out = Vec::with_capacity(9 + 2 * self.costs.len());
-        out.extend([&b"EVALSHA"[..], sha1_hex().as_bytes(), b"2"].map(<[u8]>::to_vec));
+        let mut out = vec![b"EVALSHA".to_vec(), sha1_hex().as_bytes().to_vec()];
         self.each(|w| {
             out.push(match w {
                 Word::Bytes(b) => b.to_vec(),
                 Word::Number(n) => n.to_string().into_bytes(),
-                Word::Key(start) => {
+                Word::Key(g, start) => {
                     let mut key = Vec::new();
-                    write_key_for_tag(&mut key, self.prefix, self.tag, self.period, start);
+                    write_key_for_tag(&mut key, self.prefix, g.tag, g.period, start);
                     key
                 }
             })
@@ -224,50 +199,67 @@ impl Call<'_> {
         static HEAD: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
         let head = HEAD.get_or_init(|| {
             let mut head = Vec::new();
-            for w in [&b"EVALSHA"[..], sha1_hex().as_bytes(), b"2"] {
+            for w in [&b"EVALSHA"[..], sha1_hex().as_bytes()] {
                 resp::bulk(&mut head, w);
             }
             head
         });
-        let p = u64::from(self.period);
-        // `<prefix>{<tag>}:<period>:` and then the window's start
-        let key = self.prefix.len() + self.tag.len() + 4 + resp::digits(p);
-        let words = 9 + 2 * self.costs.len();
-        // the words after the keys: numbers of at most 20 digits
-        let room = 8 + head.len() + 2 * (key + 28) + (words - 5) * 27;
+        // `<prefix>{<tag>}:<period>:` per group, and then the window's start
+        let key = |g: &Group| self.prefix.len() + g.tag.len() + 4 + resp::digits(g.period.into());
+        let (mut groups, mut words, mut room) = (0, 4, 16 + head.len());
+        for g in self.groups.clone() {
+            groups += 1;
+            words += 7 + 2 * g.costs.len();
+            // keys, then numbers of at most 20 digits
+            room += 2 * (key(&g) + 28) + (5 + 2 * g.costs.len()) * 27;
+        }
         let mut w = resp::Writer::new(out, room);
         w.array(words);
         w.put(head);
-        let (cur, prev) = (self.window * p, self.window.saturating_sub(1) * p);
-        let head_at = w.mark();
-        w.bulk_head(key + resp::digits(cur));
-        w.put(self.prefix);
-        w.put(b"{");
-        w.put(self.tag);
-        w.put(b"}:");
-        w.decimal(p);
-        w.put(b":");
-        let start_at = w.mark();
-        w.decimal(cur);
-        w.put(b"\r\n");
-        if resp::digits(prev) == resp::digits(cur) {
-            // the same name up to the window's start (as a rule)
-            w.again(head_at, start_at);
-        } else {
-            w.bulk_head(key + resp::digits(prev));
-            w.again(start_at - key, start_at);
-        }
-        w.decimal(prev);
-        w.put(b"\r\n");
-        let elapsed = self.now_ms.saturating_sub(cur * 1000);
-        args(self.limit, self.period, elapsed, self.costs, self.deadlines, |n| {
-            if n == COUNTED {
-                w.put(b"$2\r\n-1\r\n");
+        w.bulk_u64(2 * groups as u64);
+        for g in self.groups.clone() {
+            let (key, p) = (key(&g), u64::from(g.period));
+            let (cur, prev) = g.starts();
+            let head_at = w.mark();
+            w.bulk_head(key + resp::digits(cur));
+            w.put(self.prefix);
+            w.put(b"{");
+            w.put(g.tag);
+            w.put(b"}:");
+            w.decimal(p);
+            w.put(b":");
+            let start_at = w.mark();
+            w.decimal(cur);
+            w.put(b"\r\n");
+            if resp::digits(prev) == resp::digits(cur) {
+                // the same name up to the window's start (as a rule)
+                w.again(head_at, start_at);
             } else {
-                w.bulk_u64(n);
+                w.bulk_head(key + resp::digits(prev));
+                w.again(start_at - key, start_at);
             }
-        });
+            w.decimal(prev);
+            w.put(b"\r\n");
+        }
+        w.put(if self.timed() { b"$1\r\n1\r\n" } else { b"$1\r\n0\r\n" });
+        for g in self.groups.clone() {
+            g.args(self.now_ms, self.clock_offset_ms, |n| {
+                if n == COUNTED {
+                    w.put(b"$2\r\n-1\r\n");
+                } else {
+                    w.bulk_u64(n);
+                }
+            });
+        }
     }
+}
+
+/// One word of a call: bytes, a number, or a group's key of the window
+/// that starts at this second (each written without a scratch copy).
+enum Word<'a> {
+    Bytes(&'a [u8]),
+    Number(u64),
+    Key(Group<'a>, u64),
 }
 
 /// What Redis answered for a group.
@@ -283,9 +275,41 @@ pub struct Answer {
     pub allowed: smallvec::SmallVec<[Option<bool>; 4]>,
 }
 
-/// Reads the script's reply (the integers of its array), checking that it
-/// has one flag per request: anything else is `None` (the group fails, and
-/// its requests are decided by `on_error`).
+/// What a call's answer says of one of its groups.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Answer(Answer),
+    /// It failed after another group of the call counted: nothing was
+    /// counted for it, and a call of its own gets its error.
+    Alone,
+    /// Not what the script answers: its requests are decided by
+    /// `on_error`.
+    Bad,
+}
+
+/// A call's answer (the integers of the script's array) cut into its
+/// groups' outcomes; `requests` is each group's number of requests, in
+/// order. An answer of another length than theirs is `Bad` for all.
+pub fn parse_answers<'v, I: Iterator<Item = usize> + Clone + 'v>(
+    values: &'v [i64],
+    requests: I,
+) -> impl Iterator<Item = Outcome> + 'v {
+    let whole = requests.clone().map(|n| 2 + n).sum::<usize>() == values.len();
+    let mut at = 0;
+    requests.map(move |n| {
+        let part = values.get(at..at + 2 + n).filter(|_| whole);
+        at += 2 + n;
+        match part {
+            Some([-1, ..]) => Outcome::Alone,
+            Some(part) => parse_answer(part, n).map_or(Outcome::Bad, Outcome::Answer),
+            None => Outcome::Bad,
+        }
+    })
+}
+
+/// Reads one group's part of the answer, checking that it has one flag
+/// per request: anything else is `None` (the group fails, and its
+/// requests are decided by `on_error`).
 pub fn parse_answer(values: &[i64], requests: usize) -> Option<Answer> {
     let (&cur, rest) = values.split_first()?;
     let (&prev, flags) = rest.split_first()?;

@@ -41,19 +41,27 @@ fn costs_and_rejected_requests_are_not_counted() {
     assert_eq!(flags, [false]);
 }
 
-fn collect(limit: u32, period: u32, elapsed: u64, costs: &[u32], dl: &[u64]) -> Vec<u64> {
+fn group<'a>(costs: &'a [u32], deadlines: &'a [u64]) -> Group<'a> {
+    Group { tag: b"z:k", period: 60, window: 100, limit: 100, costs, deadlines }
+}
+
+fn collect(g: &Group, now_ms: u64, offset: Option<i64>) -> Vec<u64> {
     let mut out = Vec::new();
-    args(limit, period, elapsed, costs, dl, |n| out.push(n));
+    g.args(now_ms, offset, |n| out.push(n));
     out
 }
 
 #[test]
 fn args_and_answers() {
+    // 1.5 s into the window that starts at 6000 s; the deadline moves by
+    // the clock's offset
+    let g = group(&[1, 3], &[0, 1_700_000_000_500]);
     assert_eq!(
-        collect(100, 60, 1500, &[1, 3], &[0, 1_700_000_000_500]),
-        [100, 60_000, 1500, 120, 1, 0, 3, 1_700_000_000_500]
+        collect(&g, 6_001_500, Some(-500)),
+        [100, 60_000, 1500, 120, 2, 1, 0, 3, 1_700_000_000_000]
     );
-    assert_eq!(collect(5, 1, 99_999, &[1], &[]), [5, 1000, 1000, 2, 1, 0]);
+    let g = Group { limit: 5, period: 1, window: 7, ..group(&[1], &[]) };
+    assert_eq!(collect(&g, 99_999_999, None), [5, 1000, 1000, 2, 1, 1, 0]);
     let a = parse_answer(&[7, 2, 1, 0, 2], 3).unwrap();
     assert_eq!(
         a,
@@ -66,31 +74,60 @@ fn args_and_answers() {
 }
 
 #[test]
+fn a_calls_answer_is_cut_into_its_groups() {
+    let one = |cur, prev, f: &[Option<bool>]| {
+        Outcome::Answer(Answer { cur, prev, allowed: f.iter().copied().collect() })
+    };
+    let got: Vec<Outcome> =
+        parse_answers(&[3, 1, 1, 0, 9, 0, 0, -1, 0, 0, 0, 5, 5, 2], [2, 1, 2, 1].into_iter())
+            .collect();
+    assert_eq!(
+        got,
+        [
+            one(3, 1, &[Some(true), Some(false)]),
+            one(9, 0, &[Some(false)]),
+            Outcome::Alone,
+            one(5, 5, &[None]),
+        ]
+    );
+    // a flag out of range fails its group alone
+    let got: Vec<Outcome> = parse_answers(&[1, 0, 7, 1, 0, 1], [1, 1].into_iter()).collect();
+    assert_eq!(got, [Outcome::Bad, one(1, 0, &[Some(true)])]);
+    // an answer of another length fails every group of the call
+    for values in [&[1, 0, 1, 1, 0][..], &[1, 0, 1, 1, 0, 1, 1], &[]] {
+        let got: Vec<Outcome> = parse_answers(values, [1, 1].into_iter()).collect();
+        assert_eq!(got, [Outcome::Bad, Outcome::Bad], "{values:?}");
+    }
+}
+
+fn text(words: &[Vec<u8>]) -> Vec<String> {
+    words.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect()
+}
+
+#[test]
 fn a_call_names_both_windows_and_the_time_into_the_current_one() {
     let costs = [1, 2, 3];
     let deadlines = [6_000_750, 0, COUNTED];
+    let groups = [Group { limit: 5, ..group(&costs, &deadlines) }];
     let c = Call {
         prefix: b"rl:",
-        tag: b"z:k",
-        period: 60,
-        window: 100,
-        limit: 5,
         now_ms: 6_000_250,
-        costs: &costs,
-        deadlines: &deadlines,
+        clock_offset_ms: Some(0),
+        groups: groups.iter().copied(),
     };
     let words = c.words();
-    let text: Vec<String> = words.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
-    assert_eq!(text[..3], ["EVALSHA", sha1_hex(), "2"]);
+    assert_eq!(text(&words)[..3], ["EVALSHA", sha1_hex(), "2"]);
     assert_eq!(
-        text[3..],
+        text(&words)[3..],
         [
             "rl:{z:k}:60:6000",
             "rl:{z:k}:60:5940",
+            "1",
             "5",
             "60000",
             "250",
             "120",
+            "3",
             "1",
             "6000750",
             "2",
@@ -103,7 +140,8 @@ fn a_call_names_both_windows_and_the_time_into_the_current_one() {
     c.write(&mut out);
     resp::command(&mut want, &words);
     assert_eq!(out, want);
-    let first = Call { window: 0, now_ms: 5, costs: &[], deadlines: &[], ..c };
+    let first = [Group { window: 0, costs: &[], deadlines: &[], ..groups[0] }];
+    let first = Call { now_ms: 5, groups: first.iter().copied(), ..c };
     assert_eq!(first.words()[4], b"rl:{z:k}:60:0");
     // written as the words say, also where the two windows' starts
     // have different lengths (10000 and 9990) and for long names
@@ -111,12 +149,54 @@ fn a_call_names_both_windows_and_the_time_into_the_current_one() {
     for (period, window, tag) in
         [(10, 1000, &b"z:k"[..]), (1, 1, b"z:k"), (3600, 7, b""), (60, 100, &long[..])]
     {
-        let c = Call { period, window, tag, now_ms: window * u64::from(period) * 1000, ..c };
+        let g = [Group { period, window, tag, ..groups[0] }];
+        let c = Call { groups: g.iter().copied(), now_ms: window * u64::from(period) * 1000, ..c };
         let (mut out, mut want) = (b"+".to_vec(), b"+".to_vec());
         c.write(&mut out);
         resp::command(&mut want, &c.words());
         assert_eq!(out, want, "{period} {window}");
     }
+}
+
+#[test]
+fn a_call_of_several_groups_has_their_keys_then_their_arguments() {
+    let long = vec![b'q'; 200];
+    let groups = [
+        group(&[1], &[0]),
+        Group {
+            tag: b"z:other",
+            period: 1,
+            window: 6_000_001,
+            limit: 3,
+            ..group(&[2, 0], &[0, 0])
+        },
+        Group { tag: &long, ..group(&[1], &[COUNTED]) },
+    ];
+    let c = Call {
+        prefix: b"p:",
+        now_ms: 6_000_001_400,
+        clock_offset_ms: Some(0),
+        groups: groups.iter().copied(),
+    };
+    let words = text(&c.words());
+    assert_eq!(words[2], "6", "two keys a group");
+    assert_eq!(words[3..5], ["p:{z:k}:60:6000", "p:{z:k}:60:5940"]);
+    assert_eq!(words[5..7], ["p:{z:other}:1:6000001", "p:{z:other}:1:6000000"]);
+    assert!(words[7].starts_with("p:{qqq") && words[8].ends_with("}:60:5940"));
+    assert_eq!(words[9], "0", "no request has a deadline: no TIME");
+    assert_eq!(words[10..16], ["100", "60000", "60000", "120", "1", "1"]);
+    assert_eq!(words[17..26], ["3", "1000", "400", "2", "2", "2", "0", "0", "0"]);
+    assert_eq!(words[26..], ["100", "60000", "60000", "120", "1", "1", "-1"]);
+    let (mut out, mut want) = (Vec::new(), Vec::new());
+    c.write(&mut out);
+    resp::command(&mut want, &c.words());
+    assert_eq!(out, want);
+    // a deadline in one group reads TIME for the call; none without the
+    // clock's offset
+    let timed = [groups[0], Group { deadlines: &[9], ..groups[2] }];
+    assert_eq!(text(&Call { groups: timed.iter().copied(), ..c }.words())[7], "1");
+    let unknown = Call { groups: timed.iter().copied(), clock_offset_ms: None, ..c };
+    assert_eq!(text(&unknown.words())[7], "0");
 }
 
 #[test]

@@ -131,6 +131,18 @@ impl StrictGroup {
         StrictGroup::from(StrictAsk { tag: a.tag.clone(), ..*a })
     }
 
+    /// What a script call needs of it.
+    pub fn call_group(&self) -> strict::Group<'_> {
+        strict::Group {
+            tag: &self.tag,
+            period: self.period,
+            window: self.id.window,
+            limit: self.limit,
+            costs: &self.costs,
+            deadlines: &self.deadlines,
+        }
+    }
+
     pub fn add(&mut self, a: &StrictAsk) {
         self.push(a.ticket, a.cost, a.deadline_ms);
     }

@@ -73,21 +73,16 @@ impl Backend {
         redis_key_for_tag(&self.spec.prefix, &g.tag, g.period, g.id.window * p)
     }
 
-    /// The `EVALSHA` for one group, or with `text` the `EVAL` of the
+    /// The `EVALSHA` for one group (a call of its own: in a cluster, keys
+    /// of one call would have to share a slot), or with `text` the `EVAL` of the
     /// script itself (for a server that does not know it: routed by the
     /// key like any call, it also leaves the script in that server's cache).
     fn strict_cmd(&self, g: &StrictGroup, now_ms: u64, text: bool) -> Cmd {
-        let deadlines: Vec<u64> =
-            g.deadlines.iter().map(|&d| strict::redis_deadline(d, self.clock_offset_ms)).collect();
         let call = strict::Call {
             prefix: &self.spec.prefix,
-            tag: &g.tag,
-            period: g.period,
-            window: g.id.window,
-            limit: g.limit,
             now_ms,
-            costs: &g.costs,
-            deadlines: &deadlines,
+            clock_offset_ms: self.clock_offset_ms,
+            groups: std::iter::once(g.call_group()),
         };
         let mut c = redis::cmd(if text { "EVAL" } else { "EVALSHA" });
         for (i, w) in call.words().iter().enumerate().skip(1) {

@@ -5,11 +5,12 @@ and client disconnects while requests wait, and a Redis Cluster.
 """
 
 import json
+import os
 import socket
 import threading
 import time
 
-from harness import HOST, http_get, wait_for
+from harness import HOST, RedisError, http_get, wait_for
 
 HTTP = """
     redis_ratelimit_zone $arg_k zone=s:1m redis=%s timeout=%s on_error=%s;
@@ -461,3 +462,70 @@ def test_http2_streams_wait_and_resume(h):
     h.check([c for c, _ in after] == [200], "then served: %s" % after)
     log = n.error_log_text()
     h.check("[alert]" not in log and "signal 11" not in log, "no worker crashed")
+
+
+SCRIPT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "src", "strict.lua")
+
+
+def run_script(r, groups, timed=False):
+    """One call of the strict script (its text, with EVAL) for `groups`:
+    each (key, limit, period_s, elapsed_ms, [(cost, deadline), ...]), the
+    key's windows starting at 6000 s and 5940 s."""
+    with open(SCRIPT_FILE) as f:
+        script = f.read()
+    keys, args = [], ["1" if timed else "0"]
+    for key, limit, period, elapsed, reqs in groups:
+        keys += ["%s:6000" % key, "%s:5940" % key]
+        args += [limit, period * 1000, elapsed, 2 * period, len(reqs)]
+        for cost, dl in reqs:
+            args += [cost, dl]
+    return r.cmd("EVAL", script, len(keys), *keys, *args, raise_errors=False)
+
+
+def test_one_script_call_decides_several_keys_and_fails_a_key_alone(h):
+    """The strict script run on Redis with several groups (keys) in one
+    call: each decided as if called alone, its counts and flags in one flat
+    answer, a counter's TTL set when the call made it; a counter that is
+    not an integer, or a key of another type, fails the whole call with
+    the script's error while nothing was counted, and after another group
+    counted answers -1 for that group alone (which then counted nothing)."""
+    r = h.redis()
+    a, b, c, d = ("{%s}" % h.key(x) for x in "abcd")
+    r.cmd("SET", b + ":5940", 10)
+    r.cmd("SET", c + ":6000", 4)
+    # a: fresh, 2 allowed of 3; b: 10 in the previous window at half of
+    # the period weighs 5 of a limit of 8, so 3 of 4 pass (costs 1, 2, 1
+    # 1: the 2 fits, the last does not); c: 4 of 5 used, one counted
+    # whatever the estimate (-1), then one more check refused
+    got = run_script(r, [(a, 2, 60, 0, [(1, 0), (1, 0), (1, 0)]),
+                         (b, 8, 60, 30000, [(1, 0), (2, 0), (1, 0)]),
+                         (c, 5, 60, 0, [(1, -1), (1, 0)])])
+    h.note("three groups: %s" % (got,))
+    h.check(got == [2, 0, 1, 1, 0, 3, 10, 1, 1, 0, 5, 0, 1, 0], "each group decided: %s" % (got,))
+    h.check([r.cmd("GET", k + ":6000") for k in (a, b, c)] == ["2", "3", "5"], "counted")
+    ttl_a, ttl_c = int(r.cmd("TTL", a + ":6000")), int(r.cmd("TTL", c + ":6000"))
+    h.check(100 < ttl_a <= 120 and ttl_c == -1, "TTL set by the call that made the counter: %d %d"
+            % (ttl_a, ttl_c))
+    # a past deadline: not checked, not counted (2); a future one is
+    past, future = int(time.time() * 1000) - 1000, int(time.time() * 1000) + 60000
+    got = run_script(r, [(d, 9, 60, 0, [(1, past), (1, future)])], timed=True)
+    h.check(got == [1, 0, 2, 1], "a request past its deadline is not counted: %s" % (got,))
+    # a bad counter before anything was counted: the call's error, nothing
+    # counted for the groups after it either
+    r.cmd("SET", d + ":5940", "text")
+    got = run_script(r, [(d, 9, 60, 0, [(1, 0)]), (a, 9, 60, 0, [(1, 0)])])
+    h.check(isinstance(got, RedisError) and "not an integer" in str(got), "the call fails: %s" % got)
+    h.check(r.cmd("GET", a + ":6000") == "2", "nothing counted by a call that failed")
+    # after a group counted: -1 for the bad group alone, the rest decided
+    got = run_script(r, [(a, 9, 60, 0, [(1, 0)]), (d, 9, 60, 0, [(1, 0), (1, 0)]),
+                         (b, 9, 60, 60000, [(1, 0)])])
+    h.check(got == [3, 0, 1, -1, 0, 0, 0, 4, 10, 1], "the bad group alone fails: %s" % (got,))
+    h.check(r.cmd("GET", d + ":6000") == "1", "and counts nothing (1 from before)")
+    r.cmd("DEL", d + ":5940", d + ":6000")
+    r.cmd("RPUSH", d + ":6000", "x")
+    got = run_script(r, [(a, 9, 60, 0, [(1, 0)]), (d, 9, 60, 0, [(1, 0)])])
+    alone = run_script(r, [(d, 9, 60, 0, [(1, 0)])])
+    h.note("a list as the counter, after a count: %s; alone: %s" % (got, alone))
+    h.check(got == [4, 0, 1, -1, 0, 0], "INCRBY's WRONGTYPE fails the group alone: %s" % (got,))
+    h.check(isinstance(alone, RedisError) and "WRONGTYPE" in str(alone), "alone: the error: %s" % alone)
+    h.check(r.cmd("GET", a + ":6000") == "4", "the other group counted once")

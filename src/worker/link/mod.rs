@@ -39,7 +39,8 @@ use ratelimit_core::calls::Calls;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::resp::{self, Reply, Value};
 use ratelimit_core::stats::Stats;
-use ratelimit_core::strict;
+use ratelimit_core::strict::{self, Outcome};
+use smallvec::SmallVec;
 
 use crate::backend::{Channel, Level, StrictAsk, StrictGroup};
 use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats};
@@ -72,8 +73,6 @@ struct Link {
     out: Vec<u8>,
     written: usize,
     input: Vec<u8>,
-    /// A buffer a flush reuses: a call's deadlines.
-    deadlines: Vec<u64>,
     /// Requests not written yet, per key, and calls out.
     calls: Calls<Key, StrictGroup>,
 }
@@ -104,7 +103,6 @@ fn link(zone: usize) -> *mut Link {
                 out: Vec::new(),
                 written: 0,
                 input: Vec::new(),
-                deadlines: Vec::new(),
                 calls: Calls::default(),
             }))
         })
@@ -267,20 +265,12 @@ impl Link {
             return;
         };
         let now = now_ms();
-        let offset = self.clock_offset_ms;
-        let deadlines = &mut self.deadlines;
-        for g in self.calls.write(Instant::now()) {
-            deadlines.clear();
-            deadlines.extend(g.deadlines.iter().map(|&d| strict::redis_deadline(d, offset)));
+        for call in self.calls.write(Instant::now(), strict::MAX_GROUPS) {
             let call = strict::Call {
                 prefix,
-                tag: &g.tag,
-                period: g.period,
-                window: g.id.window,
-                limit: g.limit,
                 now_ms: now,
-                costs: &g.costs,
-                deadlines,
+                clock_offset_ms: self.clock_offset_ms,
+                groups: call.map(StrictGroup::call_group),
             };
             call.write(&mut self.out);
         }
@@ -381,11 +371,11 @@ impl Link {
             match resp::parse_reply(&self.input[at..]) {
                 Ok(Some((v, n))) => {
                     at += n;
-                    let Some((g, sent_at)) = self.calls.answered() else {
+                    if !self.calls.in_flight() {
                         self.fail("a reply nobody asked for", false);
                         return;
-                    };
-                    if let Some(why) = self.answer(g, sent_at, v) {
+                    }
+                    if let Some(why) = self.answer(v) {
                         lost.get_or_insert(why);
                     }
                 }
@@ -411,46 +401,68 @@ impl Link {
         }
     }
 
-    /// Applies one answer; the error reply that drops the link, if it is
-    /// one.
-    fn answer(&mut self, g: StrictGroup, sent_at: Instant, v: Reply) -> Option<String> {
+    /// Applies the answer to the oldest call out; the error reply that
+    /// drops the link, if it is one.
+    fn answer(&mut self, v: Reply) -> Option<String> {
         let mcf = main_conf()?;
         let log = self.log();
         let stats = zone_stats(mcf, self.zone);
-        if let Some(st) = stats {
-            st.pipeline(1, sent_at.elapsed().as_micros() as u64);
-        }
-        let rate = Rate { limit: g.limit, period: g.period };
-        let answer = match &v {
-            Reply::Ints(ints) => strict::parse_answer(ints, g.tickets.len()),
+        // each group's number of requests (what its part of the answer holds)
+        let requests: SmallVec<[usize; 8]> = self.calls.oldest().map(|g| g.tickets.len()).collect();
+        let ints: &[i64] = match &v {
+            Reply::Ints(ints) => ints,
             Reply::Other(e @ Value::Error(text)) => {
                 // it did not run: the thread deals with it as with its own
+                let (groups, _) = self.calls.answered()?;
+                let asks: Vec<StrictAsk> = groups.flat_map(StrictGroup::into_asks).collect();
                 if let Some(ch) = self.channel() {
-                    ch.push_strict(g.into_asks());
+                    ch.push_strict(asks);
                 }
                 let lost = LOST.contains(&e.error_code().unwrap_or_default());
                 return lost.then(|| text.chars().take(200).collect());
             }
-            Reply::Other(_) => None,
+            // not an array of integers: `Bad` for every group
+            Reply::Other(_) => &[],
         };
-        match &answer {
-            Some(_) => {
-                if let Some(st) = stats {
-                    st.synced(now_ms());
-                }
-            }
-            None => {
-                if let Some(st) = stats {
-                    Stats::bump(&st.errors_reply);
-                }
-                let name = mcf.zones.get(self.zone).map_or("", |z| z.name.as_str());
-                let message = format!(
-                    "redis_ratelimit: zone \"{name}\": the strict script's answer is not what it should be"
-                );
-                zone_log(mcf, log, self.zone as u32, Level::Error, &message);
-            }
+        let outcomes = strict::parse_answers(ints, requests.iter().copied());
+        let ch = self.channel();
+        let (groups, sent_at) = self.calls.answered()?;
+        if let Some(st) = stats {
+            st.pipeline(1, sent_at.elapsed().as_micros() as u64);
         }
-        strict_answered(mcf, log, g.id, rate, &g.tickets, g.counted(), answer.as_ref());
+        let mut alone = Vec::new();
+        for (g, outcome) in groups.zip(outcomes) {
+            let answer = match outcome {
+                Outcome::Answer(a) => {
+                    if let Some(st) = stats {
+                        st.synced(now_ms());
+                    }
+                    Some(a)
+                }
+                Outcome::Alone => {
+                    // nothing counted: called again alone, through the
+                    // thread, which gets its error
+                    alone.extend(g.into_asks());
+                    continue;
+                }
+                Outcome::Bad => {
+                    if let Some(st) = stats {
+                        Stats::bump(&st.errors_reply);
+                    }
+                    let name = mcf.zones.get(self.zone).map_or("", |z| z.name.as_str());
+                    let message = format!(
+                        "redis_ratelimit: zone \"{name}\": the strict script's answer is not what it should be"
+                    );
+                    zone_log(mcf, log, self.zone as u32, Level::Error, &message);
+                    None
+                }
+            };
+            let rate = Rate { limit: g.limit, period: g.period };
+            strict_answered(mcf, log, g.id, rate, &g.tickets, g.counted(), answer.as_ref());
+        }
+        if let Some(ch) = ch.filter(|_| !alone.is_empty()) {
+            ch.push_strict(alone);
+        }
         None
     }
 
