@@ -5,6 +5,10 @@
 -- into the window (ms), TTL (s), n, and n times cost, deadline.
 -- Answers per group: cur, prev, and a flag per request. A group that
 -- fails after another group counted answers cur -1 (it counted nothing).
+-- Arguments are compared as strings before they are converted (Lua keeps
+-- one copy of each string, so that is a pointer comparison, and strtod is
+-- the dearest step of a call): the groups of a call mostly share a limit,
+-- a period and a window, and most costs and counts are 1.
 local now
 if ARGV[1] == '1' then
   if redis.replicate_commands then redis.replicate_commands() end
@@ -15,8 +19,10 @@ local out = {}
 local j = 0
 local a = 2
 local wrote = false
+local rs, ps, es, p, left, cap
 for g = 1, #KEYS, 2 do
-  local n = tonumber(ARGV[a + 4])
+  local n = ARGV[a + 4]
+  if n == '1' then n = 1 else n = tonumber(n) end
   local both = redis.call('MGET', KEYS[g], KEYS[g + 1])
   local cur = tonumber(both[1] or 0)
   local prev = tonumber(both[2] or 0)
@@ -24,33 +30,42 @@ for g = 1, #KEYS, 2 do
   if not cur or not prev or cur < 0 or prev < 0 or cur % 1 ~= 0 or prev % 1 ~= 0 then
     err = redis.error_reply('ERR redis_ratelimit: the counter is not an integer')
   else
-    local p = tonumber(ARGV[a + 1])
-    local e = tonumber(ARGV[a + 2])
-    if e > p then e = p end
-    local weighted = prev * (p - e)
-    local cap = tonumber(ARGV[a]) * p
+    if ARGV[a] ~= rs or ARGV[a + 1] ~= ps or ARGV[a + 2] ~= es then
+      rs, ps, es = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+      p = tonumber(ps)
+      left = p - tonumber(es)
+      if left < 0 then left = 0 end
+      cap = tonumber(rs) * p
+    end
+    local weighted = prev * left
     local at = j + 2
     local added = 0
+    local one
     for i = a + 5, a + 3 + 2 * n, 2 do
-      local c = tonumber(ARGV[i])
-      local dl = tonumber(ARGV[i + 1])
+      local c = ARGV[i]
+      if c == '1' then c = 1 else c = tonumber(c) end
+      local dl = ARGV[i + 1]
+      if dl == '0' then dl = 0 else dl = tonumber(dl) end
       local k = c
       if k < 1 then k = 1 end
       at = at + 1
       if dl < 0 then
         added = added + c
+        one = one == nil and ARGV[i] or false
         out[at] = 1
       elseif dl > 0 and now and now > dl then
         out[at] = 2
       elseif weighted + (cur + added + k - 1) * p < cap then
         added = added + c
+        one = one == nil and ARGV[i] or false
         out[at] = 1
       else
         out[at] = 0
       end
     end
     if added > 0 then
-      local r = redis.pcall('INCRBY', KEYS[g], added)
+      -- one request's cost as it came: no number written back as text
+      local r = redis.pcall('INCRBY', KEYS[g], one or added)
       if type(r) == 'table' then
         err = r
       else
