@@ -62,31 +62,44 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     }
 
     /// Moves every waiting group whose key has no call out to calls out
-    /// of at most `max` groups each (written `at`), and returns those
+    /// (written `at`) of at most `max` groups, and of at most `max_weight`
+    /// in all unless one group alone weighs more, and returns those
     /// calls' groups, call by call, in the order they are to be written.
     pub fn write(
         &mut self,
         at: Instant,
         max: usize,
+        max_weight: usize,
+        weight: impl Fn(&G) -> usize,
     ) -> impl Iterator<Item = impl Iterator<Item = &G> + Clone> {
-        let start = self.flight.len();
+        let (start, first) = (self.flight.len(), self.calls.len());
+        let (mut size, mut sum) = (0, 0);
         for k in self.ready.drain(..) {
             if let Some(g) = self.keys.get_mut(&k).and_then(|s| {
                 s.out = true;
                 s.waiting.take()
             }) {
                 self.waiting -= 1;
+                let w = weight(&g);
+                if size > 0 && (size >= max || sum + w > max_weight) {
+                    self.calls.push_back((size, at));
+                    (size, sum) = (0, 0);
+                }
+                size += 1;
+                sum += w;
                 self.flight.push_back((k, g));
             }
         }
-        let (end, max) = (self.flight.len(), max.max(1));
-        for from in (start..end).step_by(max) {
-            self.calls.push_back(((end - from).min(max), at));
+        if size > 0 {
+            self.calls.push_back((size, at));
         }
         let flight = &self.flight;
-        (start..end)
-            .step_by(max)
-            .map(move |from| flight.range(from..(from + max).min(end)).map(|(_, g)| g))
+        let mut from = start;
+        self.calls.range(first..).map(move |&(n, _)| {
+            let groups = flight.range(from..from + n).map(|(_, g)| g);
+            from += n;
+            groups
+        })
     }
 
     /// The groups of the oldest call out (none when no call is out).
@@ -142,7 +155,13 @@ mod tests {
 
     /// The calls written (each its groups).
     fn write(c: &mut C, max: usize) -> Vec<Vec<Vec<u32>>> {
-        c.write(Instant::now(), max).map(|call| call.cloned().collect()).collect()
+        weighed(c, max, usize::MAX)
+    }
+
+    /// The calls written, a group weighing its length.
+    fn weighed(c: &mut C, max: usize, max_weight: usize) -> Vec<Vec<Vec<u32>>> {
+        let calls = c.write(Instant::now(), max, max_weight, Vec::len);
+        calls.map(|call| call.cloned().collect()).collect()
     }
 
     /// The oldest call's groups, answered.
@@ -199,6 +218,22 @@ mod tests {
         assert_eq!(answer(&mut c), Some(vec![vec![90]]));
         assert!(!c.in_flight() && c.keys.is_empty(), "no key left behind");
         assert_eq!(c.oldest().count(), 0);
+    }
+
+    #[test]
+    fn a_call_holds_at_most_max_weight_unless_one_group_weighs_more() {
+        let mut c = C::default();
+        for (k, n) in [(1, 2), (2, 3), (3, 9), (4, 1), (5, 1), (6, 4)] {
+            c.waiting(k, Vec::new).extend(std::iter::repeat_n(k, n));
+        }
+        let calls = weighed(&mut c, 8, 5);
+        let lens: Vec<Vec<usize>> =
+            calls.iter().map(|x| x.iter().map(Vec::len).collect()).collect();
+        assert_eq!(lens, [vec![2, 3], vec![9], vec![1, 1], vec![4]]);
+        for call in calls {
+            assert_eq!(answer(&mut c), Some(call));
+        }
+        assert!(!c.in_flight() && c.keys.is_empty(), "no key left behind");
     }
 
     #[test]

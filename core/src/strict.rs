@@ -52,6 +52,11 @@ pub const COUNTED: u64 = u64::MAX;
 /// µs per group.
 pub const MAX_GROUPS: usize = 32;
 
+/// The most integers one call's answer holds (two per group and one per
+/// request), well within a reply's bounds (`resp::MAX_ARRAY`); a group
+/// goes whole, however many requests it has.
+pub const MAX_ANSWER: usize = 4096;
+
 /// The script (`strict.lua`): one call decides one or more groups, each a
 /// key's requests. `KEYS` two per group: the current window's counter,
 /// then the previous one's. `ARGV[1]` is 1 when some request has a

@@ -265,7 +265,10 @@ impl Link {
             return;
         };
         let now = now_ms();
-        for call in self.calls.write(Instant::now(), strict::MAX_GROUPS) {
+        let weight = |g: &StrictGroup| 2 + g.tickets.len();
+        let calls =
+            self.calls.write(Instant::now(), strict::MAX_GROUPS, strict::MAX_ANSWER, weight);
+        for call in calls {
             let call = strict::Call {
                 prefix,
                 now_ms: now,
