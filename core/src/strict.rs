@@ -1,14 +1,17 @@
-//! Strict mode: the decision made in Redis, atomically, by one script per
-//! key. What the script is, what it is given, and how its answer is read;
-//! `decide` is the same decision in Rust (the script's reference, and what
-//! the unit tests check the arithmetic of).
+//! Strict mode: the decision made in Redis, atomically, by a script that
+//! decides one or more keys a call. What the script is, what it is given,
+//! and how its answer is read; `decide` is the same decision in Rust (the
+//! script's reference, and what the unit tests check the arithmetic of).
 //!
-//! The script reads both windows of the key (they share a hash tag, so one
-//! cluster slot), checks each request of the group in order against the
-//! sliding estimate (`estimate + cost − 1 < L`), adds only the allowed ones
-//! to the current window (rejected requests are not counted), sets the
-//! counter's TTL when it created it, and answers the counts and one flag per
-//! request. Requests of one key that wait together share one call.
+//! For each key (a group of its requests), the script reads both windows
+//! of the key (they share a hash tag, so one cluster slot), checks each
+//! request of the group in order against the sliding estimate
+//! (`estimate + cost − 1 < L`), adds only the allowed ones to the current
+//! window (rejected requests are not counted), sets the counter's TTL when
+//! it created it, and answers the counts and one flag per request.
+//! Requests of one key that wait together share one group; a worker's
+//! link puts the keys it writes together in one call (a cluster's keys go
+//! a call each: one slot per call).
 //!
 //! Each request carries its deadline in Redis's clock (when it stops
 //! waiting and `on_error` decides it): a script that runs after it (Redis
@@ -211,7 +214,8 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         });
         // `<prefix>{<tag>}:<period>:` per group, and then the window's start
         let key = |g: &Group| self.prefix.len() + g.tag.len() + 4 + resp::digits(g.period.into());
-        let (mut groups, mut words, mut room) = (0, 4, 16 + head.len());
+        // the array's head, the number of keys and the flag: at most 32
+        let (mut groups, mut words, mut room) = (0, 4, 32 + head.len());
         for g in self.groups.clone() {
             groups += 1;
             words += 7 + 2 * g.costs.len();

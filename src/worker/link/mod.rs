@@ -9,18 +9,24 @@
 //! - Requests of one key that wait together share one call; while a key's
 //!   call is out, its new requests wait for the answer and go together in
 //!   the next call. What waits is written once per turn of the event loop
-//!   (a posted event), so a burst costs one `send()`.
+//!   (a posted event), so a burst costs one `send()`, and the keys written
+//!   together share calls (up to `strict::MAX_GROUPS` a call): one answer
+//!   for all, cut per key.
 //! - Each answer is applied as the thread's would be (`strict_answered`).
 //! - An error reply (the script unknown to the server, a counter that is
 //!   not an integer, a server that is not a master) means the call did not
-//!   count anything: it goes to the thread, which deals with it as it does
-//!   with its own calls (loads the script, logs, takes a backend down). A
-//!   reply saying the server does not serve the key also drops the link.
+//!   count anything: its keys go to the thread, which deals with them as
+//!   it does with its own calls, a key a call (loads the script, logs,
+//!   takes a backend down). A key that failed after another key of its
+//!   call counted (its part of the answer says so) goes to the thread
+//!   alone. A reply saying the server does not serve the key also drops
+//!   the link.
 //! - A failed link (closed, unreadable, no answer within `timeout=`) is
 //!   dropped: calls out get no answer (they may have run: `on_error`
 //!   decides), calls not written go to the thread, which checks the
 //!   backend and makes a new link after a backoff.
 
+mod answer;
 mod fail;
 
 use std::cell::RefCell;
@@ -36,14 +42,11 @@ use nginx_sys::{
 };
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::calls::Calls;
-use ratelimit_core::rate::Rate;
-use ratelimit_core::resp::{self, Reply, Value};
-use ratelimit_core::stats::Stats;
-use ratelimit_core::strict::{self, Outcome};
-use smallvec::SmallVec;
+use ratelimit_core::resp;
+use ratelimit_core::strict;
 
-use crate::backend::{Channel, Level, StrictAsk, StrictGroup};
-use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats};
+use crate::backend::{Channel, StrictAsk, StrictGroup};
+use crate::worker::reply::main_conf;
 use crate::worker::time::now_ms;
 
 /// Bytes read per `recv()`.
@@ -402,71 +405,6 @@ impl Link {
         if self.calls.has_waiting() {
             self.post_flush();
         }
-    }
-
-    /// Applies the answer to the oldest call out; the error reply that
-    /// drops the link, if it is one.
-    fn answer(&mut self, v: Reply) -> Option<String> {
-        let mcf = main_conf()?;
-        let log = self.log();
-        let stats = zone_stats(mcf, self.zone);
-        // each group's number of requests (what its part of the answer holds)
-        let requests: SmallVec<[usize; 8]> = self.calls.oldest().map(|g| g.tickets.len()).collect();
-        let ints: &[i64] = match &v {
-            Reply::Ints(ints) => ints,
-            Reply::Other(e @ Value::Error(text)) => {
-                // it did not run: the thread deals with it as with its own
-                let (groups, _) = self.calls.answered()?;
-                let asks: Vec<StrictAsk> = groups.flat_map(StrictGroup::into_asks).collect();
-                if let Some(ch) = self.channel() {
-                    ch.push_strict(asks);
-                }
-                let lost = LOST.contains(&e.error_code().unwrap_or_default());
-                return lost.then(|| text.chars().take(200).collect());
-            }
-            // not an array of integers: `Bad` for every group
-            Reply::Other(_) => &[],
-        };
-        let outcomes = strict::parse_answers(ints, requests.iter().copied());
-        let ch = self.channel();
-        let (groups, sent_at) = self.calls.answered()?;
-        if let Some(st) = stats {
-            st.pipeline(1, sent_at.elapsed().as_micros() as u64);
-        }
-        let mut alone = Vec::new();
-        for (g, outcome) in groups.zip(outcomes) {
-            let answer = match outcome {
-                Outcome::Answer(a) => {
-                    if let Some(st) = stats {
-                        st.synced(now_ms());
-                    }
-                    Some(a)
-                }
-                Outcome::Alone => {
-                    // nothing counted: called again alone, through the
-                    // thread, which gets its error
-                    alone.extend(g.into_asks());
-                    continue;
-                }
-                Outcome::Bad => {
-                    if let Some(st) = stats {
-                        Stats::bump(&st.errors_reply);
-                    }
-                    let name = mcf.zones.get(self.zone).map_or("", |z| z.name.as_str());
-                    let message = format!(
-                        "redis_ratelimit: zone \"{name}\": the strict script's answer is not what it should be"
-                    );
-                    zone_log(mcf, log, self.zone as u32, Level::Error, &message);
-                    None
-                }
-            };
-            let rate = Rate { limit: g.limit, period: g.period };
-            strict_answered(mcf, log, g.id, rate, &g.tickets, g.counted(), answer.as_ref());
-        }
-        if let Some(ch) = ch.filter(|_| !alone.is_empty()) {
-            ch.push_strict(alone);
-        }
-        None
     }
 
     /// The read timer runs while calls are out: `timeout=` without an

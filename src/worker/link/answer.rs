@@ -1,0 +1,86 @@
+//! A strict link's answers: each call's reply cut into its keys' answers
+//! and applied, or its keys handed to the thread.
+
+use ratelimit_core::rate::Rate;
+use ratelimit_core::resp::{Reply, Value};
+use ratelimit_core::stats::Stats;
+use ratelimit_core::strict::{self, Outcome};
+use smallvec::SmallVec;
+
+use super::{Link, LOST};
+use crate::backend::{Level, StrictAsk, StrictGroup};
+use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats};
+use crate::worker::time::now_ms;
+
+impl Link {
+    /// Applies the answer to the oldest call out; the error reply that
+    /// drops the link, if it is one.
+    pub(super) fn answer(&mut self, v: Reply) -> Option<String> {
+        // each group's number of requests (what its part of the answer holds)
+        let requests: SmallVec<[usize; 8]> = self.calls.oldest().map(|g| g.tickets.len()).collect();
+        let (ch, log, zone) = (self.channel(), self.log(), self.zone);
+        let (groups, sent_at) = self.calls.answered()?;
+        let Some(mcf) = main_conf() else {
+            // not a worker of a loaded configuration (cannot happen while
+            // a link lives): the call is taken out all the same
+            return None;
+        };
+        let stats = zone_stats(mcf, zone);
+        if let Some(st) = stats {
+            st.pipeline(1, sent_at.elapsed().as_micros() as u64);
+        }
+        let ints: &[i64] = match &v {
+            Reply::Ints(ints) => ints,
+            Reply::Other(e @ Value::Error(text)) => {
+                // it did not run: the thread deals with it as with its own
+                let asks: Vec<StrictAsk> = groups.flat_map(StrictGroup::into_asks).collect();
+                if let Some(ch) = ch {
+                    ch.push_strict(asks);
+                }
+                let lost = LOST.contains(&e.error_code().unwrap_or_default());
+                return lost.then(|| text.chars().take(200).collect());
+            }
+            // not an array of integers: `Bad` for every group
+            Reply::Other(_) => &[],
+        };
+        let outcomes = strict::parse_answers(ints, requests.iter().copied());
+        let (mut alone, mut bad) = (Vec::new(), false);
+        for (g, outcome) in groups.zip(outcomes) {
+            let answer = match outcome {
+                Outcome::Answer(a) => {
+                    if let Some(st) = stats {
+                        st.synced(now_ms());
+                    }
+                    Some(a)
+                }
+                Outcome::Alone => {
+                    // nothing counted: called again alone, through the
+                    // thread, which gets its error
+                    alone.extend(g.into_asks());
+                    continue;
+                }
+                Outcome::Bad => {
+                    if let Some(st) = stats {
+                        Stats::bump(&st.errors_reply);
+                    }
+                    bad = true;
+                    None
+                }
+            };
+            let rate = Rate { limit: g.limit, period: g.period };
+            strict_answered(mcf, log, g.id, rate, &g.tickets, g.counted(), answer.as_ref());
+        }
+        if bad {
+            // once per call, however many of its keys it failed
+            let name = mcf.zones.get(zone).map_or("", |z| z.name.as_str());
+            let message = format!(
+                "redis_ratelimit: zone \"{name}\": the strict script's answer is not what it should be"
+            );
+            zone_log(mcf, log, zone as u32, Level::Error, &message);
+        }
+        if let Some(ch) = ch.filter(|_| !alone.is_empty()) {
+            ch.push_strict(alone);
+        }
+        None
+    }
+}
