@@ -5,6 +5,7 @@
 //! every request of the key that waited meanwhile). A call decides
 //! several keys' groups, and is answered once for all of them.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash};
 use std::time::Instant;
@@ -113,12 +114,13 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     pub fn answered(&mut self) -> Option<(impl Iterator<Item = G> + '_, Instant)> {
         let (n, at) = self.calls.pop_front()?;
         for (k, _) in self.flight.range(..n) {
-            if let Some(s) = self.keys.get_mut(k) {
-                s.out = false;
-                if s.waiting.is_some() {
+            // one lookup: the key stays only while a group waits for it
+            if let Entry::Occupied(mut e) = self.keys.entry(*k) {
+                if e.get().waiting.is_some() {
+                    e.get_mut().out = false;
                     self.ready.push(*k);
                 } else {
-                    self.keys.remove(k);
+                    e.remove();
                 }
             }
         }

@@ -216,12 +216,15 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         let key = |g: &Group| self.prefix.len() + g.tag.len() + 4 + resp::digits(g.period.into());
         // the array's head, the number of keys and the flag: at most 32
         let (mut groups, mut words, mut room) = (0, 4, 32 + head.len());
+        let mut timed = false;
         for g in self.groups.clone() {
             groups += 1;
             words += 7 + 2 * g.costs.len();
             // keys, then numbers of at most 20 digits
             room += 2 * (key(&g) + 28) + (5 + 2 * g.costs.len()) * 27;
+            timed = timed || g.deadlines.iter().any(|&d| d > 0 && d != COUNTED);
         }
+        let timed = timed && self.clock_offset_ms.is_some();
         let mut w = resp::Writer::new(out, room);
         w.array(words);
         w.put(head);
@@ -250,7 +253,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             w.decimal(prev);
             w.put(b"\r\n");
         }
-        w.put(if self.timed() { b"$1\r\n1\r\n" } else { b"$1\r\n0\r\n" });
+        w.put(if timed { b"$1\r\n1\r\n" } else { b"$1\r\n0\r\n" });
         for g in self.groups.clone() {
             g.args(self.now_ms, self.clock_offset_ms, |n| {
                 if n == COUNTED {
@@ -296,24 +299,33 @@ pub enum Outcome {
     Bad,
 }
 
-/// A call's answer (the integers of the script's array) cut into its
-/// groups' outcomes; `requests` is each group's number of requests, in
-/// order. An answer of another length than theirs is `Bad` for all.
-pub fn parse_answers<'v, I: Iterator<Item = usize> + Clone + 'v>(
-    values: &'v [i64],
-    requests: I,
-) -> impl Iterator<Item = Outcome> + 'v {
-    let whole = requests.clone().map(|n| 2 + n).sum::<usize>() == values.len();
-    let mut at = 0;
-    requests.map(move |n| {
-        let part = values.get(at..at + 2 + n).filter(|_| whole);
-        at += 2 + n;
-        match part {
-            Some([-1, ..]) => Outcome::Alone,
-            Some(part) => parse_answer(part, n).map_or(Outcome::Bad, Outcome::Answer),
-            None => Outcome::Bad,
+/// A call's answer (the integers of the script's array) read group by
+/// group, in the call's order. An answer of another length than its
+/// groups' is `Bad` for all.
+pub struct Answers<'v> {
+    rest: &'v [i64],
+    whole: bool,
+}
+
+impl<'v> Answers<'v> {
+    /// `values` for a call of `groups` groups with `requests` requests in
+    /// all.
+    pub fn new(values: &'v [i64], groups: usize, requests: usize) -> Answers<'v> {
+        Answers { rest: values, whole: values.len() == 2 * groups + requests }
+    }
+
+    /// The next group's outcome (`requests`: its number of requests).
+    pub fn next(&mut self, requests: usize) -> Outcome {
+        if !self.whole || self.rest.len() < 2 + requests {
+            return Outcome::Bad;
         }
-    })
+        let (part, rest) = self.rest.split_at(2 + requests);
+        self.rest = rest;
+        match part {
+            [-1, ..] => Outcome::Alone,
+            _ => parse_answer(part, requests).map_or(Outcome::Bad, Outcome::Answer),
+        }
+    }
 }
 
 /// Reads one group's part of the answer, checking that it has one flag

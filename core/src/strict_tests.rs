@@ -73,14 +73,17 @@ fn args_and_answers() {
     assert_eq!(parse_answer(&[], 0), None);
 }
 
+fn answers(values: &[i64], requests: &[usize]) -> Vec<Outcome> {
+    let mut a = Answers::new(values, requests.len(), requests.iter().sum());
+    requests.iter().map(|&n| a.next(n)).collect()
+}
+
 #[test]
 fn a_calls_answer_is_cut_into_its_groups() {
     let one = |cur, prev, f: &[Option<bool>]| {
         Outcome::Answer(Answer { cur, prev, allowed: f.iter().copied().collect() })
     };
-    let got: Vec<Outcome> =
-        parse_answers(&[3, 1, 1, 0, 9, 0, 0, -1, 0, 0, 0, 5, 5, 2], [2, 1, 2, 1].into_iter())
-            .collect();
+    let got = answers(&[3, 1, 1, 0, 9, 0, 0, -1, 0, 0, 0, 5, 5, 2], &[2, 1, 2, 1]);
     assert_eq!(
         got,
         [
@@ -91,11 +94,11 @@ fn a_calls_answer_is_cut_into_its_groups() {
         ]
     );
     // a flag out of range fails its group alone
-    let got: Vec<Outcome> = parse_answers(&[1, 0, 7, 1, 0, 1], [1, 1].into_iter()).collect();
+    let got = answers(&[1, 0, 7, 1, 0, 1], &[1, 1]);
     assert_eq!(got, [Outcome::Bad, one(1, 0, &[Some(true)])]);
     // an answer of another length fails every group of the call
     for values in [&[1, 0, 1, 1, 0][..], &[1, 0, 1, 1, 0, 1, 1], &[]] {
-        let got: Vec<Outcome> = parse_answers(values, [1, 1].into_iter()).collect();
+        let got = answers(values, &[1, 1]);
         assert_eq!(got, [Outcome::Bad, Outcome::Bad], "{values:?}");
     }
 }

@@ -4,8 +4,7 @@
 use ratelimit_core::rate::Rate;
 use ratelimit_core::resp::{Reply, Value};
 use ratelimit_core::stats::Stats;
-use ratelimit_core::strict::{self, Outcome};
-use smallvec::SmallVec;
+use ratelimit_core::strict::{Answers, Outcome};
 
 use super::{Link, LOST};
 use crate::backend::{Level, StrictAsk, StrictGroup};
@@ -16,8 +15,9 @@ impl Link {
     /// Applies the answer to the oldest call out; the error reply that
     /// drops the link, if it is one.
     pub(super) fn answer(&mut self, v: Reply) -> Option<String> {
-        // each group's number of requests (what its part of the answer holds)
-        let requests: SmallVec<[usize; 8]> = self.calls.oldest().map(|g| g.tickets.len()).collect();
+        // the call's groups and requests (what its answer holds)
+        let (n, requests) =
+            self.calls.oldest().fold((0, 0), |(n, r), g| (n + 1, r + g.tickets.len()));
         let (ch, log, zone) = (self.channel(), self.log(), self.zone);
         let (groups, sent_at) = self.calls.answered()?;
         let Some(mcf) = main_conf() else {
@@ -43,10 +43,10 @@ impl Link {
             // not an array of integers: `Bad` for every group
             Reply::Other(_) => &[],
         };
-        let outcomes = strict::parse_answers(ints, requests.iter().copied());
+        let mut answers = Answers::new(ints, n, requests);
         let (mut alone, mut bad) = (Vec::new(), false);
-        for (g, outcome) in groups.zip(outcomes) {
-            let answer = match outcome {
+        for g in groups {
+            let answer = match answers.next(g.tickets.len()) {
                 Outcome::Answer(a) => {
                     if let Some(st) = stats {
                         st.synced(now_ms());
