@@ -4,7 +4,9 @@
 -- read once, before any write); then per group: limit, period (ms), time
 -- into the window (ms), TTL (s), n, and n times cost, deadline.
 -- Answers per group: cur, prev, and a flag per request. A group that
--- fails after another group counted answers cur -1 (it counted nothing).
+-- fails (a counter that is not an integer, an INCRBY refused) counts
+-- nothing and answers cur -1, and the others go on; a call of one group
+-- answers the error itself.
 -- Arguments are compared as strings before they are converted (Lua keeps
 -- one copy of each string, so that is a pointer comparison, and strtod is
 -- the dearest step of a call): the groups of a call mostly share a limit,
@@ -18,7 +20,6 @@ end
 local out = {}
 local j = 0
 local a = 2
-local wrote = false
 local rs, ps, es, p, left, cap
 for g = 1, #KEYS, 2 do
   local n = ARGV[a + 4]
@@ -73,12 +74,11 @@ for g = 1, #KEYS, 2 do
           redis.call('EXPIRE', KEYS[g], ARGV[a + 3])
         end
         cur = r
-        wrote = true
       end
     end
   end
   if err then
-    if not wrote then
+    if #KEYS == 2 then
       return err
     end
     cur = -1

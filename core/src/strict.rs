@@ -72,12 +72,12 @@ pub const MAX_ANSWER: usize = 4096;
 /// Answers per group `cur, prev, a1, a2, ...` in one flat array, with `ai`
 /// 1 when request `i` is allowed (and counted), 0 when it is not, 2 when
 /// the script ran after its deadline (neither). One `MGET` reads a group's
-/// windows (the same slot). A counter that holds something else than an
-/// integer, or an `INCRBY` that fails (`WRONGTYPE`: a key of another type
-/// reads as nil for `MGET`), is the script's error reply while nothing has
-/// been counted by the call; after another group counted, the failed group
-/// answers `cur` -1 (it counted nothing) and the rest go on: a call is
-/// never half done and then answered as an error.
+/// windows (the same slot). A group whose counter holds something else
+/// than an integer, or whose `INCRBY` fails (`WRONGTYPE`: a key of another
+/// type reads as nil for `MGET`), counts nothing and answers `cur` -1, and
+/// the call's other groups go on; a call of one group answers the error
+/// reply itself (what a group that failed is called again alone for, to
+/// learn and log).
 pub const SCRIPT: &str = include_str!("strict.lua");
 
 /// The script's SHA1 (what `EVALSHA` names it by), as Redis computes it;

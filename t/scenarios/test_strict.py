@@ -486,9 +486,9 @@ def test_one_script_call_decides_several_keys_and_fails_a_key_alone(h):
     """The strict script run on Redis with several groups (keys) in one
     call: each decided as if called alone, its counts and flags in one flat
     answer, a counter's TTL set when the call made it; a counter that is
-    not an integer, or a key of another type, fails the whole call with
-    the script's error while nothing was counted, and after another group
-    counted answers -1 for that group alone (which then counted nothing)."""
+    not an integer, or a key of another type, fails its group alone (-1,
+    nothing counted for it, the others decided and counted), and a call of
+    that group alone answers the script's error."""
     r = h.redis()
     a, b, c, d = ("{%s}" % h.key(x) for x in "abcd")
     r.cmd("SET", b + ":5940", 10)
@@ -510,22 +510,24 @@ def test_one_script_call_decides_several_keys_and_fails_a_key_alone(h):
     past, future = int(time.time() * 1000) - 1000, int(time.time() * 1000) + 60000
     got = run_script(r, [(d, 9, 60, 0, [(1, past), (1, future)])], timed=True)
     h.check(got == [1, 0, 2, 1], "a request past its deadline is not counted: %s" % (got,))
-    # a bad counter before anything was counted: the call's error, nothing
-    # counted for the groups after it either
+    # a bad counter: -1 for its group alone, first in the call or after
+    # another group counted; the others decided and counted
     r.cmd("SET", d + ":5940", "text")
     got = run_script(r, [(d, 9, 60, 0, [(1, 0)]), (a, 9, 60, 0, [(1, 0)])])
-    h.check(isinstance(got, RedisError) and "not an integer" in str(got), "the call fails: %s" % got)
-    h.check(r.cmd("GET", a + ":6000") == "2", "nothing counted by a call that failed")
-    # after a group counted: -1 for the bad group alone, the rest decided
+    h.check(got == [-1, 0, 0, 3, 0, 1], "the bad group first fails alone: %s" % (got,))
     got = run_script(r, [(a, 9, 60, 0, [(1, 0)]), (d, 9, 60, 0, [(1, 0), (1, 0)]),
                          (b, 9, 60, 60000, [(1, 0)])])
-    h.check(got == [3, 0, 1, -1, 0, 0, 0, 4, 10, 1], "the bad group alone fails: %s" % (got,))
+    h.check(got == [4, 0, 1, -1, 0, 0, 0, 4, 10, 1], "the bad group after a count fails alone: %s"
+            % (got,))
     h.check(r.cmd("GET", d + ":6000") == "1", "and counts nothing (1 from before)")
+    alone = run_script(r, [(d, 9, 60, 0, [(1, 0)])])
+    h.check(isinstance(alone, RedisError) and "not an integer" in str(alone),
+            "alone: the script's error: %s" % alone)
     r.cmd("DEL", d + ":5940", d + ":6000")
     r.cmd("RPUSH", d + ":6000", "x")
     got = run_script(r, [(a, 9, 60, 0, [(1, 0)]), (d, 9, 60, 0, [(1, 0)])])
     alone = run_script(r, [(d, 9, 60, 0, [(1, 0)])])
     h.note("a list as the counter, after a count: %s; alone: %s" % (got, alone))
-    h.check(got == [4, 0, 1, -1, 0, 0], "INCRBY's WRONGTYPE fails the group alone: %s" % (got,))
+    h.check(got == [5, 0, 1, -1, 0, 0], "INCRBY's WRONGTYPE fails the group alone: %s" % (got,))
     h.check(isinstance(alone, RedisError) and "WRONGTYPE" in str(alone), "alone: the error: %s" % alone)
-    h.check(r.cmd("GET", a + ":6000") == "4", "the other group counted once")
+    h.check(r.cmd("GET", a + ":6000") == "5", "the other group counted once")

@@ -86,10 +86,9 @@ def test_strict_calls_go_down_the_workers_own_link(h):
 def test_keys_of_another_type_among_many_fail_alone(h):
     """Strict requests on 30 keys at once, 6 of whose counters are lists
     (someone else's keys): in a call shared with other keys, such a key
-    fails alone, before or after the others counted (called again alone
-    through the thread, which logs its WRONGTYPE); every other key is
-    counted exactly once per request, and the lists are left as they
-    were."""
+    fails alone (called again alone through the thread, which logs its
+    WRONGTYPE); every other key is counted exactly once per request, and
+    the lists are left as they were."""
     r = h.redis()
     n = h.nginx(HTTP % (r.url, r.url), SERVER, files=FILES)
     h.check(wait_for(lambda: len(links(r)) == 1, 3.0), "a link: %s" % links(r))
