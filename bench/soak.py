@@ -51,7 +51,9 @@ a hot-key or strict window outside outages above 1.05 x L (a strict
 window tallied over it passes when Redis's own counter of that window,
 read after it ended, holds at most L: its answers came after the window
 ended; a strict key judged in no window with demand above L fails too, and
-so does a Redis count above L in any judged window), requests that got no
+so does a Redis count above L in any judged window; for the strict keys
+a stall a node saw, a strict link without an answer within timeout=, is
+an outage too, since on_error decides then), requests that got no
 status, 429s on keys far below their limit, stalls, counter keys without a
 TTL); 2 when the harness failed.  Logs and soak-data.json (every figure's
 raw data) are kept in the temp dir on failure or with --keep.
@@ -1055,12 +1057,24 @@ def summarize(run, args):
     # (as for hot keys), and a tally over it is judged by what Redis
     # counted in that window (its counter, read after the window ended),
     # when that was read: Redis's count is what it allowed there.
+    # A stall this run did not cause is an outage all the same when a node
+    # saw it: a strict link without an answer within timeout= hands its
+    # requests to on_error, and on_error=local counts them here and in
+    # Redis (a script already sent may count them too).
+    stalls = sorted({t for lines in logs for t, _, line in lines
+                     if 'zone "%s"' % STRICT_ZONE in line and "no answer within timeout=" in line
+                     and not overlaps(int(t), outs, args.margin)})
+    strict_outs = outs + [(t - 1, t + 1) for t in stalls]
+    if stalls:
+        row("strict links without an answer outside the chaos",
+            "%d (at t=%s): their windows are judged as outages"
+            % (len(stalls), ", ".join("%.0fs" % (t - run.t0) for t in stalls)))
     for k, key in enumerate(STRICT_KEYS):
         judged, outage_w, late = [], [], []
         for (kk, w), (allowed, tot) in sorted(strict.items()):
             if kk != k or w < int(t_start) or w > int(t_end):
                 continue
-            (outage_w if overlaps(w, outs, args.margin) else judged).append((allowed, tot, w))
+            (outage_w if overlaps(w, strict_outs, args.margin) else judged).append((allowed, tot, w))
         over = []
         for a, _, w in judged:
             if a <= STRICT_RATE * 1.05:
@@ -1082,7 +1096,7 @@ def summarize(run, args):
             not over and bool(busy))
         counted = [(w, v) for (kk, w), v in run.strict_redis.items()
                    if kk == k and isinstance(v, int) and int(t_start) <= w <= int(t_end)
-                   and not overlaps(w, outs, args.margin)]
+                   and not overlaps(w, strict_outs, args.margin)]
         row("  Redis's count per judged window",
             "%d read: max %d" % (len(counted), max([v for _, v in counted] or [0])))
         if any(v > STRICT_RATE for _, v in counted):
