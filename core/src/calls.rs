@@ -254,4 +254,81 @@ mod tests {
         c.waiting(1, Vec::new).push(4);
         assert_eq!(write(&mut c, 4), [vec![vec![4]]]);
     }
+
+    /// xorshift64*: a deterministic stream for the random test.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+    }
+
+    #[test]
+    fn random_use_answers_every_request_once_in_order_one_call_out_per_key() {
+        let mut g = Rng(0x9e37_79b9_7f4a_7c15);
+        let at = Instant::now();
+        for _ in 0..300 {
+            let mut c = C::default();
+            // requests are (key << 16 | n): a key's n-th request
+            let (mut pushed, mut sent) = ([0u32; 6], [0u32; 6]);
+            let mut out = std::collections::HashSet::new();
+            let mut calls: std::collections::VecDeque<Vec<u32>> = Default::default();
+            for _ in 0..200 {
+                match g.below(10) {
+                    0..=4 => {
+                        let k = g.below(6) as u32;
+                        c.waiting(k, Vec::new).push(k << 16 | pushed[k as usize]);
+                        pushed[k as usize] += 1;
+                    }
+                    5..=6 => {
+                        let (max, max_weight) = (1 + g.below(4) as usize, 1 + g.below(8) as usize);
+                        for call in weighed(&mut c, max, max_weight) {
+                            let weight: usize = call.iter().map(Vec::len).sum();
+                            assert!(call.len() <= max && (call.len() == 1 || weight <= max_weight));
+                            let keys: Vec<u32> = call.iter().map(|gr| gr[0] >> 16).collect();
+                            for &k in &keys {
+                                assert!(out.insert(k), "key {k} has two calls out");
+                            }
+                            calls.push_back(keys);
+                        }
+                    }
+                    _ => {
+                        if let Some(groups) = answer(&mut c) {
+                            for k in calls.pop_front().unwrap_or_default() {
+                                out.remove(&k);
+                            }
+                            for gr in groups {
+                                for r in gr {
+                                    let k = (r >> 16) as usize;
+                                    assert_eq!(r & 0xffff, sent[k], "key {k}'s requests in order");
+                                    sent[k] += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // everything written and answered: every request once
+            for round in 0.. {
+                if !c.has_waiting() && !c.in_flight() {
+                    break;
+                }
+                assert!(round < 100, "what waits is never written");
+                let _ = weighed(&mut c, 3, 5);
+                while let Some(groups) = answer(&mut c) {
+                    for r in groups.into_iter().flatten() {
+                        let k = (r >> 16) as usize;
+                        assert_eq!(r & 0xffff, sent[k], "key {k}'s requests in order");
+                        sent[k] += 1;
+                    }
+                }
+            }
+            assert_eq!(sent, pushed, "every request answered once");
+            assert!(c.keys.is_empty() && c.ready.is_empty(), "no key left behind");
+        }
+    }
 }
