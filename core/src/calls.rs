@@ -270,7 +270,6 @@ mod tests {
     #[test]
     fn random_use_answers_every_request_once_in_order_one_call_out_per_key() {
         let mut g = Rng(0x9e37_79b9_7f4a_7c15);
-        let at = Instant::now();
         for _ in 0..300 {
             let mut c = C::default();
             // requests are (key << 16 | n): a key's n-th request
