@@ -122,6 +122,13 @@ pub struct Group<'a> {
 }
 
 impl Group<'_> {
+    /// Some request waits with a deadline (what makes the script read
+    /// `TIME`, when Redis's clock is known).
+    #[inline(always)]
+    fn has_deadline(&self) -> bool {
+        self.deadlines.iter().any(|&d| d > 0 && d != COUNTED)
+    }
+
     /// When its current window and the one before start (s).
     fn starts(&self) -> (u64, u64) {
         let p = u64::from(self.period);
@@ -164,8 +171,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
     /// Some request has a deadline in Redis's clock: the script reads
     /// `TIME`.
     fn timed(&self) -> bool {
-        self.clock_offset_ms.is_some()
-            && self.groups.clone().any(|g| g.deadlines.iter().any(|&d| d > 0 && d != COUNTED))
+        self.clock_offset_ms.is_some() && self.groups.clone().any(|g| g.has_deadline())
     }
 
     /// Its words after `EVALSHA <sha>`, each handed to `f`.
@@ -222,7 +228,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             words += 7 + 2 * g.costs.len();
             // keys, then numbers of at most 20 digits
             room += 2 * (key(&g) + 28) + (5 + 2 * g.costs.len()) * 27;
-            timed = timed || g.deadlines.iter().any(|&d| d > 0 && d != COUNTED);
+            timed = timed || g.has_deadline();
         }
         let timed = timed && self.clock_offset_ms.is_some();
         let mut w = resp::Writer::new(out, room);

@@ -17,8 +17,8 @@
 //!   not an integer, a server that is not a master) means the call did not
 //!   count anything: its keys go to the thread, which deals with them as
 //!   it does with its own calls, a key a call (loads the script, logs,
-//!   takes a backend down). A key that failed after another key of its
-//!   call counted (its part of the answer says so) goes to the thread
+//!   takes a backend down). A key that failed in a call of several (its
+//!   part of the answer says so; it counted nothing) goes to the thread
 //!   alone. A reply saying the server does not serve the key also drops
 //!   the link.
 //! - A failed link (closed, unreadable, no answer within `timeout=`) is
