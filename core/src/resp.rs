@@ -149,53 +149,35 @@ fn bulk_digits(buf: &mut [u8; 27], n: u64) -> usize {
     }
 }
 
-/// A command written in place at the end of a buffer: room made once for
-/// what the caller expects to write (a hint: a word past it makes more),
-/// each word copied in; what was not used is cut off when it is dropped.
-/// A strict call writes a dozen words: no growth check per word.
+/// A command appended to a buffer: room reserved once for what the caller
+/// expects to write (a hint: a word past it makes more), each word copied
+/// in. Nothing is written twice: no zeroed room to write over.
 pub struct Writer<'a> {
     out: &'a mut Vec<u8>,
-    at: usize,
 }
 
 impl<'a> Writer<'a> {
     /// Room for about `room` bytes at the end of `out`.
     pub fn new(out: &'a mut Vec<u8>, room: usize) -> Writer<'a> {
-        let at = out.len();
-        out.resize(at + room, 0);
-        Writer { out, at }
-    }
-
-    /// Where `n` more bytes end, room made for them if the hint fell
-    /// short.
-    #[inline(always)]
-    fn end(&mut self, n: usize) -> usize {
-        let end = self.at + n;
-        if end > self.out.len() {
-            self.out.resize(end, 0);
-        }
-        end
+        out.reserve(room);
+        Writer { out }
     }
 
     #[inline(always)]
     pub fn put(&mut self, b: &[u8]) {
-        let end = self.end(b.len());
-        self.out[self.at..end].copy_from_slice(b);
-        self.at = end;
+        self.out.extend_from_slice(b);
     }
 
     /// Where the next byte goes (for `again`).
     #[inline(always)]
     pub fn mark(&self) -> usize {
-        self.at
+        self.out.len()
     }
 
     /// Writes again what was written from `from` to `to` (marks).
     #[inline(always)]
     pub fn again(&mut self, from: usize, to: usize) {
-        let end = self.end(to - from);
-        self.out.copy_within(from..to, self.at);
-        self.at = end;
+        self.out.extend_from_within(from..to);
     }
 
     /// `n` in decimal.
@@ -237,12 +219,6 @@ impl<'a> Writer<'a> {
     }
 }
 
-impl Drop for Writer<'_> {
-    fn drop(&mut self) {
-        self.out.truncate(self.at);
-    }
-}
-
 /// Reads one reply from the start of `buf`: `Ok(None)` when `buf` holds
 /// only part of it, else the reply and the bytes it took.
 pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
@@ -273,7 +249,9 @@ pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> 
             return Ok(None);
         };
         if let Some(n) = length(&head[1..], MAX_ARRAY)? {
-            let mut ints = smallvec::SmallVec::new();
+            // room for the whole array at once (a call of several keys
+            // answers three or more integers a key)
+            let mut ints = smallvec::SmallVec::with_capacity(n.min(4096));
             while ints.len() < n {
                 match buf.get(at) {
                     Some(b':') => {}

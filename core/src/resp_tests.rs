@@ -15,6 +15,9 @@ fn commands_are_arrays_of_bulk_strings() {
         Writer::new(&mut b, 0).bulk_u64(n);
         bulk(&mut want, n.to_string().as_bytes());
         assert_eq!(b, want, "{n}");
+        let mut b = b"x".to_vec();
+        Writer::new(&mut b, 0).decimal(n);
+        assert_eq!(&b[1..], n.to_string().as_bytes(), "{n}");
     }
 }
 
