@@ -150,10 +150,29 @@ pub const MAX_NAMESPACE_BYTES: usize = 128;
 pub fn redis_tag(namespace: &[u8], key: &[u8]) -> Box<[u8]> {
     let part = redis_key_part(key);
     let mut out = Vec::with_capacity(namespace.len() + 1 + part.len());
-    out.extend_from_slice(namespace);
-    out.push(b':');
-    out.extend_from_slice(&part);
+    for p in [namespace, &b":"[..], &part[..]] {
+        out.extend_from_slice(p);
+    }
     out.into_boxed_slice()
+}
+
+/// A hash tag held in place when it is short: a strict request's, which
+/// lives only while its script call is out (no allocation for the common
+/// key).
+pub type Tag = smallvec::SmallVec<[u8; 48]>;
+
+/// `redis_tag` as a `Tag`.
+pub fn redis_tag_inline(namespace: &[u8], key: &[u8]) -> Tag {
+    let part = redis_key_part(key);
+    let len = namespace.len() + 1 + part.len();
+    let mut buf = [0u8; 48];
+    if len > buf.len() {
+        return Tag::from_slice(&redis_tag(namespace, key));
+    }
+    buf[..namespace.len()].copy_from_slice(namespace);
+    buf[namespace.len()] = b':';
+    buf[namespace.len() + 1..len].copy_from_slice(&part);
+    Tag::from_buf_and_len(buf, len)
 }
 
 /// `<prefix>{<zone>}:nodes`: the sorted set of the nodes that count a
@@ -312,6 +331,10 @@ mod tests {
         let huge = vec![b'x'; 7000];
         let tag = redis_tag(b"z", &huge);
         assert_eq!(tag.len(), 2 + 7 + 64);
+        // held in place or not, the same tag
+        for key in [&b"k"[..], &[7u8; 47], &[7u8; 200], &huge] {
+            assert_eq!(&redis_tag_inline(b"z", key)[..], &redis_tag(b"z", key)[..]);
+        }
         assert_eq!(
             redis_key_for_tag(b"rl:", &tag, 60, 120),
             redis_key(b"rl:", b"z", &huge, 60, 120)

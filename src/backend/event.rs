@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter::Confirmation;
+use ratelimit_core::key::Tag;
 use ratelimit_core::params::Sentinel;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::strict::{self, Answer};
@@ -85,7 +86,7 @@ pub struct StrictAsk {
     pub ticket: u64,
     pub id: ItemId,
     /// The key's hash tag (`key::redis_tag`).
-    pub tag: Box<[u8]>,
+    pub tag: Tag,
     pub period: u32,
     pub limit: u32,
     pub cost: u32,
@@ -99,7 +100,7 @@ pub struct StrictAsk {
 #[derive(Debug)]
 pub struct StrictGroup {
     pub id: ItemId,
-    pub tag: Box<[u8]>,
+    pub tag: Tag,
     pub period: u32,
     pub limit: u32,
     pub tickets: Each<u64>,

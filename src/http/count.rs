@@ -17,7 +17,7 @@ use ngx::http::{HttpModuleMainConf, Request};
 use smallvec::SmallVec;
 
 use ratelimit_core::batch::ItemId;
-use ratelimit_core::key::redis_tag;
+use ratelimit_core::key::redis_tag_inline;
 use ratelimit_core::strict;
 use ratelimit_core::window::window_index;
 
@@ -133,7 +133,7 @@ fn send_later(mcf: &MainConf, asks: &[Ask<'_>], now: u64) {
                 entry,
                 window: window_index(now, a.rate.period_ms()),
             },
-            tag: redis_tag(a.namespace, a.key),
+            tag: redis_tag_inline(a.namespace, a.key),
             period: a.rate.period,
             limit: a.rate.limit,
             cost,

@@ -27,7 +27,7 @@ use nginx_sys::{
 };
 use ngx::http::HttpModule;
 use ratelimit_core::batch::ItemId;
-use ratelimit_core::key::redis_tag;
+use ratelimit_core::key::redis_tag_inline;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::window::window_index;
 use smallvec::SmallVec;
@@ -137,7 +137,7 @@ pub(super) fn limit(
                 entry: crate::engine::entry_id(shared, a),
                 window: window_index(now, a.rate.period_ms()),
             },
-            tag: redis_tag(a.namespace, a.key),
+            tag: redis_tag_inline(a.namespace, a.key),
             period: a.rate.period,
             limit: a.rate.limit,
             cost: a.cost,
