@@ -64,23 +64,29 @@ cat > "$work/load.py" <<'PY'
 import socket, sys
 port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 keys = int(sys.argv[4]) if len(sys.argv) > 4 else 0
-s = socket.create_connection(("127.0.0.1", port))
-req = ("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode()
-buf = b""
-for i in range(n):
-    if keys:
-        # X-Key k0 .. k<keys-1>, in turn
-        req = ("GET %s HTTP/1.1\r\nHost: x\r\nX-Key: k%d\r\n\r\n" % (path, i % keys)).encode()
-    s.sendall(req)
-    while b"\r\n\r\nok\n" not in buf:
-        d = s.recv(65536)
-        if not d:
-            raise SystemExit("connection closed")
-        buf += d
-    buf = buf[buf.index(b"\r\n\r\nok\n") + 7:]
-s.close()
+conns = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(conns)]
+bufs = [b""] * conns
+def request(i):
+    if not keys:
+        return ("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode()
+    # X-Key k0 .. k<keys-1>, in turn
+    return ("GET %s HTTP/1.1\r\nHost: x\r\nX-Key: k%d\r\n\r\n" % (path, i % keys)).encode()
+# `conns` connections in step: a request on each, then every response
+for r in range(0, n, conns):
+    for j, s in enumerate(socks):
+        s.sendall(request(r + j))
+    for j, s in enumerate(socks):
+        while b"\r\n\r\nok\n" not in bufs[j]:
+            d = s.recv(65536)
+            if not d:
+                raise SystemExit("connection closed")
+            bufs[j] += d
+        bufs[j] = bufs[j][bufs[j].index(b"\r\n\r\nok\n") + 7:]
+for s in socks:
+    s.close()
 PY
-run() { # location requests [conf [keys]] -> instructions
+run() { # location requests [conf [keys [connections]]] -> instructions
     valgrind --tool=callgrind --callgrind-out-file="$work/out" \
         ${CALLGRIND_OUT:+--dump-instr=yes} build/sbin/nginx \
         -p "$work/" -c "conf/${3:-nginx.conf}" > "$work/vg.log" 2>&1 &
@@ -89,7 +95,7 @@ run() { # location requests [conf [keys]] -> instructions
         (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
         sleep 0.2
     done
-    python3 "$work/load.py" "$port" "$1" "$2" "${4:-0}"
+    python3 "$work/load.py" "$port" "$1" "$2" "${4:-0}" "${5:-1}"
     kill -QUIT "$nginx_pid"; wait "$nginx_pid" 2>/dev/null || true; nginx_pid=
     if [ -n "${CALLGRIND_OUT:-}" ]; then
         mkdir -p "$CALLGRIND_OUT"
@@ -108,6 +114,14 @@ per_request() { # location [conf]
     small=$(run "$1" 200 "${2:-}")
     total=$(run "$1" "$n" "${2:-}")
     echo $(( (total - small) / (n - 200) ))
+}
+# `conns` connections in step, each with its own key (X-Key k0 ..): what a
+# request costs when requests arrive together, as under load
+conns_per_request() { # location conf conns
+    local small total
+    small=$(run "$1" $(( 12 * $3 )) "$2" "$3" "$3")
+    total=$(run "$1" $(( 150 * $3 )) "$2" "$3" "$3")
+    echo $(( (total - small) / (138 * $3) ))
 }
 # many keys: X-Key over `keys` values in turn, `rounds` times; the first
 # round (every key new) is the baseline taken away, so the figure is what
@@ -150,6 +164,19 @@ if command -v redis-server >/dev/null; then
     if want strict; then
         strict=$(per_request /strict strict.conf)
         echo "| /strict (one key, each request waits for Redis's decision, all threads; strict.conf) | $strict | $(( strict - base )) |"
+    fi
+    # the same under load: 16 connections in step, each with its own key,
+    # so that keys waiting together share script calls (the row above is
+    # a request alone: a call, a reply and a wake-up of its own); judged
+    # against the static file served to the same 16 connections
+    sed -e "s|^    server {|    redis_ratelimit_zone \$http_x_key zone=sk:10m redis=redis://127.0.0.1:$rport;\n    server {|" \
+        -e 's|^    }$|        location = /strict-16 { root html; try_files /b =404; redis_ratelimit sk 1000000000r/s strict; }\n    }|' \
+        "$work/conf/nginx.conf" > "$work/conf/strict16.conf"
+    if want strict-16; then
+        base16=$(conns_per_request /base strict16.conf 16)
+        strict16=$(conns_per_request /strict-16 strict16.conf 16)
+        echo "| /base (16 connections in step, X-Key; strict16.conf) | $base16 | $(( base16 - base )) |"
+        echo "| /strict-16 (16 connections in step, each its own key: keys share script calls, all threads; strict16.conf) | $strict16 | $(( strict16 - base )) ($(( strict16 - base16 )) beyond the same 16 connections' static file) |"
     fi
     # 10 000 keys, far below their limits: limit_req and a Redis zone on
     # the same key variable and zone size (bench/run.py's many-key cases).
