@@ -226,8 +226,10 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         for g in self.groups.clone() {
             groups += 1;
             words += 7 + 2 * g.costs.len();
-            // keys, then numbers of at most 20 digits
-            room += 2 * (key(&g) + 28) + (5 + 2 * g.costs.len()) * 27;
+            // keys (a period of at most 10 digits), then numbers of at
+            // most 20 digits
+            room += 2 * (self.prefix.len() + g.tag.len() + 14 + 28)
+                + (5 + 2 * g.costs.len()) * 27;
             timed = timed || g.has_deadline();
         }
         let timed = timed && self.clock_offset_ms.is_some();
@@ -238,8 +240,9 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         for g in self.groups.clone() {
             let (key, p) = (key(&g), u64::from(g.period));
             let (cur, prev) = g.starts();
+            let (cur_digits, prev_digits) = (resp::digits(cur), resp::digits(prev));
             let head_at = w.mark();
-            w.bulk_head(key + resp::digits(cur));
+            w.bulk_head(key + cur_digits);
             w.put(self.prefix);
             w.put(b"{");
             w.put(g.tag);
@@ -249,11 +252,11 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             let start_at = w.mark();
             w.decimal(cur);
             w.put(b"\r\n");
-            if resp::digits(prev) == resp::digits(cur) {
+            if prev_digits == cur_digits {
                 // the same name up to the window's start (as a rule)
                 w.again(head_at, start_at);
             } else {
-                w.bulk_head(key + resp::digits(prev));
+                w.bulk_head(key + prev_digits);
                 w.again(start_at - key, start_at);
             }
             w.decimal(prev);
