@@ -140,16 +140,35 @@ impl Group<'_> {
     /// the previous one during the next), the number of requests, then per
     /// request its cost and its deadline in Redis's clock.
     fn args(&self, now_ms: u64, offset_ms: Option<i64>, mut f: impl FnMut(u64)) {
-        let p = u64::from(self.period) * 1000;
-        let elapsed = now_ms.saturating_sub(self.starts().0 * 1000);
-        let n = self.costs.len() as u64;
-        for x in [u64::from(self.limit), p, elapsed.min(p), 2 * u64::from(self.period), n] {
+        for x in self.limit_args(now_ms) {
             f(x);
         }
+        self.request_args(offset_ms, f);
+    }
+
+    /// The first four arguments: the same for the groups of one limit,
+    /// period and window.
+    #[inline(always)]
+    fn limit_args(&self, now_ms: u64) -> [u64; 4] {
+        let p = u64::from(self.period) * 1000;
+        let elapsed = now_ms.saturating_sub(self.starts().0 * 1000);
+        [u64::from(self.limit), p, elapsed.min(p), 2 * u64::from(self.period)]
+    }
+
+    /// The number of requests, then per request its cost and deadline.
+    #[inline(always)]
+    fn request_args(&self, offset_ms: Option<i64>, mut f: impl FnMut(u64)) {
+        f(self.costs.len() as u64);
         for (i, &c) in self.costs.iter().enumerate() {
             f(u64::from(c));
             f(redis_deadline(self.deadlines.get(i).copied().unwrap_or(0), offset_ms));
         }
+    }
+
+    /// Whether `limit_args` are the same as `other`'s (at any one time).
+    #[inline(always)]
+    fn same_limit(&self, other: &Group) -> bool {
+        self.limit == other.limit && self.period == other.period && self.window == other.window
     }
 }
 
@@ -228,8 +247,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             words += 7 + 2 * g.costs.len();
             // keys (a period of at most 10 digits), then numbers of at
             // most 20 digits
-            room += 2 * (self.prefix.len() + g.tag.len() + 14 + 28)
-                + (5 + 2 * g.costs.len()) * 27;
+            room += 2 * (self.prefix.len() + g.tag.len() + 14 + 28) + (5 + 2 * g.costs.len()) * 27;
             timed = timed || g.has_deadline();
         }
         let timed = timed && self.clock_offset_ms.is_some();
@@ -263,8 +281,22 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             w.put(b"\r\n");
         }
         w.put(if timed { b"$1\r\n1\r\n" } else { b"$1\r\n0\r\n" });
+        // the previous group's limit, period and window, and where its
+        // first four arguments were written: a group of the same copies
+        // them (the groups of a call mostly share them)
+        let mut shared: Option<(Group, usize, usize)> = None;
         for g in self.groups.clone() {
-            g.args(self.now_ms, self.clock_offset_ms, |n| {
+            match shared {
+                Some((s, from, to)) if s.same_limit(&g) => w.again(from, to),
+                _ => {
+                    let from = w.mark();
+                    for n in g.limit_args(self.now_ms) {
+                        w.bulk_u64(n);
+                    }
+                    shared = Some((g, from, w.mark()));
+                }
+            }
+            g.request_args(self.clock_offset_ms, |n| {
                 if n == COUNTED {
                     w.put(b"$2\r\n-1\r\n");
                 } else {

@@ -194,6 +194,19 @@ fn a_call_of_several_groups_has_their_keys_then_their_arguments() {
     c.write(&mut out);
     resp::command(&mut want, &c.words());
     assert_eq!(out, want);
+    // groups of one limit, period and window next to each other (their
+    // first four arguments copied), others between and after them
+    let other = Group { tag: b"z:third", ..groups[1] };
+    // the window before (1 000 ms into it, not 400)
+    let before = Group { tag: b"z:fourth", window: groups[1].window - 1, ..groups[1] };
+    let mixed = [groups[0], groups[2], groups[1], other, before, groups[0], groups[2]];
+    for n in 1..=mixed.len() {
+        let c = Call { groups: mixed[..n].iter().copied(), ..c };
+        let (mut out, mut want) = (Vec::new(), Vec::new());
+        c.write(&mut out);
+        resp::command(&mut want, &c.words());
+        assert_eq!(out, want, "{n} groups");
+    }
     // a deadline in one group reads TIME for the call; none without the
     // clock's offset
     let timed = [groups[0], Group { deadlines: &[9], ..groups[2] }];
