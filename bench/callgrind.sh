@@ -5,8 +5,10 @@
 # divided by (N - 200) is the cost of one request. Locations: a static file
 # (baseline), the same behind limit_req, behind an embedded zone, and
 # behind the same zone with its rate from a map (tiers); with redis-server,
-# one key through Redis, strict, and 10 000 keys behind limit_req and a
-# Redis zone (the many-key cases of make bench).
+# one key through Redis, strict (a request alone, and 16 connections in
+# step, each its own key: their requests share script calls; this row is
+# 192 and 2 400 requests whatever N), and 10 000 keys behind limit_req and
+# a Redis zone (the many-key cases of make bench).
 #
 #   bash bench/callgrind.sh [N]        (needs valgrind; about a minute)
 #   CALLGRIND_MODULE=/path/to/module.so bash bench/callgrind.sh   (another build)

@@ -167,7 +167,7 @@ pub fn redis_tag_inline(namespace: &[u8], key: &[u8]) -> Tag {
     let len = namespace.len() + 1 + part.len();
     let mut buf = [0u8; 48];
     if len > buf.len() {
-        return Tag::from_slice(&redis_tag(namespace, key));
+        return Tag::from_vec(redis_tag(namespace, key).into_vec());
     }
     buf[..namespace.len()].copy_from_slice(namespace);
     buf[namespace.len()] = b':';

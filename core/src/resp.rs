@@ -250,8 +250,10 @@ pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> 
         };
         if let Some(n) = length(&head[1..], MAX_ARRAY)? {
             // room for the whole array at once (a call of several keys
-            // answers three or more integers a key)
-            let mut ints = smallvec::SmallVec::with_capacity(n.min(4096));
+            // answers three or more integers a key), never more than the
+            // bytes at hand can hold (`:0\r\n` is the shortest element)
+            let room = n.min(4096).min(buf.len().saturating_sub(at) / 4);
+            let mut ints = smallvec::SmallVec::with_capacity(room);
             while ints.len() < n {
                 match buf.get(at) {
                     Some(b':') => {}

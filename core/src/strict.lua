@@ -2,15 +2,16 @@
 -- (groups). KEYS: per group its current window's counter, then the
 -- previous window's. ARGV[1]: 1 when a request has a deadline (TIME is
 -- read once, before any write); then per group: limit, period (ms), time
--- into the window (ms), TTL (s), n, and n times cost, deadline.
+-- into the window (ms), TTL (s) -- or '=' for the group before's four --
+-- then n, and n times cost, deadline.
 -- Answers per group: cur, prev, and a flag per request. A group that
 -- fails (a counter that is not an integer, an INCRBY refused) counts
 -- nothing and answers cur -1, and the others go on; a call of one group
 -- answers the error itself.
--- Arguments are compared as strings before they are converted (Lua keeps
--- one copy of each string, so that is a pointer comparison, and strtod is
--- the dearest step of a call): the groups of a call mostly share a limit,
--- a period and a window, and most costs and counts are 1.
+-- The groups of a call mostly share a limit, a period and a window, which
+-- are then converted once; most costs and counts are 1, compared as
+-- strings before they are converted (Lua keeps one copy of each string, so
+-- that is a pointer comparison, and strtod is the dearest step of a call).
 local now
 if ARGV[1] == '1' then
   if redis.replicate_commands then redis.replicate_commands() end
@@ -20,8 +21,18 @@ end
 local out = {}
 local j = 0
 local a = 2
-local rs, ps, es, p, left, cap
+local p, left, cap, ttl
 for g = 1, #KEYS, 2 do
+  if ARGV[a] == '=' then
+    -- one argument where the four were: n at a + 1
+    a = a - 3
+  else
+    p = tonumber(ARGV[a + 1])
+    left = p - tonumber(ARGV[a + 2])
+    if left < 0 then left = 0 end
+    cap = tonumber(ARGV[a]) * p
+    ttl = ARGV[a + 3]
+  end
   local n = ARGV[a + 4]
   if n == '1' then n = 1 else n = tonumber(n) end
   local both = redis.call('MGET', KEYS[g], KEYS[g + 1])
@@ -31,13 +42,6 @@ for g = 1, #KEYS, 2 do
   if not cur or not prev or cur < 0 or prev < 0 or cur % 1 ~= 0 or prev % 1 ~= 0 then
     err = redis.error_reply('ERR redis_ratelimit: the counter is not an integer')
   else
-    if ARGV[a] ~= rs or ARGV[a + 1] ~= ps or ARGV[a + 2] ~= es then
-      rs, ps, es = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-      p = tonumber(ps)
-      left = p - tonumber(es)
-      if left < 0 then left = 0 end
-      cap = tonumber(rs) * p
-    end
     local weighted = prev * left
     local at = j + 2
     local added = 0
@@ -71,7 +75,7 @@ for g = 1, #KEYS, 2 do
         err = r
       else
         if r == added then
-          redis.call('EXPIRE', KEYS[g], ARGV[a + 3])
+          redis.call('EXPIRE', KEYS[g], ttl)
         end
         cur = r
       end

@@ -51,6 +51,12 @@ pub fn small(rate: Rate) -> bool {
 /// whatever the estimate and whenever it runs (written `-1`).
 pub const COUNTED: u64 = u64::MAX;
 
+/// A group's first argument when the group before it in the call has the
+/// same limit, period and window: its four limit arguments are that
+/// group's (a call's groups mostly share them, and each argument costs
+/// Redis a string to read and the script one to make).
+pub const SAME: &[u8] = b"=";
+
 /// The most groups (keys) one call decides: a call holds Redis for a few
 /// µs per group.
 pub const MAX_GROUPS: usize = 32;
@@ -137,17 +143,12 @@ impl Group<'_> {
 
     /// Its arguments: limit, period in ms, time into the window in ms
     /// (at `now_ms`), TTL in seconds (two periods: the window is read as
-    /// the previous one during the next), the number of requests, then per
-    /// request its cost and its deadline in Redis's clock.
-    fn args(&self, now_ms: u64, offset_ms: Option<i64>, mut f: impl FnMut(u64)) {
-        for x in self.limit_args(now_ms) {
-            f(x);
-        }
-        self.request_args(offset_ms, f);
-    }
-
+    /// the previous one during the next) — or `SAME` when the group before
+    /// it in the call has the same four (`same_limit`) — then the number of
+    /// requests, and per request its cost and its deadline in Redis's
+    /// clock.
     /// The first four arguments: the same for the groups of one limit,
-    /// period and window.
+    /// period and window (at one time).
     #[inline(always)]
     fn limit_args(&self, now_ms: u64) -> [u64; 4] {
         let p = u64::from(self.period) * 1000;
@@ -202,10 +203,19 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             f(Word::Key(g, prev));
         }
         f(Word::Number(u64::from(self.timed())));
+        let mut before: Option<Group> = None;
         for g in self.groups.clone() {
-            g.args(self.now_ms, self.clock_offset_ms, |n| {
+            if before.is_some_and(|b| b.same_limit(&g)) {
+                f(Word::Bytes(SAME));
+            } else {
+                for n in g.limit_args(self.now_ms) {
+                    f(Word::Number(n));
+                }
+            }
+            g.request_args(self.clock_offset_ms, |n| {
                 f(if n == COUNTED { Word::Bytes(b"-1") } else { Word::Number(n) })
             });
+            before = Some(g);
         }
     }
 
@@ -242,9 +252,12 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         // the array's head, the number of keys and the flag: at most 32
         let (mut groups, mut words, mut room) = (0, 4, 32 + head.len());
         let mut timed = false;
+        let mut before: Option<Group> = None;
         for g in self.groups.clone() {
             groups += 1;
-            words += 7 + 2 * g.costs.len();
+            let same = before.is_some_and(|b| b.same_limit(&g));
+            words += if same { 4 } else { 7 } + 2 * g.costs.len();
+            before = Some(g);
             // keys (a period of at most 10 digits), then numbers of at
             // most 20 digits
             room += 2 * (self.prefix.len() + g.tag.len() + 14 + 28) + (5 + 2 * g.costs.len()) * 27;
@@ -281,21 +294,16 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             w.put(b"\r\n");
         }
         w.put(if timed { b"$1\r\n1\r\n" } else { b"$1\r\n0\r\n" });
-        // the previous group's limit, period and window, and where its
-        // first four arguments were written: a group of the same copies
-        // them (the groups of a call mostly share them)
-        let mut shared: Option<(Group, usize, usize)> = None;
+        let mut before: Option<Group> = None;
         for g in self.groups.clone() {
-            match shared {
-                Some((s, from, to)) if s.same_limit(&g) => w.again(from, to),
-                _ => {
-                    let from = w.mark();
-                    for n in g.limit_args(self.now_ms) {
-                        w.bulk_u64(n);
-                    }
-                    shared = Some((g, from, w.mark()));
+            if before.is_some_and(|b| b.same_limit(&g)) {
+                w.put(b"$1\r\n=\r\n");
+            } else {
+                for n in g.limit_args(self.now_ms) {
+                    w.bulk_u64(n);
                 }
             }
+            before = Some(g);
             g.request_args(self.clock_offset_ms, |n| {
                 if n == COUNTED {
                     w.put(b"$2\r\n-1\r\n");

@@ -46,8 +46,8 @@ fn group<'a>(costs: &'a [u32], deadlines: &'a [u64]) -> Group<'a> {
 }
 
 fn collect(g: &Group, now_ms: u64, offset: Option<i64>) -> Vec<u64> {
-    let mut out = Vec::new();
-    g.args(now_ms, offset, |n| out.push(n));
+    let mut out = g.limit_args(now_ms).to_vec();
+    g.request_args(offset, |n| out.push(n));
     out
 }
 
@@ -194,12 +194,20 @@ fn a_call_of_several_groups_has_their_keys_then_their_arguments() {
     c.write(&mut out);
     resp::command(&mut want, &c.words());
     assert_eq!(out, want);
-    // groups of one limit, period and window next to each other (their
-    // first four arguments copied), others between and after them
+    // a group of the same limit, period and window as the one before it
+    // names them by `SAME`
+    let pair = [groups[0], groups[2]];
+    let words = text(&Call { groups: pair.iter().copied(), ..c }.words());
+    assert_eq!(words[8..], ["100", "60000", "60000", "120", "1", "1", "0", "=", "1", "1", "-1"]);
+    // such groups next to each other, others between and after them
     let other = Group { tag: b"z:third", ..groups[1] };
     // the window before (1 000 ms into it, not 400)
     let before = Group { tag: b"z:fourth", window: groups[1].window - 1, ..groups[1] };
-    let mixed = [groups[0], groups[2], groups[1], other, before, groups[0], groups[2]];
+    // the same window index and period, another limit; the same window
+    // index and limit, another period
+    let tighter = Group { tag: b"z:fifth", limit: 7, ..before };
+    let longer = Group { tag: b"z:sixth", period: 2, ..tighter };
+    let mixed = [groups[0], groups[2], groups[1], other, before, tighter, longer, groups[0]];
     for n in 1..=mixed.len() {
         let c = Call { groups: mixed[..n].iter().copied(), ..c };
         let (mut out, mut want) = (Vec::new(), Vec::new());

@@ -467,16 +467,21 @@ def test_http2_streams_wait_and_resume(h):
 SCRIPT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core", "src", "strict.lua")
 
 
-def run_script(r, groups, timed=False):
+def run_script(r, groups, timed=False, same=False):
     """One call of the strict script (its text, with EVAL) for `groups`:
     each (key, limit, period_s, elapsed_ms, [(cost, deadline), ...]), the
-    key's windows starting at 6000 s and 5940 s."""
+    key's windows starting at 6000 s and 5940 s. `same`: a group of the
+    same limit, period and time into the window as the one before it says
+    so by '=' (as the module writes it)."""
     with open(SCRIPT_FILE) as f:
         script = f.read()
-    keys, args = [], ["1" if timed else "0"]
+    keys, args, before = [], ["1" if timed else "0"], None
     for key, limit, period, elapsed, reqs in groups:
         keys += ["%s:6000" % key, "%s:5940" % key]
-        args += [limit, period * 1000, elapsed, 2 * period, len(reqs)]
+        four = [limit, period * 1000, elapsed, 2 * period]
+        args += ["="] if same and four == before else four
+        before = four
+        args.append(len(reqs))
         for cost, dl in reqs:
             args += [cost, dl]
     return r.cmd("EVAL", script, len(keys), *keys, *args, raise_errors=False)
@@ -531,3 +536,15 @@ def test_one_script_call_decides_several_keys_and_fails_a_key_alone(h):
     h.check(got == [5, 0, 1, -1, 0, 0], "INCRBY's WRONGTYPE fails the group alone: %s" % (got,))
     h.check(isinstance(alone, RedisError) and "WRONGTYPE" in str(alone), "alone: the error: %s" % alone)
     h.check(r.cmd("GET", a + ":6000") == "5", "the other group counted once")
+    # a group named '=' takes the limit, period, time and TTL of the group
+    # before it: f is decided against a limit of 8 at half the window (its
+    # previous window's 10 weigh 5) and its new counter gets the TTL; g,
+    # after them, has its own limit
+    e, f, g = ("{%s}" % h.key(x) for x in "efg")
+    r.cmd("SET", f + ":5940", 10)
+    got = run_script(r, [(e, 8, 60, 30000, [(1, 0), (2, 0)]), (f, 8, 60, 30000, [(1, 0), (3, 0)]),
+                         (g, 3, 60, 30000, [(1, 0)])], same=True)
+    h.check(got == [3, 0, 1, 1, 1, 10, 1, 0, 1, 0, 1], "groups by '=' decided as written out: %s"
+            % (got,))
+    ttl_f = int(r.cmd("TTL", f + ":6000"))
+    h.check(100 < ttl_f <= 120, "and the TTL of the group before: %d" % ttl_f)
