@@ -141,14 +141,12 @@ impl Group<'_> {
         (self.window * p, self.window.saturating_sub(1) * p)
     }
 
-    /// Its arguments: limit, period in ms, time into the window in ms
-    /// (at `now_ms`), TTL in seconds (two periods: the window is read as
-    /// the previous one during the next) — or `SAME` when the group before
-    /// it in the call has the same four (`same_limit`) — then the number of
-    /// requests, and per request its cost and its deadline in Redis's
-    /// clock.
-    /// The first four arguments: the same for the groups of one limit,
-    /// period and window (at one time).
+    /// The first four of its arguments: limit, period in ms, time into
+    /// the window in ms (at `now_ms`), TTL in seconds (two periods: the
+    /// window is read as the previous one during the next). They are the
+    /// same for the groups of one limit, period and window (at one time):
+    /// a group whose four are those of the group before it in the call
+    /// sends `SAME` instead (`same_limit`).
     #[inline(always)]
     fn limit_args(&self, now_ms: u64) -> [u64; 4] {
         let p = u64::from(self.period) * 1000;
@@ -156,7 +154,8 @@ impl Group<'_> {
         [u64::from(self.limit), p, elapsed.min(p), 2 * u64::from(self.period)]
     }
 
-    /// The number of requests, then per request its cost and deadline.
+    /// The rest of its arguments: the number of requests, then per
+    /// request its cost and its deadline in Redis's clock.
     #[inline(always)]
     fn request_args(&self, offset_ms: Option<i64>, mut f: impl FnMut(u64)) {
         f(self.costs.len() as u64);
