@@ -193,6 +193,16 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         self.clock_offset_ms.is_some() && self.groups.clone().any(|g| g.has_deadline())
     }
 
+    /// Its groups, each with whether its limit arguments are those of the
+    /// group before it (then written `SAME`).
+    fn same_as_before(&self) -> impl Iterator<Item = (Group<'a>, bool)> {
+        self.groups.clone().scan(None, |before: &mut Option<Group<'a>>, g| {
+            let same = before.is_some_and(|b| b.same_limit(&g));
+            *before = Some(g);
+            Some((g, same))
+        })
+    }
+
     /// Its words after `EVALSHA <sha>`, each handed to `f`.
     fn each(&self, mut f: impl FnMut(Word<'a>)) {
         f(Word::Number(2 * self.groups.clone().count() as u64));
@@ -202,9 +212,8 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             f(Word::Key(g, prev));
         }
         f(Word::Number(u64::from(self.timed())));
-        let mut before: Option<Group> = None;
-        for g in self.groups.clone() {
-            if before.is_some_and(|b| b.same_limit(&g)) {
+        for (g, same) in self.same_as_before() {
+            if same {
                 f(Word::Bytes(SAME));
             } else {
                 for n in g.limit_args(self.now_ms) {
@@ -214,7 +223,6 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             g.request_args(self.clock_offset_ms, |n| {
                 f(if n == COUNTED { Word::Bytes(b"-1") } else { Word::Number(n) })
             });
-            before = Some(g);
         }
     }
 
@@ -236,7 +244,8 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
     }
 
     /// The command written as RESP at the end of `out` (a strict link's
-    /// request path: written in place, no allocation per word).
+    /// request path: appended to room reserved once, no allocation per
+    /// word).
     pub fn write(&self, out: &mut Vec<u8>) {
         static HEAD: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
         let head = HEAD.get_or_init(|| {
@@ -251,12 +260,9 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         // the array's head, the number of keys and the flag: at most 32
         let (mut groups, mut words, mut room) = (0, 4, 32 + head.len());
         let mut timed = false;
-        let mut before: Option<Group> = None;
-        for g in self.groups.clone() {
+        for (g, same) in self.same_as_before() {
             groups += 1;
-            let same = before.is_some_and(|b| b.same_limit(&g));
             words += if same { 4 } else { 7 } + 2 * g.costs.len();
-            before = Some(g);
             // keys (a period of at most 10 digits), then numbers of at
             // most 20 digits
             room += 2 * (self.prefix.len() + g.tag.len() + 14 + 28) + (5 + 2 * g.costs.len()) * 27;
@@ -293,16 +299,14 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             w.put(b"\r\n");
         }
         w.put(if timed { b"$1\r\n1\r\n" } else { b"$1\r\n0\r\n" });
-        let mut before: Option<Group> = None;
-        for g in self.groups.clone() {
-            if before.is_some_and(|b| b.same_limit(&g)) {
+        for (g, same) in self.same_as_before() {
+            if same {
                 w.put(b"$1\r\n=\r\n");
             } else {
                 for n in g.limit_args(self.now_ms) {
                     w.bulk_u64(n);
                 }
             }
-            before = Some(g);
             g.request_args(self.clock_offset_ms, |n| {
                 if n == COUNTED {
                     w.put(b"$2\r\n-1\r\n");
