@@ -20,6 +20,7 @@
 //! | `slots` | Redis Cluster slot → master map |
 //! | `strict` | strict mode: the script that decides in Redis, its arguments and answer |
 //! | `calls` | a strict link's calls: one out per key, answers in order |
+//! | `tickets` | the numbers that find a waiting strict request again |
 //! | `text` | outside text made safe for one log line |
 //! | `tls` | the `ssl_*=` parameters, a certificate's validity |
 //! | `resp` | the Redis protocol for a strict link: commands, bounded reply parsing |
@@ -42,5 +43,6 @@ pub mod strict;
 pub mod sync;
 pub mod table;
 pub mod text;
+pub mod tickets;
 pub mod tls;
 pub mod window;

@@ -199,6 +199,40 @@ fn decide_many(
     Ok(d)
 }
 
+/// The decision for a request whose one limit Redis decided (`allowed`),
+/// made as Redis's answer is applied: `e` is the key's entry, locked by
+/// the caller, with the answer's counts in it. It is what
+/// `decide(.., Take::IfAllowed, ..)` gives for that limit with Redis's
+/// verdict (nothing counted here, nothing queued: Redis counted it), so
+/// the woken request answers without deciding again.
+pub fn answered(
+    mcf: &MainConf,
+    zone: usize,
+    e: &mut Entry,
+    rate: Rate,
+    cost: u32,
+    allowed: bool,
+    now: u64,
+) -> Decision {
+    let channel = crate::worker::channel::channel();
+    let strict = if allowed { Strict::Allowed } else { Strict::Rejected };
+    let l = limit_of(mcf, zone, rate, cost, strict, 0, channel);
+    decide::one(e, &l, now, Take::IfAllowed, channel.is_some()).0
+}
+
+/// The debug line of a request decided by `answered`, as `decide` writes
+/// it for each limit.
+#[inline(always)]
+pub fn trace_answered(log: *mut ngx_log_t, mcf: &MainConf, a: &Ask<'_>, d: &Decision) {
+    if !ngx::log::DEBUG || log.is_null() {
+        return;
+    }
+    if let Ok((_, id)) = identify(mcf, a) {
+        let l = limit(mcf, a, 0, crate::worker::channel::channel());
+        trace(log, mcf, a, id, l.mode, &d.checked);
+    }
+}
+
 /// An ask as the decision sees it: its entry's index, the zone's state.
 #[inline(always)]
 fn limit(
@@ -207,38 +241,43 @@ fn limit(
     entry: usize,
     channel: Option<&std::sync::Arc<Channel>>,
 ) -> Limit {
+    limit_of(mcf, a.zone, a.rate, a.cost, a.strict, entry, channel)
+}
+
+/// `limit`, of an ask's parts.
+#[inline(always)]
+fn limit_of(
+    mcf: &MainConf,
+    zone: usize,
+    rate: Rate,
+    cost: u32,
+    strict: Strict,
+    entry: usize,
+    channel: Option<&std::sync::Arc<Channel>>,
+) -> Limit {
     let Some(ch) = channel else {
         // no Redis thread in this process: every zone counts here
-        let mode = if a.strict == Strict::Failed {
-            mode::failed(&mcf.zones[a.zone], false)
+        let mode = if strict == Strict::Failed {
+            mode::failed(&mcf.zones[zone], false)
         } else {
             Mode::Local
         };
         let stale_ms = ratelimit_core::counter::STALE_MIN_MS;
-        return Limit {
-            entry,
-            rate: a.rate,
-            cost: a.cost,
-            mode,
-            strict: a.strict,
-            stale_ms,
-            hold_ms: 0,
-            nodes: 0,
-        };
+        return Limit { entry, rate, cost, mode, strict, stale_ms, hold_ms: 0, nodes: 0 };
     };
-    let zone = &mcf.zones[a.zone];
-    let up = ch.is_up(a.zone);
-    let mode = match a.strict {
+    let (index, zone) = (zone, &mcf.zones[zone]);
+    let up = ch.is_up(index);
+    let mode = match strict {
         Strict::Failed => mode::failed(zone, true),
         _ => mode::of(zone, Some(up)),
     };
     // how long increments may wait for Redis before a view is stale
     // (`share::cap_to_share`); forever while the backend is known down
     // (`on_error` decides then)
-    let stale_ms = if up { ch.stale_ms(a.zone) } else { u64::MAX };
+    let stale_ms = if up { ch.stale_ms(index) } else { u64::MAX };
     let hold_ms = zone.params.as_ref().map_or(0, |p| p.hold_ms);
-    let nodes = if mode == Mode::Share { ch.nodes(a.zone) } else { 0 };
-    Limit { entry, rate: a.rate, cost: a.cost, mode, strict: a.strict, stale_ms, hold_ms, nodes }
+    let nodes = if mode == Mode::Share { ch.nodes(index) } else { 0 };
+    Limit { entry, rate, cost, mode, strict, stale_ms, hold_ms, nodes }
 }
 
 /// One limit's decision, as a debug line (compiled out unless nginx was

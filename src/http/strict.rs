@@ -10,8 +10,8 @@
 //! limit without one, after the timeout or an error, is decided by
 //! `on_error`).
 //!
-//! A waiting request is found by its ticket in a map of this worker (the
-//! worker's thread only); the map entry goes with the request's pool, so a
+//! A waiting request is found by its ticket in a list of this worker (the
+//! worker's thread only); its place in the list goes with the request's pool, so a
 //! client that closes while waiting leaves nothing behind, and a late answer
 //! finds no one.
 
@@ -38,7 +38,7 @@ use crate::conf::{LocConf, MainConf, MAX_STRICT};
 use crate::engine::{self, Ask, Strict, Take};
 use crate::http::answer::{debug_log, finish};
 use crate::worker::time::now_ms;
-use crate::worker::waits::{self, Verdict, Wait};
+use crate::worker::waits::{self, Lone, Verdict, Wait};
 
 /// The request's wait, through the module's context slot (set while it
 /// waits and until the handler ran again).
@@ -70,6 +70,12 @@ pub(super) fn limit(
         set_ctx(r, ptr::null_mut());
         // SAFETY: the wait lives in the request's pool until the request ends.
         let wait = unsafe { &*w };
+        if let (Some(d), [a]) = (wait.decided, &mut *asks) {
+            // decided as Redis's answer was applied
+            a.strict = if d.allowed { Strict::Allowed } else { Strict::Rejected };
+            engine::trace_answered(debug_log(r), mcf, a, &d);
+            return finish(r, mcf, lcf, now_ms(), asks, &d);
+        }
         let mut k = 0;
         for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
             a.strict = match wait.verdicts[k] {
@@ -111,7 +117,6 @@ pub(super) fn limit(
     }
 
     // wait
-    let base = waits::next_base();
     let mut sends: SmallVec<[StrictAsk; 2]> = SmallVec::new();
     let mut verdicts = [Verdict::NotAsked; MAX_STRICT];
     // the request waits as long as its slowest zone's timeout=: past it,
@@ -131,7 +136,7 @@ pub(super) fn limit(
         let shared = z.shared.as_ref().ok_or(())?;
         verdicts[k] = Verdict::Waiting;
         sends.push(StrictAsk {
-            ticket: base | k as u64,
+            ticket: k as u64, // and the wait's base, once it is listed
             id: ItemId {
                 zone: a.zone as u32,
                 entry: crate::engine::entry_id(shared, a),
@@ -149,7 +154,7 @@ pub(super) fn limit(
         r,
         Wait {
             r: ptr::null_mut(),
-            base,
+            base: 0,
             verdicts,
             waiting: sends.len() as u8,
             // SAFETY: an all-zero event is nginx's idle event (as
@@ -157,10 +162,16 @@ pub(super) fn limit(
             ev: unsafe { std::mem::zeroed() },
             sub: !ptr::eq(r.main, r),
             listed: false,
+            lone: (asks.len() == 1 && sends.len() == 1)
+                .then(|| Lone { cost: asks[0].cost, decide: engine::answered }),
+            decided: None,
         },
         timeout,
     )?;
-    waits::register(wait);
+    let base = waits::register(wait);
+    for s in &mut sends {
+        s.ticket |= base;
+    }
     crate::worker::link::send(ch, sends);
     Ok(NGX_AGAIN as ngx_int_t)
 }

@@ -22,6 +22,7 @@ use ratelimit_core::text;
 use crate::backend::Level;
 use crate::conf::MainConf;
 use crate::worker::time::now_ms;
+use crate::worker::waits;
 
 static MAIN_CONF: AtomicPtr<MainConf> = AtomicPtr::new(ptr::null_mut());
 
@@ -44,19 +45,34 @@ pub(super) fn strict_answered(
     counted: u32,
     answer: Option<&Answer>,
 ) {
-    if let Some(a) = answer {
-        let c = counter::Confirmation {
-            window: id.window,
-            sent: counted,
-            carried: 0,
-            cur: a.cur,
-            prev: Some(a.prev),
-        };
-        confirmed(mcf, log, id, rate, &c, now_ms());
-    } else if counted > 0 {
-        with_entry(mcf, id, |e| counter::keep_local(e, id.window, counted));
+    let Some(a) = answer else {
+        if counted > 0 {
+            with_entry(mcf, id, |e| counter::keep_local(e, id.window, counted));
+        }
+        waits::resolve(tickets, None, |_, _| None);
+        return;
+    };
+    let c = counter::Confirmation {
+        window: id.window,
+        sent: counted,
+        carried: 0,
+        cur: a.cur,
+        prev: Some(a.prev),
+    };
+    let now = now_ms();
+    let mut resolved = false;
+    confirmed_then(mcf, log, id, rate, &c, now, |e| {
+        // the requests of one limit decided on the entry as it is now,
+        // under the same lock
+        waits::resolve(tickets, Some(&a.allowed), |lone, allowed| {
+            Some((lone.decide)(mcf, id.zone as usize, e, rate, lone.cost, allowed, now))
+        });
+        resolved = true;
+    });
+    if !resolved {
+        // the entry is gone: the woken requests decide as they would
+        waits::resolve(tickets, Some(&a.allowed), |_, _| None);
     }
-    crate::worker::waits::resolve(tickets, answer.map(|a| &a.allowed[..]));
 }
 
 /// The longest message a zone writes to the error log (nginx's own line
@@ -134,6 +150,21 @@ pub(super) fn confirmed(
     confirmation: &counter::Confirmation,
     now: u64,
 ) {
+    confirmed_then(mcf, log, id, rate, confirmation, now, |_| {});
+}
+
+/// `confirmed`, then `then` on the entry, under the same lock (not run
+/// when the entry is gone).
+#[inline(always)]
+fn confirmed_then(
+    mcf: &MainConf,
+    log: *mut ngx_log_t,
+    id: ItemId,
+    rate: Rate,
+    confirmation: &counter::Confirmation,
+    now: u64,
+    then: impl FnOnce(&mut Entry),
+) {
     with_entry(mcf, id, |e| {
         let armed = e.blocked_until_ms;
         counter::confirm(e, confirmation, rate, now);
@@ -163,6 +194,7 @@ pub(super) fn confirmed(
                 e.blocked_until_ms - now
             );
         }
+        then(e);
     });
 }
 

@@ -1,22 +1,23 @@
-//! Strict requests that wait, by ticket: a map of this worker's waiting
+//! Strict requests that wait, by ticket: a list of this worker's waiting
 //! requests (the worker's thread only), and how Redis's answers wake them.
 //! `strict.rs` suspends a request and registers its wait here; an answer
 //! (from the thread, or from the worker's own link) resolves tickets; the
 //! wait's pool cleanup takes it out, so a late answer finds no one.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::cell::RefCell;
 use std::ffi::c_void;
-use std::hash::BuildHasherDefault;
 use std::ptr;
 
 use nginx_sys::{
     ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_request_t, ngx_post_event,
     ngx_posted_events,
 };
-use ratelimit_core::batch::ItemHasher;
+use ratelimit_core::decide::Decision;
+use ratelimit_core::rate::Rate;
+use ratelimit_core::table::Entry;
+use ratelimit_core::tickets::Tickets;
 
-use crate::conf::MAX_STRICT;
+use crate::conf::{MainConf, MAX_STRICT};
 
 /// What Redis said for one strict limit of a waiting request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,17 +46,32 @@ pub(crate) struct Wait {
     /// `limit_req` does.
     pub(crate) ev: ngx_event_t,
     pub(crate) sub: bool,
-    /// In the map (from `register` until an answer, a timeout or its
-    /// cleanup takes it out): only then is there anything to remove.
+    /// Listed (from `register` until an answer, a timeout or its cleanup
+    /// takes it out): only then is there anything to remove.
     pub(crate) listed: bool,
+    /// A request whose one limit Redis decides: its decision is made as
+    /// Redis's answer is applied (`decided`), on the entry the answer was
+    /// applied to.
+    pub(crate) lone: Option<Lone>,
+    pub(crate) decided: Option<Decision>,
 }
 
+/// What makes the decision of a request of one limit with Redis's
+/// verdict: the request's cost, and the engine's function (from the
+/// layer above: `engine::answered`).
+#[derive(Clone, Copy)]
+pub(crate) struct Lone {
+    pub(crate) cost: u32,
+    pub(crate) decide: Answered,
+}
+
+/// `engine::answered`: (configuration, zone, the key's entry with Redis's
+/// counts, rate, cost, allowed, now) to the request's decision.
+pub(crate) type Answered = fn(&MainConf, usize, &mut Entry, Rate, u32, bool, u64) -> Decision;
+
 thread_local! {
-    /// Waiting requests by ticket base (this worker's thread only).
-    /// Tickets are sequential: one multiply per key (`ItemHasher`).
-    static WAITS: RefCell<HashMap<u64, *mut Wait, BuildHasherDefault<ItemHasher>>> =
-        RefCell::new(HashMap::default());
-    static NEXT: Cell<u64> = const { Cell::new(1) };
+    /// This worker's waiting requests (its thread only).
+    static WAITS: RefCell<Tickets<*mut Wait>> = const { RefCell::new(Tickets::new(LIMIT_BITS)) };
 }
 
 /// The pool cleanup of a wait: the request ended (answered, or its client
@@ -79,87 +95,101 @@ pub(crate) unsafe extern "C" fn forget(data: *mut c_void) {
 }
 
 /// Redis's answer for some tickets (`None`: no answer); a request with all
-/// its verdicts is woken. Worker thread only.
-pub fn resolve(tickets: &[u64], allowed: Option<&[Option<bool>]>) {
-    for (i, &t) in tickets.iter().enumerate() {
-        let Some(w) = WAITS.with(|m| m.borrow().get(&(t & !LIMIT_MASK)).copied()) else {
-            continue; // gone (closed, timed out)
-        };
-        // SAFETY: a wait in the map is alive (its cleanup removes it).
-        let wait = unsafe { &mut *w };
-        let k = (t & LIMIT_MASK) as usize;
-        if wait.verdicts[k] != Verdict::Waiting {
-            continue;
-        }
-        // no flag: no answer, or the script ran after the deadline
-        wait.verdicts[k] = match allowed.and_then(|a| a.get(i)).copied().flatten() {
-            Some(true) => Verdict::Allowed,
-            Some(false) => Verdict::Rejected,
-            None => Verdict::Failed,
-        };
-        wait.waiting = wait.waiting.saturating_sub(1);
-        if wait.waiting == 0 {
-            WAITS.with(|m| m.borrow_mut().remove(&wait.base));
-            wait.listed = false;
-            if wait.sub {
-                // SAFETY: the wait (and its event) is alive while it is in
-                // the map; posted, it runs in this event loop's turn.
-                unsafe {
-                    let ev = ptr::addr_of_mut!(wait.ev);
-                    if (*ev).timer_set() != 0 {
-                        ngx_del_timer(ev);
-                    }
-                    ngx_post_event(ev, ptr::addr_of_mut!(ngx_posted_events));
-                }
+/// its verdicts is woken. `decide(lone, allowed)` makes the decision of a
+/// request of one limit (`Wait::lone`) that Redis decided. Worker thread
+/// only.
+pub fn resolve(
+    tickets: &[u64],
+    allowed: Option<&[Option<bool>]>,
+    mut decide: impl FnMut(&Lone, bool) -> Option<Decision>,
+) {
+    WAITS.with(|m| {
+        let mut m = m.borrow_mut();
+        for (i, &t) in tickets.iter().enumerate() {
+            let Some(w) = m.get(t) else {
+                continue; // gone (closed, timed out)
+            };
+            // SAFETY: a listed wait is alive (its cleanup takes it out).
+            let wait = unsafe { &mut *w };
+            let k = (t & LIMIT_MASK) as usize;
+            if wait.verdicts[k] != Verdict::Waiting {
                 continue;
             }
-            // SAFETY: the request is alive while its wait is; its write
-            // event is posted to run `wake` in this event loop's turn.
-            unsafe {
-                let wev = (*(*wait.r).connection).write;
-                (*wev).set_delayed(0);
-                if (*wev).timer_set() != 0 {
-                    ngx_del_timer(wev);
+            // no flag: no answer, or the script ran after the deadline
+            wait.verdicts[k] = match allowed.and_then(|a| a.get(i)).copied().flatten() {
+                Some(true) => Verdict::Allowed,
+                Some(false) => Verdict::Rejected,
+                None => Verdict::Failed,
+            };
+            wait.waiting = wait.waiting.saturating_sub(1);
+            if wait.waiting == 0 {
+                m.remove(wait.base);
+                wait.listed = false;
+                if let (Some(lone), Verdict::Allowed | Verdict::Rejected) =
+                    (&wait.lone, wait.verdicts[k])
+                {
+                    wait.decided = decide(lone, wait.verdicts[k] == Verdict::Allowed);
                 }
-                ngx_post_event(wev, ptr::addr_of_mut!(ngx_posted_events));
+                wake(wait);
             }
         }
+    });
+}
+
+/// Posts the event that runs a request's phases again (nothing here
+/// touches the waits).
+fn wake(wait: &mut Wait) {
+    if wait.sub {
+        // SAFETY: the wait (and its event) is alive until its pool's
+        // cleanup; posted, it runs in this event loop's turn.
+        unsafe {
+            let ev = ptr::addr_of_mut!(wait.ev);
+            if (*ev).timer_set() != 0 {
+                ngx_del_timer(ev);
+            }
+            ngx_post_event(ev, ptr::addr_of_mut!(ngx_posted_events));
+        }
+        return;
+    }
+    // SAFETY: the request is alive while its wait is; its write event is
+    // posted to run `wake` in this event loop's turn.
+    unsafe {
+        let wev = (*(*wait.r).connection).write;
+        (*wev).set_delayed(0);
+        if (*wev).timer_set() != 0 {
+            ngx_del_timer(wev);
+        }
+        ngx_post_event(wev, ptr::addr_of_mut!(ngx_posted_events));
     }
 }
 
 /// The ticket of a call no request waits for (a count after the
-/// response): never a wait's (`next_base` starts at 1).
-pub const NO_TICKET: u64 = 0;
+/// response): never a wait's.
+pub use ratelimit_core::tickets::NO_TICKET;
 
 /// A ticket's low bits say which of its request's strict limits it is for.
 const LIMIT_BITS: u32 = MAX_STRICT.trailing_zeros();
 const LIMIT_MASK: u64 = MAX_STRICT as u64 - 1;
 const _: () = assert!(MAX_STRICT.is_power_of_two());
 
-/// A fresh ticket base for a request's strict limits (`base | i`).
-pub fn next_base() -> u64 {
-    NEXT.with(|n| {
-        let v = n.get();
-        n.set(v + 1);
-        v << LIMIT_BITS
-    })
-}
-
-/// Lists a wait (in its request's pool) under its tickets' base.
-pub(crate) fn register(wait: *mut Wait) {
+/// Lists a wait (in its request's pool): its tickets are `base | i`.
+/// Returns the base.
+pub(crate) fn register(wait: *mut Wait) -> u64 {
+    let base = WAITS.with(|m| m.borrow_mut().insert(wait));
     // SAFETY: a wait just written in its request's pool (`suspend`).
     let w = unsafe { &mut *wait };
-    WAITS.with(|m| m.borrow_mut().insert(w.base, wait));
+    w.base = base;
     w.listed = true;
+    base
 }
 
-/// Takes a wait out of the map, if it is still there.
+/// Takes a wait out of the list, if it is still there.
 pub(crate) fn unregister(wait: *mut Wait) {
     // SAFETY: a wait in its request's pool, alive until its cleanup
     // (which calls this) has run.
     let w = unsafe { &mut *wait };
     if w.listed {
-        WAITS.with(|m| m.borrow_mut().remove(&w.base));
+        WAITS.with(|m| m.borrow_mut().remove(w.base));
         w.listed = false;
     }
 }

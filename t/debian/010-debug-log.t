@@ -53,3 +53,21 @@ GET /t?k=debug-two
 --- no_error_log
 redis_ratelimit: zone "dbg" key #
 background thread started
+
+=== TEST 3: a strict limit: its check before the wait, then Redis's decision, each a debug line
+--- log_level: debug
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t { redis_ratelimit dbg 5r/m strict; }
+--- user_files
+>>> t
+ok
+--- request
+GET /t?k=debug-strict
+--- error_code: 200
+--- error_log eval
+[
+qr/redis_ratelimit: zone "dbg" key #[0-9a-f]{16} 5r\/m: estimate 0\.00, 0\.00 after, mode redis: pass/,
+qr/redis_ratelimit: reply applied: zone 0 key #[0-9a-f]{16} window \d+: 0 sent, count 1, previous 0/,
+qr/redis_ratelimit: zone "dbg" key #[0-9a-f]{16} 5r\/m: estimate 1\.00, 1\.00 after, mode redis: pass/,
+]

@@ -59,7 +59,7 @@ impl Link {
         }
         let Some(mcf) = main_conf().filter(|_| ch.is_some()) else {
             for g in flight {
-                crate::worker::waits::resolve(&g.tickets, None);
+                crate::worker::waits::resolve(&g.tickets, None, |_, _| None);
             }
             return;
         };
