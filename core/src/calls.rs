@@ -8,7 +8,6 @@
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash};
-use std::time::Instant;
 
 use crate::batch::ItemHasher;
 
@@ -27,8 +26,8 @@ pub struct Calls<K, G> {
     /// The groups of the calls out, oldest first.
     flight: VecDeque<(K, G)>,
     /// Per call out, oldest first: how many of `flight`'s groups it holds,
-    /// and when it was written.
-    calls: VecDeque<(usize, Instant)>,
+    /// and when it was written (the caller's clock).
+    calls: VecDeque<(usize, u64)>,
 }
 
 #[derive(Debug)]
@@ -68,7 +67,7 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// calls' groups, call by call, in the order they are to be written.
     pub fn write(
         &mut self,
-        at: Instant,
+        at: u64,
         max: usize,
         max_weight: usize,
         weight: impl Fn(&G) -> usize,
@@ -111,7 +110,7 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
 
     /// The oldest call out, answered (the connection answers in order):
     /// its groups, and when it was written.
-    pub fn answered(&mut self) -> Option<(impl Iterator<Item = G> + '_, Instant)> {
+    pub fn answered(&mut self) -> Option<(impl Iterator<Item = G> + '_, u64)> {
         let (n, at) = self.calls.pop_front()?;
         for (k, _) in self.flight.range(..n) {
             // one lookup: the key stays only while a group waits for it
@@ -162,7 +161,7 @@ mod tests {
 
     /// The calls written, a group weighing its length.
     fn weighed(c: &mut C, max: usize, max_weight: usize) -> Vec<Vec<Vec<u32>>> {
-        let calls = c.write(Instant::now(), max, max_weight, Vec::len);
+        let calls = c.write(0, max, max_weight, Vec::len);
         calls.map(|call| call.cloned().collect()).collect()
     }
 

@@ -9,7 +9,7 @@ use ratelimit_core::strict::{Answers, Outcome};
 use super::{Link, LOST};
 use crate::backend::{Level, StrictAsk, StrictGroup};
 use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats};
-use crate::worker::time::now_ms;
+use crate::worker::time::{mono_us, now_ms};
 
 impl Link {
     /// Applies the answer to the oldest call out; the error reply that
@@ -27,7 +27,7 @@ impl Link {
         };
         let stats = zone_stats(mcf, zone);
         if let Some(st) = stats {
-            st.pipeline(1, sent_at.elapsed().as_micros() as u64);
+            st.pipeline(1, mono_us().saturating_sub(sent_at));
         }
         let ints: &[i64] = match &v {
             Reply::Ints(ints) => ints,

@@ -33,7 +33,6 @@ use std::cell::RefCell;
 use std::ffi::c_void;
 use std::os::fd::{IntoRawFd, OwnedFd};
 use std::ptr;
-use std::time::Instant;
 
 use nginx_sys::{
     ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_del_timer, ngx_event_t,
@@ -47,7 +46,7 @@ use ratelimit_core::strict;
 
 use crate::backend::{Channel, StrictAsk, StrictGroup};
 use crate::worker::reply::main_conf;
-use crate::worker::time::now_ms;
+use crate::worker::time::{mono_us, now_ms};
 
 /// Bytes read per `recv()`.
 const READ_CHUNK: usize = 16 << 10;
@@ -289,8 +288,7 @@ impl Link {
         };
         let now = now_ms();
         let weight = |g: &StrictGroup| 2 + g.tickets.len();
-        let calls =
-            self.calls.write(Instant::now(), strict::MAX_GROUPS, strict::MAX_ANSWER, weight);
+        let calls = self.calls.write(mono_us(), strict::MAX_GROUPS, strict::MAX_ANSWER, weight);
         for call in calls {
             let call = strict::Call {
                 prefix,
