@@ -131,6 +131,11 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         self.waiting > 0
     }
 
+    /// When the oldest call out was written (none out: `None`).
+    pub fn oldest_at(&self) -> Option<u64> {
+        self.calls.front().map(|c| c.1)
+    }
+
     /// Some call is out.
     pub fn in_flight(&self) -> bool {
         !self.calls.is_empty()
@@ -171,6 +176,21 @@ mod tests {
         let got: Option<Vec<Vec<u32>>> = c.answered().map(|(gs, _)| gs.collect());
         assert_eq!(got.clone().unwrap_or_default(), peeked, "oldest() shows what answered() takes");
         got
+    }
+
+    #[test]
+    fn the_oldest_call_out_says_when_it_was_written() {
+        let mut c = C::default();
+        assert_eq!(c.oldest_at(), None);
+        c.waiting(1, Vec::new).push(10);
+        assert_eq!(c.write(5, 8, usize::MAX, Vec::len).count(), 1);
+        c.waiting(2, Vec::new).push(20);
+        assert_eq!(c.write(9, 8, usize::MAX, Vec::len).count(), 1);
+        assert_eq!(c.oldest_at(), Some(5));
+        assert_eq!(c.answered().map(|(_, at)| at), Some(5));
+        assert_eq!(c.oldest_at(), Some(9));
+        assert_eq!(c.answered().map(|(_, at)| at), Some(9));
+        assert_eq!(c.oldest_at(), None);
     }
 
     #[test]

@@ -25,9 +25,11 @@ impl Link {
             // a link lives): the call is taken out all the same
             return None;
         };
+        let now_us = mono_us();
+        self.answered_us = now_us;
         let stats = zone_stats(mcf, zone);
         if let Some(st) = stats {
-            st.pipeline(1, mono_us().saturating_sub(sent_at));
+            st.pipeline(1, now_us.saturating_sub(sent_at));
         }
         let ints: &[i64] = match &v {
             Reply::Ints(ints) => ints,

@@ -35,9 +35,9 @@ use std::os::fd::{IntoRawFd, OwnedFd};
 use std::ptr;
 
 use nginx_sys::{
-    ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_del_timer, ngx_event_t,
-    ngx_get_connection, ngx_handle_read_event, ngx_handle_write_event, ngx_int_t, ngx_log_t,
-    ngx_post_event, ngx_posted_events, NGX_OK,
+    ngx_add_timer, ngx_close_connection, ngx_connection_t, ngx_event_t, ngx_get_connection,
+    ngx_handle_read_event, ngx_handle_write_event, ngx_int_t, ngx_log_t, ngx_post_event,
+    ngx_posted_events, NGX_OK,
 };
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::calls::Calls;
@@ -68,6 +68,8 @@ struct Link {
     /// Redis's clock minus ours, learnt when the link was made (`None`:
     /// unknown, calls carry no deadline).
     clock_offset_ms: Option<i64>,
+    /// When the last answer came (`mono_us`; 0: none yet).
+    answered_us: u64,
     /// The thread was asked for a link when a call found none.
     asked: bool,
     /// Posted to write what waits, once per turn of the event loop.
@@ -98,6 +100,7 @@ fn link(zone: usize) -> *mut Link {
                 c: ptr::null_mut(),
                 timeout_ms: 1000,
                 clock_offset_ms: None,
+                answered_us: 0,
                 asked: false,
                 // SAFETY: an all-zero event is nginx's idle event (as
                 // `ngx_pcalloc` gives); `take` sets its handler and data.
@@ -228,7 +231,7 @@ unsafe extern "C" fn on_read(ev: *mut ngx_event_t) {
     if timedout {
         // SAFETY: as above.
         unsafe { (*ev).set_timedout(0) };
-        link.fail("no answer within timeout=", true);
+        link.timed_out();
         return;
     }
     link.read();
@@ -298,7 +301,7 @@ impl Link {
             };
             call.write(&mut self.out);
         }
-        self.arm(false);
+        self.arm();
         self.write_out();
     }
 
@@ -415,31 +418,46 @@ impl Link {
             self.fail(&format!("the server does not serve the key ({why})"), false);
             return;
         }
-        self.arm(at > 0);
+        self.arm();
         if self.calls.has_waiting() {
             self.post_flush();
         }
     }
 
     /// The read timer runs while calls are out: `timeout=` without an
-    /// answer drops the link. An answer (`answered`) starts it again; more
-    /// calls written do not put it off (a server that hangs under steady
-    /// strict traffic is found within `timeout=`).
-    fn arm(&mut self, answered: bool) {
-        if self.c.is_null() {
+    /// answer drops the link. It is set when a call goes out and none is
+    /// set, and left set when the calls are answered: when it fires, the
+    /// link's stall is how long ago the later of its last answer and its
+    /// oldest call out was (`timed_out`). Steady traffic thus costs no
+    /// timer operation per call, and more calls written do not put the
+    /// timer off (a server that hangs under steady strict traffic is found
+    /// within `timeout=`).
+    fn arm(&mut self) {
+        if self.c.is_null() || !self.calls.in_flight() {
             return;
         }
         // SAFETY: our connection's read event, on this thread.
         unsafe {
             let rev = (*self.c).read;
-            if !self.calls.in_flight() {
-                if (*rev).timer_set() != 0 {
-                    ngx_del_timer(rev);
-                }
-            } else if answered || (*rev).timer_set() == 0 {
+            if (*rev).timer_set() == 0 {
                 ngx_add_timer(rev, self.timeout_ms.max(1) as _);
             }
         }
+    }
+
+    /// The read timer fired: the link is dropped if it stalled for
+    /// `timeout=`, else the timer is set for the rest of it.
+    fn timed_out(&mut self) {
+        let Some(oldest) = self.calls.oldest_at().filter(|_| !self.c.is_null()) else {
+            return; // nothing out: set again by the next call
+        };
+        let stalled_ms = mono_us().saturating_sub(oldest.max(self.answered_us)) / 1000;
+        if stalled_ms >= self.timeout_ms {
+            self.fail("no answer within timeout=", true);
+            return;
+        }
+        // SAFETY: our connection's read event, on this thread.
+        unsafe { ngx_add_timer((*self.c).read, (self.timeout_ms - stalled_ms).max(1) as _) };
     }
 
     /// The log its connection was attached with.
