@@ -174,6 +174,12 @@ impl<'a> Writer<'a> {
         self.out.len()
     }
 
+    /// What was written since `from` (a mark).
+    #[inline(always)]
+    pub fn since(&self, from: usize) -> &[u8] {
+        &self.out[from..]
+    }
+
     /// Writes again what was written from `from` to `to` (marks).
     #[inline(always)]
     pub fn again(&mut self, from: usize, to: usize) {

@@ -1,9 +1,9 @@
 -- ngx_http_redis_ratelimit strict mode: one call decides several keys
 -- (groups). KEYS: per group its current window's counter, then the
 -- previous window's. ARGV[1]: 1 when a request has a deadline (TIME is
--- read once, before any write); then per group: limit, period (ms), time
--- into the window (ms), TTL (s) -- or '=' for the group before's four --
--- then n, and n times cost, deadline.
+-- read once, before any write); then per group: time into the window
+-- (ms), limit, period (ms), TTL (s), or '=' for the four of the group
+-- before; then n, and n times cost, deadline.
 -- Answers per group: cur, prev, and a flag per request. A group that
 -- fails (a counter that is not an integer, an INCRBY refused) counts
 -- nothing and answers cur -1, and the others go on; a call of one group
@@ -27,10 +27,10 @@ for g = 1, #KEYS, 2 do
     -- one argument where the four were: n at a + 1
     a = a - 3
   else
-    p = tonumber(ARGV[a + 1])
-    left = p - tonumber(ARGV[a + 2])
+    p = tonumber(ARGV[a + 2])
+    left = p - tonumber(ARGV[a])
     if left < 0 then left = 0 end
-    cap = tonumber(ARGV[a]) * p
+    cap = tonumber(ARGV[a + 1]) * p
     ttl = ARGV[a + 3]
   end
   local n = ARGV[a + 4]

@@ -141,17 +141,19 @@ impl Group<'_> {
         (self.window * p, self.window.saturating_sub(1) * p)
     }
 
-    /// The first four of its arguments: limit, period in ms, time into
-    /// the window in ms (at `now_ms`), TTL in seconds (two periods: the
-    /// window is read as the previous one during the next). They are the
-    /// same for the groups of one limit, period and window (at one time):
-    /// a group whose four are those of the group before it in the call
-    /// sends `SAME` instead (`same_limit`).
+    /// The first four of its arguments: the time into the window in ms
+    /// (at `now_ms`), then the rate's three: limit, period in ms, TTL in
+    /// seconds (two periods: the window is read as the previous one during
+    /// the next). The four are the same for the groups of one limit,
+    /// period and window (at one time): a group whose four are those of
+    /// the group before it in the call sends `SAME` instead
+    /// (`same_limit`). The rate's three are the same for every group of
+    /// the rate, and a writer keeps their text (`RateText`).
     #[inline(always)]
     fn limit_args(&self, now_ms: u64) -> [u64; 4] {
         let p = u64::from(self.period) * 1000;
         let elapsed = now_ms.saturating_sub(self.starts().0 * 1000);
-        [u64::from(self.limit), p, elapsed.min(p), 2 * u64::from(self.period)]
+        [elapsed.min(p), u64::from(self.limit), p, 2 * u64::from(self.period)]
     }
 
     /// The rest of its arguments: the number of requests, then per
@@ -170,6 +172,17 @@ impl Group<'_> {
     fn same_limit(&self, other: &Group) -> bool {
         self.limit == other.limit && self.period == other.period && self.window == other.window
     }
+}
+
+/// The text of a rate's three arguments (limit, period, TTL: the last
+/// three of `Group::limit_args`) as a writer last wrote them: the calls of
+/// a link mostly have one rate, whose numbers are then written once and
+/// copied after.
+#[derive(Debug, Default)]
+pub struct RateText {
+    /// The rate (limit, period) whose text this is; `None`: none yet.
+    rate: Option<(u32, u32)>,
+    text: smallvec::SmallVec<[u8; 64]>,
 }
 
 /// One call of the script: `EVALSHA <sha> <2 × groups>`, each group's two
@@ -246,7 +259,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
     /// The command written as RESP at the end of `out` (a strict link's
     /// request path: appended to room reserved once, no allocation per
     /// word).
-    pub fn write(&self, out: &mut Vec<u8>) {
+    pub fn write(&self, out: &mut Vec<u8>, rates: &mut RateText) {
         static HEAD: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
         let head = HEAD.get_or_init(|| {
             let mut head = Vec::new();
@@ -303,8 +316,18 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             if same {
                 w.put(b"$1\r\n=\r\n");
             } else {
-                for n in g.limit_args(self.now_ms) {
-                    w.bulk_u64(n);
+                let [elapsed, limit, period, ttl] = g.limit_args(self.now_ms);
+                w.bulk_u64(elapsed);
+                if rates.rate == Some((g.limit, g.period)) {
+                    w.put(&rates.text);
+                } else {
+                    let at = w.mark();
+                    for n in [limit, period, ttl] {
+                        w.bulk_u64(n);
+                    }
+                    rates.text.clear();
+                    rates.text.extend_from_slice(w.since(at));
+                    rates.rate = Some((g.limit, g.period));
                 }
             }
             g.request_args(self.clock_offset_ms, |n| {

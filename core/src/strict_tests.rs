@@ -58,10 +58,10 @@ fn args_and_answers() {
     let g = group(&[1, 3], &[0, 1_700_000_000_500]);
     assert_eq!(
         collect(&g, 6_001_500, Some(-500)),
-        [100, 60_000, 1500, 120, 2, 1, 0, 3, 1_700_000_000_000]
+        [1500, 100, 60_000, 120, 2, 1, 0, 3, 1_700_000_000_000]
     );
     let g = Group { limit: 5, period: 1, window: 7, ..group(&[1], &[]) };
-    assert_eq!(collect(&g, 99_999_999, None), [5, 1000, 1000, 2, 1, 1, 0]);
+    assert_eq!(collect(&g, 99_999_999, None), [1000, 5, 1000, 2, 1, 1, 0]);
     let a = parse_answer(&[7, 2, 1, 0, 2], 3).unwrap();
     assert_eq!(
         a,
@@ -126,9 +126,9 @@ fn a_call_names_both_windows_and_the_time_into_the_current_one() {
             "rl:{z:k}:60:6000",
             "rl:{z:k}:60:5940",
             "1",
+            "250",
             "5",
             "60000",
-            "250",
             "120",
             "3",
             "1",
@@ -140,7 +140,7 @@ fn a_call_names_both_windows_and_the_time_into_the_current_one() {
         ]
     );
     let (mut out, mut want) = (Vec::new(), Vec::new());
-    c.write(&mut out);
+    c.write(&mut out, &mut RateText::default());
     resp::command(&mut want, &words);
     assert_eq!(out, want);
     let first = [Group { window: 0, costs: &[], deadlines: &[], ..groups[0] }];
@@ -155,7 +155,7 @@ fn a_call_names_both_windows_and_the_time_into_the_current_one() {
         let g = [Group { period, window, tag, ..groups[0] }];
         let c = Call { groups: g.iter().copied(), now_ms: window * u64::from(period) * 1000, ..c };
         let (mut out, mut want) = (b"+".to_vec(), b"+".to_vec());
-        c.write(&mut out);
+        c.write(&mut out, &mut RateText::default());
         resp::command(&mut want, &c.words());
         assert_eq!(out, want, "{period} {window}");
     }
@@ -187,18 +187,18 @@ fn a_call_of_several_groups_has_their_keys_then_their_arguments() {
     assert_eq!(words[5..7], ["p:{z:other}:1:6000001", "p:{z:other}:1:6000000"]);
     assert!(words[7].starts_with("p:{qqq") && words[8].ends_with("}:60:5940"));
     assert_eq!(words[9], "0", "no request has a deadline: no TIME");
-    assert_eq!(words[10..16], ["100", "60000", "60000", "120", "1", "1"]);
-    assert_eq!(words[17..26], ["3", "1000", "400", "2", "2", "2", "0", "0", "0"]);
-    assert_eq!(words[26..], ["100", "60000", "60000", "120", "1", "1", "-1"]);
+    assert_eq!(words[10..16], ["60000", "100", "60000", "120", "1", "1"]);
+    assert_eq!(words[17..26], ["400", "3", "1000", "2", "2", "2", "0", "0", "0"]);
+    assert_eq!(words[26..], ["60000", "100", "60000", "120", "1", "1", "-1"]);
     let (mut out, mut want) = (Vec::new(), Vec::new());
-    c.write(&mut out);
+    c.write(&mut out, &mut RateText::default());
     resp::command(&mut want, &c.words());
     assert_eq!(out, want);
     // a group of the same limit, period and window as the one before it
     // names them by `SAME`
     let pair = [groups[0], groups[2]];
     let words = text(&Call { groups: pair.iter().copied(), ..c }.words());
-    assert_eq!(words[8..], ["100", "60000", "60000", "120", "1", "1", "0", "=", "1", "1", "-1"]);
+    assert_eq!(words[8..], ["60000", "100", "60000", "120", "1", "1", "0", "=", "1", "1", "-1"]);
     // such groups next to each other, others between and after them
     let other = Group { tag: b"z:third", ..groups[1] };
     // the window before (1 000 ms into it, not 400)
@@ -211,7 +211,7 @@ fn a_call_of_several_groups_has_their_keys_then_their_arguments() {
     for n in 1..=mixed.len() {
         let c = Call { groups: mixed[..n].iter().copied(), ..c };
         let (mut out, mut want) = (Vec::new(), Vec::new());
-        c.write(&mut out);
+        c.write(&mut out, &mut RateText::default());
         resp::command(&mut want, &c.words());
         assert_eq!(out, want, "{n} groups");
     }
@@ -240,4 +240,38 @@ fn the_clock_offset_is_read_at_the_middle_of_the_exchange() {
     assert_eq!(clock_offset(1000, 250_999, 999_900, 1_000_100), 250);
     assert_eq!(clock_offset(1000, 0, 1_000_500, 1_000_500), -500);
     assert_eq!(clock_offset(1, 0, 1001, 1002), -1);
+}
+
+#[test]
+fn a_rate_kept_from_one_call_is_written_as_it_would_be_again() {
+    // one writer's calls: the text of a rate kept from a call serves the
+    // next groups of that rate only
+    let a = group(&[1], &[0]);
+    let tighter = Group { limit: 7, tag: b"z:t", ..a };
+    let shorter = Group { period: 1, window: 6000, tag: b"z:s", ..a };
+    let huge = Group { limit: u32::MAX, period: u32::MAX, window: 1, tag: b"z:h", ..a };
+    let calls: [&[Group]; 9] = [
+        &[a],
+        &[a],
+        &[tighter],
+        &[a, tighter],
+        &[shorter, shorter, a],
+        &[shorter],
+        &[huge, a],
+        &[huge],
+        &[a],
+    ];
+    let mut rates = RateText::default();
+    for (i, groups) in calls.iter().enumerate() {
+        let c = Call {
+            prefix: b"rl:",
+            now_ms: 6_000_500 + i as u64,
+            clock_offset_ms: Some(0),
+            groups: groups.iter().copied(),
+        };
+        let (mut out, mut want) = (Vec::new(), Vec::new());
+        c.write(&mut out, &mut rates);
+        resp::command(&mut want, &c.words());
+        assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&want), "call {i}");
+    }
 }

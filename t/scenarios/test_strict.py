@@ -478,7 +478,7 @@ def run_script(r, groups, timed=False, same=False):
     keys, args, before = [], ["1" if timed else "0"], None
     for key, limit, period, elapsed, reqs in groups:
         keys += ["%s:6000" % key, "%s:5940" % key]
-        four = [limit, period * 1000, elapsed, 2 * period]
+        four = [elapsed, limit, period * 1000, 2 * period]
         args += ["="] if same and four == before else four
         before = four
         args.append(len(reqs))

@@ -75,6 +75,8 @@ struct Link {
     /// Posted to write what waits, once per turn of the event loop.
     flush: ngx_event_t,
     out: Vec<u8>,
+    /// The text of the last rate written (`strict::RateText`).
+    rates: strict::RateText,
     written: usize,
     input: Vec<u8>,
     /// Requests not written yet, per key, and calls out.
@@ -106,6 +108,7 @@ fn link(zone: usize) -> *mut Link {
                 // `ngx_pcalloc` gives); `take` sets its handler and data.
                 flush: unsafe { std::mem::zeroed() },
                 out: Vec::new(),
+                rates: strict::RateText::default(),
                 written: 0,
                 input: Vec::new(),
                 calls: Calls::default(),
@@ -299,7 +302,7 @@ impl Link {
                 clock_offset_ms: self.clock_offset_ms,
                 groups: call.map(StrictGroup::call_group),
             };
-            call.write(&mut self.out);
+            call.write(&mut self.out, &mut self.rates);
         }
         self.arm();
         self.write_out();
