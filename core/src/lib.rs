@@ -24,6 +24,7 @@
 //! | `text` | outside text made safe for one log line |
 //! | `tls` | the `ssl_*=` parameters, a certificate's validity |
 //! | `resp` | the Redis protocol for a strict link: commands, bounded reply parsing |
+//! | `sha1` | SHA-1, the name Redis gives the strict script |
 
 pub mod batch;
 pub mod calls;
@@ -36,6 +37,7 @@ pub mod metrics;
 pub mod params;
 pub mod rate;
 pub mod resp;
+pub mod sha1;
 pub mod share;
 pub mod slots;
 pub mod stats;

@@ -1,13 +1,9 @@
 use super::*;
 
 #[test]
-fn sha1_known_digests() {
-    let hex = |d: [u8; 20]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
-    assert_eq!(hex(sha1(b"")), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
-    assert_eq!(hex(sha1(b"abc")), "a9993e364706816aba3e25717850c26c9cd0d89d");
-    let long = b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-    assert_eq!(hex(sha1(long)), "84983e441c3bd26ebaae4aa1f95129e5e54670f1");
+fn the_scripts_name_is_its_sha1() {
     assert_eq!(sha1_hex().len(), 40);
+    assert!(sha1_hex().bytes().all(|b| b.is_ascii_hexdigit()));
 }
 
 #[test]
