@@ -17,8 +17,8 @@ use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Outcome;
 use ratelimit_core::window::{quota_back_at, seconds_until, Estimate};
 
-use crate::conf::{LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF};
-use crate::engine::{Ask, Decision};
+use crate::conf::{Limit, LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF};
+use crate::engine::{Ask, Decision, Strict};
 
 /// What the limiter decided for a request, kept for the variables. It hangs
 /// off the main request's pool (as a cleanup entry) rather than the module
@@ -346,4 +346,27 @@ fn headers(
         return Ok(lcf.status);
     }
     Ok(NGX_DECLINED as ngx_int_t)
+}
+
+/// What the engine is asked for one limit of a request (`line`: its place
+/// in the location's list): its zone, the zone's name as the key's
+/// namespace, the key, the rate and the cost.
+pub(super) fn ask<'a>(
+    mcf: &'a MainConf,
+    l: &Limit,
+    line: u32,
+    key: &'a [u8],
+    rate: Rate,
+    cost: u32,
+) -> Ask<'a> {
+    Ask {
+        zone: l.zone,
+        namespace: mcf.zones[l.zone].name.as_bytes(),
+        zone_named: true,
+        key,
+        rate,
+        cost,
+        strict: Strict::No,
+        line,
+    }
 }

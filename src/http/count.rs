@@ -25,8 +25,8 @@ use crate::backend::StrictAsk;
 use crate::conf::module::Module;
 use crate::conf::MainConf;
 use crate::engine::{self, Ask, Strict, Take};
-use crate::http::answer::{debug_log, state};
-use crate::http::handler::{ask, cost, read};
+use crate::http::answer::{ask, debug_log, state};
+use crate::http::handler::{cost, read};
 use crate::worker::time::now_ms;
 use crate::worker::waits;
 

@@ -16,8 +16,8 @@ use smallvec::SmallVec;
 
 use crate::conf::module::Module;
 use crate::conf::{Cost, Limit, LocConf, MainConf, RateSpec, Source};
-use crate::engine::{self, Ask, Strict, Take};
-use crate::http::answer::{debug_log, finish, request_log, state};
+use crate::engine::{self, Ask, Take};
+use crate::http::answer::{ask, debug_log, finish, request_log, state};
 use crate::worker::time::now_ms;
 
 /// Limits of one location, with their keys evaluated: few enough to stay
@@ -172,29 +172,6 @@ fn limit_all(
     let decision =
         engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r)).map_err(|_| ())?;
     finish(r, mcf, lcf, now, &asks, &decision)
-}
-
-/// What the engine is asked for one limit of a request (`line`: its place
-/// in the location's list): its zone, the zone's name as the key's
-/// namespace, the key, the rate and the cost.
-pub(super) fn ask<'a>(
-    mcf: &'a MainConf,
-    l: &Limit,
-    line: u32,
-    key: &'a [u8],
-    rate: Rate,
-    cost: u32,
-) -> Ask<'a> {
-    Ask {
-        zone: l.zone,
-        namespace: mcf.zones[l.zone].name.as_bytes(),
-        zone_named: true,
-        key,
-        rate,
-        cost,
-        strict: Strict::No,
-        line,
-    }
 }
 
 /// The rate of `l` for this request: written out, or its variables

@@ -23,11 +23,13 @@ use nginx_sys::{
     ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_finalize_request,
     ngx_http_post_request, ngx_http_request_empty_handler, ngx_http_request_t,
     ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_pool_cleanup_add,
-    ngx_post_event, ngx_posted_events, NGX_AGAIN, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+    ngx_post_event, ngx_posted_events, NGX_AGAIN, NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR,
+    NGX_OK,
 };
-use ngx::http::HttpModule;
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::key::redis_tag_inline;
+use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::window::window_index;
 use smallvec::SmallVec;
@@ -36,7 +38,7 @@ use crate::backend::StrictAsk;
 use crate::conf::module::Module;
 use crate::conf::{LocConf, MainConf, MAX_STRICT};
 use crate::engine::{self, Ask, Strict, Take};
-use crate::http::answer::{debug_log, finish};
+use crate::http::answer::{ask, debug_log, finish};
 use crate::worker::time::now_ms;
 use crate::worker::waits::{self, Lone, Verdict, Wait};
 
@@ -52,6 +54,29 @@ fn set_ctx(r: &mut ngx_http_request_t, w: *mut Wait) {
     let i = Module::module().ctx_index;
     // SAFETY: as in `ctx`.
     unsafe { *r.ctx.add(i) = w.cast::<c_void>() };
+}
+
+/// A waiting request's state, in its pool: its wait (first: the pool
+/// cleanup, the waits' list and the request's context see a `Wait`) and,
+/// for a request of one limit, that limit as the handler evaluated it, so
+/// that the request is answered when it wakes without its handler
+/// running again (`answer_kept`).
+#[repr(C)]
+struct Suspended {
+    wait: Wait,
+    kept: Option<Kept>,
+}
+
+/// One limit as evaluated: its `redis_ratelimit` line, its key (the
+/// bytes in the request's memory, which live as long as the request),
+/// rate and cost.
+#[derive(Clone, Copy)]
+struct Kept {
+    line: u32,
+    key: *const u8,
+    key_len: usize,
+    rate: Rate,
+    cost: u32,
 }
 
 /// Decides a request with strict limits (`wants[i]`: `asks[i]` is one); out
@@ -150,6 +175,14 @@ pub(super) fn limit(
         });
         Stats::bump(&shared.stats().strict_waits);
     }
+    let lone = asks.len() == 1 && sends.len() == 1;
+    let kept = lone.then(|| Kept {
+        line: asks[0].line,
+        key: asks[0].key.as_ptr(),
+        key_len: asks[0].key.len(),
+        rate: asks[0].rate,
+        cost: asks[0].cost,
+    });
     let wait = suspend(
         r,
         Wait {
@@ -162,10 +195,10 @@ pub(super) fn limit(
             ev: unsafe { std::mem::zeroed() },
             sub: !ptr::eq(r.main, r),
             listed: false,
-            lone: (asks.len() == 1 && sends.len() == 1)
-                .then(|| Lone { cost: asks[0].cost, decide: engine::answered }),
+            lone: lone.then(|| Lone { cost: asks[0].cost, decide: engine::answered }),
             decided: None,
         },
+        kept,
         timeout,
     )?;
     let base = waits::register(wait);
@@ -200,18 +233,24 @@ fn count_undecided(mcf: &MainConf, asks: &[Ask<'_>], wants: &[bool]) {
 
 /// Makes the request wait: its wait in the pool (removed from the map with
 /// it), the handlers `limit_req` uses for a delay, the timer.
-fn suspend(r: &mut ngx_http_request_t, wait: Wait, timeout_ms: u64) -> Result<*mut Wait, ()> {
+fn suspend(
+    r: &mut ngx_http_request_t,
+    wait: Wait,
+    kept: Option<Kept>,
+    timeout_ms: u64,
+) -> Result<*mut Wait, ()> {
     // SAFETY: allocates from the request's pool; the cleanup runs when the
-    // pool is destroyed (the request ends, however it ends).
+    // pool is destroyed (the request ends, however it ends). `Suspended`
+    // starts with its `Wait` (`repr(C)`), which is what the cleanup gets.
     let w = unsafe {
-        let c = ngx_pool_cleanup_add(r.pool, std::mem::size_of::<Wait>());
+        let c = ngx_pool_cleanup_add(r.pool, std::mem::size_of::<Suspended>());
         if c.is_null() {
             return Err(());
         }
-        let w = (*c).data.cast::<Wait>();
-        ptr::write(w, Wait { r, ..wait });
+        let s = (*c).data.cast::<Suspended>();
+        ptr::write(s, Suspended { wait: Wait { r, ..wait }, kept });
         (*c).handler = Some(waits::forget);
-        w
+        s.cast::<Wait>()
     };
     set_ctx(r, w);
     // SAFETY: `w` was just written in the request's pool.
@@ -298,6 +337,46 @@ unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
         }
         r.read_event_handler = Some(ngx_http_block_reading);
         r.write_event_handler = Some(ngx_http_core_run_phases);
+        if !w.is_null() {
+            if let Some(rc) = answer_kept(r, w) {
+                // what nginx's phase engine does with a preaccess
+                // handler's answer: on to the next handler, or the end
+                if rc == NGX_DECLINED as ngx_int_t {
+                    r.phase_handler += 1;
+                    ngx_http_core_run_phases(r);
+                } else {
+                    ngx_http_finalize_request(r, rc);
+                }
+                return;
+            }
+        }
         ngx_http_core_run_phases(r);
     }
+}
+
+/// A woken request of one limit that Redis decided, answered with the
+/// decision made as the answer was applied and the limit the handler
+/// kept (`None`: its handler runs again, and decides).
+fn answer_kept(r: &mut ngx_http_request_t, w: *mut Wait) -> Option<ngx_int_t> {
+    // SAFETY: every wait is a `Suspended`'s (`suspend`), alive in the
+    // request's pool.
+    let (d, k) = unsafe {
+        let s = &*w.cast::<Suspended>();
+        (s.wait.decided?, s.kept?)
+    };
+    // SAFETY: the request is valid; `Request` is a transparent wrapper.
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    let lcf = Module::location_conf(req)?;
+    let mcf = Module::main_conf(req)?;
+    let l = lcf.limits.as_deref()?.get(k.line as usize)?;
+    // SAFETY: the key's bytes are in the request's memory (`Kept`).
+    let key = unsafe { std::slice::from_raw_parts(k.key, k.key_len) };
+    let mut asks = [ask(mcf, l, k.line, key, k.rate, k.cost)];
+    asks[0].strict = if d.allowed { Strict::Allowed } else { Strict::Rejected };
+    set_ctx(r, ptr::null_mut());
+    engine::trace_answered(debug_log(r), mcf, &asks[0], &d);
+    Some(
+        finish(r, mcf, lcf, now_ms(), &asks, &d)
+            .unwrap_or(NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t),
+    )
 }
