@@ -72,12 +72,6 @@ pub fn bulk_head(out: &mut Vec<u8>, len: usize) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// How many decimal digits `n` has.
-#[inline]
-pub fn digits(n: u64) -> usize {
-    n.checked_ilog10().map_or(1, |l| l as usize + 1)
-}
-
 /// "00", "01", ... "99": two digits a step.
 const PAIRS: &[u8; 200] = b"\
 0001020304050607080910111213141516171819\
@@ -118,6 +112,37 @@ fn decimal(buf: &mut [u8], end: usize, n: u64) -> usize {
         buf[i] = b'0' + n as u8;
     }
     i
+}
+
+/// A number's decimal digits, written once: their count is known before
+/// they are copied (a key name's length goes before the name).
+pub struct Digits {
+    buf: [u8; 20],
+    at: usize,
+}
+
+impl Digits {
+    #[inline(always)]
+    pub fn of(n: u64) -> Digits {
+        let mut buf = [0u8; 20];
+        let at = decimal(&mut buf, 20, n);
+        Digits { buf, at }
+    }
+
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        20 - self.at
+    }
+
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    #[inline(always)]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.at..]
+    }
 }
 
 /// Appends `n` in decimal.

@@ -28,7 +28,7 @@
 
 use crate::key::write_key_for_tag;
 use crate::rate::Rate;
-use crate::resp;
+use crate::resp::{self, Digits};
 
 /// The most requests a period a limit may allow to be decided in Redis
 /// without `strict` (`small`).
@@ -270,8 +270,6 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             }
             head
         });
-        // `<prefix>{<tag>}:<period>:` per group, and then the window's start
-        let key = |g: &Group| self.prefix.len() + g.tag.len() + 4 + resp::digits(g.period.into());
         // the array's head, the number of keys and the flag: at most 32
         let (mut groups, mut words, mut room) = (0, 4, 32 + head.len());
         let mut timed = false;
@@ -289,28 +287,29 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         w.put(head);
         w.bulk_u64(2 * groups as u64);
         for g in self.groups.clone() {
-            let (key, p) = (key(&g), u64::from(g.period));
             let (cur, prev) = g.starts();
-            let (cur_digits, prev_digits) = (resp::digits(cur), resp::digits(prev));
+            let (p, cur, prev) = (Digits::of(g.period.into()), Digits::of(cur), Digits::of(prev));
+            // `<prefix>{<tag>}:<period>:`, and then the window's start
+            let key = self.prefix.len() + g.tag.len() + 4 + p.len();
             let head_at = w.mark();
-            w.bulk_head(key + cur_digits);
+            w.bulk_head(key + cur.len());
             w.put(self.prefix);
             w.put(b"{");
             w.put(g.tag);
             w.put(b"}:");
-            w.decimal(p);
+            w.put(p.as_bytes());
             w.put(b":");
             let start_at = w.mark();
-            w.decimal(cur);
+            w.put(cur.as_bytes());
             w.put(b"\r\n");
-            if prev_digits == cur_digits {
+            if prev.len() == cur.len() {
                 // the same name up to the window's start (as a rule)
                 w.again(head_at, start_at);
             } else {
-                w.bulk_head(key + prev_digits);
+                w.bulk_head(key + prev.len());
                 w.again(start_at - key, start_at);
             }
-            w.decimal(prev);
+            w.put(prev.as_bytes());
             w.put(b"\r\n");
         }
         w.put(if timed { b"$1\r\n1\r\n" } else { b"$1\r\n0\r\n" });
