@@ -266,7 +266,7 @@ fn apply(log: *mut ngx_log_t) {
     for event in ch.take_events() {
         match event {
             Event::Confirmed { id, period, limit, confirmation } => {
-                confirmed(mcf, log, id, Rate { limit, period }, &confirmation, now);
+                confirmed(mcf, log, id, Rate { limit, period }, &confirmation, now, |_| {});
             }
             Event::Strict { id, period, limit, counted, tickets, answer } => {
                 reply::strict_answered(

@@ -61,7 +61,7 @@ pub(super) fn strict_answered(
     };
     let now = now_ms();
     let mut resolved = false;
-    confirmed_then(mcf, log, id, rate, &c, now, |e| {
+    confirmed(mcf, log, id, rate, &c, now, |e| {
         // the requests of one limit decided on the entry as it is now,
         // under the same lock
         waits::resolve(tickets, Some(&a.allowed), |lone, allowed| {
@@ -141,22 +141,11 @@ pub(super) fn main_conf() -> Option<&'static MainConf> {
 }
 
 /// Applies Redis's counts for an item (a flush's reply or a strict
-/// decision) to its entry, counting a breaker that the reply closed.
-pub(super) fn confirmed(
-    mcf: &MainConf,
-    log: *mut ngx_log_t,
-    id: ItemId,
-    rate: Rate,
-    confirmation: &counter::Confirmation,
-    now: u64,
-) {
-    confirmed_then(mcf, log, id, rate, confirmation, now, |_| {});
-}
-
-/// `confirmed`, then `then` on the entry, under the same lock (not run
-/// when the entry is gone).
+/// decision) to its entry, counting a breaker that the reply closed; then
+/// `then` on the entry, under the same lock (not run when the entry is
+/// gone).
 #[inline(always)]
-fn confirmed_then(
+pub(super) fn confirmed(
     mcf: &MainConf,
     log: *mut ngx_log_t,
     id: ItemId,
