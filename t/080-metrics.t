@@ -106,6 +106,7 @@ ok
 ok
 --- init
 # the thread checks its backend at once; give it a moment
+select(undef, undef, undef, 0.5);
 --- request eval
 ["GET /t?k=a", "GET /metrics"]
 --- wait: 0.3
