@@ -1,19 +1,22 @@
 //! Strict limits: the request waits for Redis's decision, the worker does
 //! not. The preaccess handler first checks every limit against what this
 //! node knows (a key known to be over its limit is answered at once, no
-//! round trip), then hands the strict limits to the Redis thread and
+//! round trip), then sends the strict limits to Redis (`worker::link`) and
 //! suspends the request (`NGX_AGAIN`, as `limit_req` does for a delay): a
 //! timer of the zone's `timeout=` on its write event, the client watched
-//! for closing meanwhile. The thread's answer, applied on the worker's own
-//! thread (`worker.rs`), posts the write event; the handler runs again and
-//! decides every limit through the engine with Redis's verdicts (a strict
-//! limit without one, after the timeout or an error, is decided by
-//! `on_error`).
+//! for closing meanwhile. The answer (from the worker's strict link or its
+//! Redis thread), applied on the worker's own thread, posts the write
+//! event; the handler runs again and decides every limit through the
+//! engine with Redis's verdicts (a strict limit without one, after the
+//! timeout or an error, is decided by `on_error`), except for a request of
+//! one limit (below).
 //!
 //! A waiting request is found by its ticket in a list of this worker (the
-//! worker's thread only); its place in the list goes with the request's pool, so a
-//! client that closes while waiting leaves nothing behind, and a late answer
-//! finds no one.
+//! worker's thread only); its place in the list goes with the request's
+//! pool, so a client that closes while waiting leaves nothing behind, and
+//! a late answer finds no one. A request of one limit is decided as
+//! Redis's answer is applied, and answered when it wakes without its
+//! handler running again (`answer_kept`).
 
 use std::ffi::c_void;
 use std::ptr;
@@ -231,8 +234,8 @@ fn count_undecided(mcf: &MainConf, asks: &[Ask<'_>], wants: &[bool]) {
     }
 }
 
-/// Makes the request wait: its wait in the pool (removed from the map with
-/// it), the handlers `limit_req` uses for a delay, the timer.
+/// Makes the request wait: its wait in the pool (taken out of the list
+/// with it), the handlers `limit_req` uses for a delay, the timer.
 fn suspend(
     r: &mut ngx_http_request_t,
     wait: Wait,
