@@ -240,7 +240,10 @@ def test_reshard_under_traffic(h):
     what was allowed; <= 1 redis error line per node per reshard; no
     [alert]/[crit]."""
     c = Cluster(h).start()
-    http = czone(c, "cz")
+    # a move takes about 0.5 s, the default timeout=: a wait through a
+    # slow one would be decided by on_error, which is not what this test
+    # is about (test_faults.py and test_strict.py are)
+    http = czone(c, "cz", "timeout=3s")
     server = (loc("/t", "redis_ratelimit cz 20r/h;") + loc("/bg", "redis_ratelimit cz 1000000r/h;")
               + loc("/metrics", "redis_ratelimit_metrics;"))
     files = {"t": "ok\n", "bg": "ok\n"}
