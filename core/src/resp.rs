@@ -129,14 +129,10 @@ impl Digits {
         Digits { buf, at }
     }
 
+    /// How many digits (1 to 20).
     #[inline(always)]
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         20 - self.at
-    }
-
-    #[inline(always)]
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     #[inline(always)]

@@ -201,6 +201,6 @@ fn digits_are_a_numbers_decimal_text_and_its_length() {
     for n in [0, 7, 9, 10, 99, 100, 9_999, 10_000, 1_764_280_800, 99_999_999_999, u64::MAX] {
         let d = Digits::of(n);
         assert_eq!(d.as_bytes(), n.to_string().as_bytes(), "{n}");
-        assert_eq!(d.len(), n.to_string().len(), "{n}");
+        assert_eq!(d.count(), n.to_string().len(), "{n}");
     }
 }

@@ -290,9 +290,9 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             let (cur, prev) = g.starts();
             let (p, cur, prev) = (Digits::of(g.period.into()), Digits::of(cur), Digits::of(prev));
             // `<prefix>{<tag>}:<period>:`, and then the window's start
-            let key = self.prefix.len() + g.tag.len() + 4 + p.len();
+            let key = self.prefix.len() + g.tag.len() + 4 + p.count();
             let head_at = w.mark();
-            w.bulk_head(key + cur.len());
+            w.bulk_head(key + cur.count());
             w.put(self.prefix);
             w.put(b"{");
             w.put(g.tag);
@@ -302,11 +302,11 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             let start_at = w.mark();
             w.put(cur.as_bytes());
             w.put(b"\r\n");
-            if prev.len() == cur.len() {
+            if prev.count() == cur.count() {
                 // the same name up to the window's start (as a rule)
                 w.again(head_at, start_at);
             } else {
-                w.bulk_head(key + prev.len());
+                w.bulk_head(key + prev.count());
                 w.again(start_at - key, start_at);
             }
             w.put(prev.as_bytes());

@@ -52,7 +52,7 @@ impl<T: Copy> Tickets<T> {
 
     /// The base of `ticket` (its low bits cleared).
     #[inline]
-    pub fn base(&self, ticket: u64) -> u64 {
+    fn base(&self, ticket: u64) -> u64 {
         ticket >> self.low_bits << self.low_bits
     }
 
