@@ -14,8 +14,9 @@ directory, then in the same run:
     6000r/m or a 100r/s limit, 100 000 keys (6000r/m, 16m zone), strict
     limits (one hot key, 10 000 keys), the breaker path, plus a
     `return 429` reference for the breaker path; a 1 s
-    warm-up each, 2 rounds in alternating order (best kept); Redis commands
-    and Redis CPU (INFO commandstats, INFO cpu) per allowed request;
+    warm-up each, 2 rounds in alternating order (best kept); the nginx
+    workers' CPU per request (user and system, /proc), Redis commands and
+    Redis CPU (INFO commandstats, INFO cpu) per allowed request;
     shared-memory bytes per key measured by filling a 1m zone until its
     first key is evicted;
   * strict latency: what a strict limit adds to one request (one
@@ -125,6 +126,22 @@ def redis_cpu(redis):
         if k in ("used_cpu_sys", "used_cpu_user"):
             total += float(v)
     return total
+
+
+def workers_cpu(n):
+    """Seconds of CPU an nginx's workers used so far: (user, system), from
+    /proc (a worker's Redis I/O thread included)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    user = system = 0.0
+    for pid in n.worker_pids():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone: check_workers says so
+        user += int(fields[11]) / tick
+        system += int(fields[12]) / tick
+    return user, system
 
 
 # --------------------------------------------------------------------------
@@ -719,7 +736,10 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
                     before, cpu0, calls0 = commands(redis), redis_cpu(redis), script_calls(redis)
                     zone = {"strict-hot": "st", "strict-10k": "sk"}.get(name)
                     rtt0 = zone_rtt(a_port, zone) if zone else None
+                    server = nc if url.startswith(c_base) else na
+                    w0 = workers_cpu(server)
                     r = wrk(url, 32, duration, script, cpu, args)
+                    r["worker_cpu"] = tuple(b - a for a, b in zip(w0, workers_cpu(server)))
                     if zone:
                         rtt1 = zone_rtt(a_port, zone)
                         r["rtt"] = (rtt1[1] - rtt0[1]) / max(rtt1[0] - rtt0[0], 1)
@@ -741,6 +761,10 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
                 best["calls"] = sum(r["calls"] for r in rs)
                 best["redis_cpu"] = sum(r["redis_cpu"] for r in rs)
                 best["allowed_all"] = sum(r["allowed"] for r in rs)
+                # the workers' CPU per request served, over every round
+                served = max(sum(r["requests"] for r in rs), 1)
+                best["worker_us"] = tuple(1e6 * sum(r["worker_cpu"][i] for r in rs) / served
+                                          for i in (0, 1))
                 best["spread"] = (max(r["rps"] for r in rs) - min(r["rps"] for r in rs)) / best["rps"]
                 res[name] = best
 
@@ -799,18 +823,20 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
                     notes.append(f"{int(r['non2xx'])} non-2xx!")
                 label = f"{name}: {desc}" + (f" ({'; '.join(notes)})" if notes else "")
                 rps = f"{r['rps']:,.0f}" + (f" (±{r['spread'] * 50:.0f}%)" if rounds > 1 else "")
+                wu, ws = r["worker_us"]
                 rows.append([label, rps, ms(r["p50_us"]), ms(r["p99_us"]),
-                             f"{ratio:.3f}", cpa, cpu_k,
+                             f"{ratio:.3f}", f"{wu:.1f} + {ws:.1f}", cpa, cpu_k,
                              "; ".join(t for t, _ in targets) or "—",
                              " ".join(mark(ok) for _, ok in targets if ok is not None)])
             rows.append(["reference (not run here): a Lua limiter in the OpenResty style deciding in "
-                         "Redis per request (synchronous), measured on this 2-core machine", "", "", "", "0.34", "2.0", "", "", ""])
+                         "Redis per request (synchronous), measured on this 2-core machine", "", "", "", "0.34", "", "2.0", "", "", ""])
             rows.append([f"shared memory per key (zone=1m holds {cap} keys; probe M={probe_m})",
-                         "", "", "", "", "", "", f"{per_key:.1f} B ≤ 128", mark(per_key <= 128)])
+                         "", "", "", "", "", "", "", f"{per_key:.1f} B ≤ 128", mark(per_key <= 128)])
             print("## Throughput")
             print()
             na.check_workers("shm probe")
-            print(table(["case", "req/s", "p50", "p99", "÷ baseline", "Redis cmds / allowed",
+            print(table(["case", "req/s", "p50", "p99", "÷ baseline",
+                         "nginx worker CPU µs / request (user + system)", "Redis cmds / allowed",
                          "Redis CPU ms / 1000 allowed", "target", "✓/✗"], rows))
             print()
             sys.stdout.flush()
