@@ -170,6 +170,16 @@ fn bulk_digits(buf: &mut [u8; 27], n: u64) -> usize {
     }
 }
 
+/// `<mark><n>\r\n` (an array's or a bulk string's head) at the end of
+/// `buf`, written back to front: returns where it starts.
+#[inline(always)]
+fn head_digits(buf: &mut [u8; 24], mark: u8, n: u64) -> usize {
+    buf[22..].copy_from_slice(b"\r\n");
+    let at = decimal(buf, 22, n);
+    buf[at - 1] = mark;
+    at - 1
+}
+
 /// A command appended to a buffer: room reserved once for what the caller
 /// expects to write (a hint: a word past it makes more), each word copied
 /// in. Nothing is written twice: no zeroed room to write over.
@@ -187,6 +197,12 @@ impl<'a> Writer<'a> {
     #[inline(always)]
     pub fn put(&mut self, b: &[u8]) {
         self.out.extend_from_slice(b);
+    }
+
+    /// One byte.
+    #[inline(always)]
+    pub fn byte(&mut self, b: u8) {
+        self.out.push(b);
     }
 
     /// Where the next byte goes (for `again`).
@@ -215,20 +231,21 @@ impl<'a> Writer<'a> {
         self.put(&d[at..]);
     }
 
-    /// An array's header (`*n`).
+    /// An array's header (`*n`), in one copy.
     #[inline(always)]
     pub fn array(&mut self, n: usize) {
-        self.put(b"*");
-        self.decimal(n as u64);
-        self.put(b"\r\n");
+        let mut buf = [0u8; 24];
+        let at = head_digits(&mut buf, b'*', n as u64);
+        self.put(&buf[at..]);
     }
 
-    /// A bulk string's head, for `len` bytes written next (then CRLF).
+    /// A bulk string's head, for `len` bytes written next (then CRLF), in
+    /// one copy.
     #[inline(always)]
     pub fn bulk_head(&mut self, len: usize) {
-        self.put(b"$");
-        self.decimal(len as u64);
-        self.put(b"\r\n");
+        let mut buf = [0u8; 24];
+        let at = head_digits(&mut buf, b'$', len as u64);
+        self.put(&buf[at..]);
     }
 
     /// `n` in decimal as a bulk string (what `bulk` makes of its digits),

@@ -150,7 +150,7 @@ impl Group<'_> {
     /// period and window (at one time): a group whose four are those of
     /// the group before it in the call sends `SAME` instead
     /// (`same_limit`). The rate's three are the same for every group of
-    /// the rate, and a writer keeps their text (`RateText`).
+    /// the rate, and a writer keeps their text (`Texts`).
     #[inline(always)]
     fn limit_args(&self, now_ms: u64) -> [u64; 4] {
         let p = u64::from(self.period) * 1000;
@@ -176,15 +176,42 @@ impl Group<'_> {
     }
 }
 
-/// The text of a rate's three arguments (limit, period, TTL: the last
-/// three of `Group::limit_args`) as a writer last wrote them: the calls of
-/// a link mostly have one rate, whose numbers are then written once and
-/// copied after.
+/// Text a writer keeps from call to call: the calls of a link mostly have
+/// one rate and one window, whose numbers are then written once and copied
+/// after.
 #[derive(Debug, Default)]
-pub struct RateText {
-    /// The rate (limit, period) whose text this is; `None`: none yet.
+pub struct Texts {
+    /// The rate (limit, period) of `rate_text`; `None`: none yet.
     rate: Option<(u32, u32)>,
-    text: smallvec::SmallVec<[u8; 64]>,
+    /// A rate's three arguments (limit, period, TTL: the last three of
+    /// `Group::limit_args`).
+    rate_text: smallvec::SmallVec<[u8; 64]>,
+    /// The window (period, index) of the tails; `None`: none yet.
+    window: Option<(u32, u64)>,
+    /// How a key's name ends after its tag: `}:<period>:<start>` and CRLF,
+    /// for the window's counter, then for the one before.
+    tails: [smallvec::SmallVec<[u8; 40]>; 2],
+}
+
+impl Texts {
+    /// The tails of a group's two keys.
+    #[inline(always)]
+    fn tails(&mut self, g: &Group) -> (&[u8], &[u8]) {
+        if self.window != Some((g.period, g.window)) {
+            let (cur, prev) = g.starts();
+            let p = Digits::of(g.period.into());
+            for (tail, start) in self.tails.iter_mut().zip([cur, prev]) {
+                tail.clear();
+                tail.extend_from_slice(b"}:");
+                tail.extend_from_slice(p.as_bytes());
+                tail.push(b':');
+                tail.extend_from_slice(Digits::of(start).as_bytes());
+                tail.extend_from_slice(b"\r\n");
+            }
+            self.window = Some((g.period, g.window));
+        }
+        (&self.tails[0], &self.tails[1])
+    }
 }
 
 /// One call of the script: `EVALSHA <sha> <2 × groups>`, each group's two
@@ -261,7 +288,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
     /// The command written as RESP at the end of `out` (a strict link's
     /// request path: appended to room reserved once, no allocation per
     /// word).
-    pub fn write(&self, out: &mut Vec<u8>, rates: &mut RateText) {
+    pub fn write(&self, out: &mut Vec<u8>, texts: &mut Texts) {
         static HEAD: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
         let head = HEAD.get_or_init(|| {
             let mut head = Vec::new();
@@ -287,30 +314,25 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         w.put(head);
         w.bulk_u64(2 * groups as u64);
         for g in self.groups.clone() {
-            let (cur, prev) = g.starts();
-            let (p, cur, prev) = (Digits::of(g.period.into()), Digits::of(cur), Digits::of(prev));
-            // `<prefix>{<tag>}:<period>:`, and then the window's start
-            let key = self.prefix.len() + g.tag.len() + 4 + p.count();
+            let (cur, prev) = texts.tails(&g);
+            // `<prefix>{<tag>`, then the window's tail (CRLF included)
+            let name = self.prefix.len() + 1 + g.tag.len();
             let head_at = w.mark();
-            w.bulk_head(key + cur.count());
+            w.bulk_head(name + cur.len() - 2);
+            let name_at = w.mark();
             w.put(self.prefix);
-            w.put(b"{");
+            w.byte(b'{');
             w.put(g.tag);
-            w.put(b"}:");
-            w.put(p.as_bytes());
-            w.put(b":");
-            let start_at = w.mark();
-            w.put(cur.as_bytes());
-            w.put(b"\r\n");
-            if prev.count() == cur.count() {
-                // the same name up to the window's start (as a rule)
-                w.again(head_at, start_at);
+            let tag_end = w.mark();
+            w.put(cur);
+            if prev.len() == cur.len() {
+                // the same head and name (as a rule)
+                w.again(head_at, tag_end);
             } else {
-                w.bulk_head(key + prev.count());
-                w.again(start_at - key, start_at);
+                w.bulk_head(name + prev.len() - 2);
+                w.again(name_at, tag_end);
             }
-            w.put(prev.as_bytes());
-            w.put(b"\r\n");
+            w.put(prev);
         }
         w.put(if timed { b"$1\r\n1\r\n" } else { b"$1\r\n0\r\n" });
         for (g, same) in self.same_as_before() {
@@ -319,26 +341,42 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             } else {
                 let [elapsed, limit, period, ttl] = g.limit_args(self.now_ms);
                 w.bulk_u64(elapsed);
-                if rates.rate == Some((g.limit, g.period)) {
-                    w.put(&rates.text);
+                if texts.rate == Some((g.limit, g.period)) {
+                    w.put(&texts.rate_text);
                 } else {
                     let at = w.mark();
                     for n in [limit, period, ttl] {
                         w.bulk_u64(n);
                     }
-                    rates.text.clear();
-                    rates.text.extend_from_slice(w.since(at));
-                    rates.rate = Some((g.limit, g.period));
+                    texts.rate_text.clear();
+                    texts.rate_text.extend_from_slice(w.since(at));
+                    texts.rate = Some((g.limit, g.period));
                 }
             }
-            g.request_args(self.clock_offset_ms, |n| {
-                if n == COUNTED {
-                    w.put(b"$2\r\n-1\r\n");
-                } else {
-                    w.bulk_u64(n);
-                }
-            });
+            if let [c @ 0..=9] = g.costs {
+                // one request of a one-digit cost (as a rule): the number
+                // of requests and the cost in one copy, then the deadline
+                let d = g.deadlines.first().copied().unwrap_or(0);
+                let cost = b'0' + *c as u8;
+                w.put(&[
+                    b'$', b'1', b'\r', b'\n', b'1', b'\r', b'\n', b'$', b'1', b'\r', b'\n', cost,
+                    b'\r', b'\n',
+                ]);
+                argument(&mut w, redis_deadline(d, self.clock_offset_ms));
+                continue;
+            }
+            g.request_args(self.clock_offset_ms, |n| argument(&mut w, n));
         }
+    }
+}
+
+/// A request's number written as an argument (`COUNTED`: `-1`).
+#[inline(always)]
+fn argument(w: &mut resp::Writer, n: u64) {
+    if n == COUNTED {
+        w.put(b"$2\r\n-1\r\n");
+    } else {
+        w.bulk_u64(n);
     }
 }
 

@@ -136,7 +136,7 @@ fn a_call_names_both_windows_and_the_time_into_the_current_one() {
         ]
     );
     let (mut out, mut want) = (Vec::new(), Vec::new());
-    c.write(&mut out, &mut RateText::default());
+    c.write(&mut out, &mut Texts::default());
     resp::command(&mut want, &words);
     assert_eq!(out, want);
     let first = [Group { window: 0, costs: &[], deadlines: &[], ..groups[0] }];
@@ -151,7 +151,7 @@ fn a_call_names_both_windows_and_the_time_into_the_current_one() {
         let g = [Group { period, window, tag, ..groups[0] }];
         let c = Call { groups: g.iter().copied(), now_ms: window * u64::from(period) * 1000, ..c };
         let (mut out, mut want) = (b"+".to_vec(), b"+".to_vec());
-        c.write(&mut out, &mut RateText::default());
+        c.write(&mut out, &mut Texts::default());
         resp::command(&mut want, &c.words());
         assert_eq!(out, want, "{period} {window}");
     }
@@ -187,7 +187,7 @@ fn a_call_of_several_groups_has_their_keys_then_their_arguments() {
     assert_eq!(words[17..26], ["400", "3", "1000", "2", "2", "2", "0", "0", "0"]);
     assert_eq!(words[26..], ["60000", "100", "60000", "120", "1", "1", "-1"]);
     let (mut out, mut want) = (Vec::new(), Vec::new());
-    c.write(&mut out, &mut RateText::default());
+    c.write(&mut out, &mut Texts::default());
     resp::command(&mut want, &c.words());
     assert_eq!(out, want);
     // a group of the same limit, period and window as the one before it
@@ -207,7 +207,7 @@ fn a_call_of_several_groups_has_their_keys_then_their_arguments() {
     for n in 1..=mixed.len() {
         let c = Call { groups: mixed[..n].iter().copied(), ..c };
         let (mut out, mut want) = (Vec::new(), Vec::new());
-        c.write(&mut out, &mut RateText::default());
+        c.write(&mut out, &mut Texts::default());
         resp::command(&mut want, &c.words());
         assert_eq!(out, want, "{n} groups");
     }
@@ -239,14 +239,21 @@ fn the_clock_offset_is_read_at_the_middle_of_the_exchange() {
 }
 
 #[test]
-fn a_rate_kept_from_one_call_is_written_as_it_would_be_again() {
-    // one writer's calls: the text of a rate kept from a call serves the
-    // next groups of that rate only
+fn text_kept_from_one_call_is_written_as_it_would_be_again() {
+    // one writer's calls: the text of a rate or of a window kept from a
+    // call serves the next groups of that rate or window only
     let a = group(&[1], &[0]);
     let tighter = Group { limit: 7, tag: b"z:t", ..a };
     let shorter = Group { period: 1, window: 6000, tag: b"z:s", ..a };
     let huge = Group { limit: u32::MAX, period: u32::MAX, window: 1, tag: b"z:h", ..a };
-    let calls: [&[Group]; 9] = [
+    let next = Group { window: a.window + 1, ..a };
+    // the first window (its previous one starts at 0 too), and one whose
+    // start has a digit more than its previous one's
+    let first = Group { window: 0, tag: b"z:f", ..a };
+    let longer = Group { period: 10, window: 1000, ..a };
+    let costly = Group { costs: &[9], ..a };
+    let counted = Group { costs: &[10], deadlines: &[COUNTED], ..a };
+    let calls: [&[Group]; 15] = [
         &[a],
         &[a],
         &[tighter],
@@ -256,8 +263,14 @@ fn a_rate_kept_from_one_call_is_written_as_it_would_be_again() {
         &[huge, a],
         &[huge],
         &[a],
+        &[next, a],
+        &[first],
+        &[longer, first],
+        &[longer],
+        &[costly, counted],
+        &[Group { deadlines: &[COUNTED], ..costly }],
     ];
-    let mut rates = RateText::default();
+    let mut texts = Texts::default();
     for (i, groups) in calls.iter().enumerate() {
         let c = Call {
             prefix: b"rl:",
@@ -266,7 +279,7 @@ fn a_rate_kept_from_one_call_is_written_as_it_would_be_again() {
             groups: groups.iter().copied(),
         };
         let (mut out, mut want) = (Vec::new(), Vec::new());
-        c.write(&mut out, &mut rates);
+        c.write(&mut out, &mut texts);
         resp::command(&mut want, &c.words());
         assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&want), "call {i}");
     }

@@ -75,8 +75,8 @@ struct Link {
     /// Posted to write what waits, once per turn of the event loop.
     flush: ngx_event_t,
     out: Vec<u8>,
-    /// The text of the last rate written (`strict::RateText`).
-    rates: strict::RateText,
+    /// Text kept from the last calls written (`strict::Texts`).
+    texts: strict::Texts,
     written: usize,
     input: Vec<u8>,
     /// Requests not written yet, per key, and calls out.
@@ -108,7 +108,7 @@ fn link(zone: usize) -> *mut Link {
                 // `ngx_pcalloc` gives); `take` sets its handler and data.
                 flush: unsafe { std::mem::zeroed() },
                 out: Vec::new(),
-                rates: strict::RateText::default(),
+                texts: strict::Texts::default(),
                 written: 0,
                 input: Vec::new(),
                 calls: Calls::default(),
@@ -302,7 +302,7 @@ impl Link {
                 clock_offset_ms: self.clock_offset_ms,
                 groups: call.map(StrictGroup::call_group),
             };
-            call.write(&mut self.out, &mut self.rates);
+            call.write(&mut self.out, &mut self.texts);
         }
         self.arm();
         self.write_out();
