@@ -149,19 +149,14 @@ pub(super) fn limit(
     let mut verdicts = [Verdict::NotAsked; MAX_STRICT];
     // the request waits as long as its slowest zone's timeout=: past it,
     // `on_error` decides, and a script that runs later counts nothing
-    let timeout = asks
-        .iter()
-        .zip(wants)
-        .filter(|(a, w)| **w && a.strict == Strict::Before)
-        .filter_map(|(a, _)| mcf.zones.get(a.zone)?.params.as_ref().map(|p| p.timeout_ms))
-        .max()
-        .unwrap_or(0);
+    let mut timeout = 0;
     for (k, (a, _)) in asks.iter().zip(wants).filter(|(_, w)| **w).enumerate() {
         if a.strict != Strict::Before || k >= verdicts.len() {
             continue; // decided by `on_error`
         }
         let z = mcf.zones.get(a.zone).ok_or(())?;
         let shared = z.shared.as_ref().ok_or(())?;
+        timeout = z.params.as_ref().map_or(timeout, |p| timeout.max(p.timeout_ms));
         verdicts[k] = Verdict::Waiting;
         sends.push(StrictAsk {
             ticket: k as u64, // and the wait's base, once it is listed
@@ -174,7 +169,7 @@ pub(super) fn limit(
             period: a.rate.period,
             limit: a.rate.limit,
             cost: a.cost,
-            deadline_ms: now + timeout.max(1),
+            deadline_ms: 0, // once the slowest timeout= is known
         });
         Stats::bump(&shared.stats().strict_waits);
     }
@@ -186,27 +181,16 @@ pub(super) fn limit(
         rate: asks[0].rate,
         cost: asks[0].cost,
     });
-    let wait = suspend(
-        r,
-        Wait {
-            r: ptr::null_mut(),
-            base: 0,
-            verdicts,
-            waiting: sends.len() as u8,
-            // SAFETY: an all-zero event is nginx's idle event (as
-            // `ngx_pcalloc` gives); `suspend` sets what a subrequest uses.
-            ev: unsafe { std::mem::zeroed() },
-            sub: !ptr::eq(r.main, r),
-            listed: false,
-            lone: lone.then(|| Lone { cost: asks[0].cost, decide: engine::answered }),
-            decided: None,
-        },
-        kept,
-        timeout,
-    )?;
+    let asked = Asked {
+        verdicts,
+        waiting: sends.len() as u8,
+        lone: lone.then(|| Lone { cost: asks[0].cost, decide: engine::answered }),
+    };
+    let wait = suspend(r, asked, kept, timeout)?;
     let base = waits::register(wait);
     for s in &mut sends {
         s.ticket |= base;
+        s.deadline_ms = now + timeout.max(1);
     }
     crate::worker::link::send(ch, sends);
     Ok(NGX_AGAIN as ngx_int_t)
@@ -234,34 +218,56 @@ fn count_undecided(mcf: &MainConf, asks: &[Ask<'_>], wants: &[bool]) {
     }
 }
 
+/// What a request waits for: a verdict per strict limit (`Waiting` for
+/// those sent), how many are sent, and for a request of one limit what
+/// decides it as the answer is applied.
+struct Asked {
+    verdicts: [Verdict; MAX_STRICT],
+    waiting: u8,
+    lone: Option<Lone>,
+}
+
 /// Makes the request wait: its wait in the pool (taken out of the list
 /// with it), the handlers `limit_req` uses for a delay, the timer.
 fn suspend(
     r: &mut ngx_http_request_t,
-    wait: Wait,
+    asked: Asked,
     kept: Option<Kept>,
     timeout_ms: u64,
 ) -> Result<*mut Wait, ()> {
+    let sub = !ptr::eq(r.main, r);
     // SAFETY: allocates from the request's pool; the cleanup runs when the
     // pool is destroyed (the request ends, however it ends). `Suspended`
     // starts with its `Wait` (`repr(C)`), which is what the cleanup gets.
+    // Each field is written where it lives, except a main request's
+    // `Wait::ev` (left uninitialised: a subrequest's only).
     let w = unsafe {
         let c = ngx_pool_cleanup_add(r.pool, std::mem::size_of::<Suspended>());
         if c.is_null() {
             return Err(());
         }
         let s = (*c).data.cast::<Suspended>();
-        ptr::write(s, Suspended { wait: Wait { r, ..wait }, kept });
+        let w = s.cast::<Wait>();
+        ptr::addr_of_mut!((*w).r).write(ptr::from_mut(r));
+        ptr::addr_of_mut!((*w).base).write(0);
+        ptr::addr_of_mut!((*w).verdicts).write(asked.verdicts);
+        ptr::addr_of_mut!((*w).waiting).write(asked.waiting);
+        ptr::addr_of_mut!((*w).sub).write(sub);
+        ptr::addr_of_mut!((*w).listed).write(false);
+        ptr::addr_of_mut!((*w).lone).write(asked.lone);
+        ptr::addr_of_mut!((*w).decided).write(None);
+        ptr::addr_of_mut!((*s).kept).write(kept);
         (*c).handler = Some(waits::forget);
-        s.cast::<Wait>()
+        w
     };
     set_ctx(r, w);
-    // SAFETY: `w` was just written in the request's pool.
-    if unsafe { (*w).sub } {
+    if sub {
         // SAFETY: the wait lives in the request's pool (its cleanup deletes
         // the event's timer and posting); the connection's log outlives it.
+        // An all-zero event is nginx's idle event (as `ngx_pcalloc` gives).
         unsafe {
-            let ev = ptr::addr_of_mut!((*w).ev);
+            let ev = (*w).ev.as_mut_ptr();
+            ev.write_bytes(0, 1);
             (*ev).handler = Some(wake_sub);
             (*ev).data = w.cast::<c_void>();
             (*ev).log = (*r.connection).log;

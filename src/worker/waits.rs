@@ -6,6 +6,7 @@
 
 use std::cell::RefCell;
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 use std::ptr;
 
 use nginx_sys::{
@@ -41,10 +42,10 @@ pub(crate) struct Wait {
     /// A subrequest's own event (its timer, and what wakes it): a
     /// subrequest shares its connection's write event with the main
     /// request and its other subrequests, so it is woken as nginx wakes
-    /// subrequests, as a posted request (`strict.rs`). Unused (all zero)
-    /// for a main request, which waits on its connection's write event as
-    /// `limit_req` does.
-    pub(crate) ev: ngx_event_t,
+    /// subrequests, as a posted request (`strict.rs`). Uninitialised for a
+    /// main request (`sub` false), which waits on its connection's write
+    /// event as `limit_req` does.
+    pub(crate) ev: MaybeUninit<ngx_event_t>,
     pub(crate) sub: bool,
     /// Listed (from `register` until an answer, a timeout or its cleanup
     /// takes it out): only then is there anything to remove.
@@ -79,11 +80,12 @@ thread_local! {
 pub(crate) unsafe extern "C" fn forget(data: *mut c_void) {
     let w = data.cast::<Wait>();
     unregister(w);
-    // SAFETY: the wait's own event, if it is a subrequest's: neither its
-    // timer nor its posting may outlive the pool it lives in.
+    // SAFETY: the wait's own event, if it is a subrequest's (initialised
+    // then): neither its timer nor its posting may outlive the pool it
+    // lives in.
     unsafe {
         if (*w).sub {
-            let ev = ptr::addr_of_mut!((*w).ev);
+            let ev = (*w).ev.as_mut_ptr();
             if (*ev).timer_set() != 0 {
                 ngx_del_timer(ev);
             }
@@ -140,10 +142,11 @@ pub fn resolve(
 /// touches the waits).
 fn wake(wait: &mut Wait) {
     if wait.sub {
-        // SAFETY: the wait (and its event) is alive until its pool's
-        // cleanup; posted, it runs in this event loop's turn.
+        // SAFETY: the wait (and its event, initialised for a subrequest)
+        // is alive until its pool's cleanup; posted, it runs in this event
+        // loop's turn.
         unsafe {
-            let ev = ptr::addr_of_mut!(wait.ev);
+            let ev = wait.ev.as_mut_ptr();
             if (*ev).timer_set() != 0 {
                 ngx_del_timer(ev);
             }
