@@ -9,6 +9,7 @@ server that answers with bytes that are not RESP gets the link dropped.
 
 import hashlib
 import json
+import queue
 import socket
 import threading
 import time
@@ -395,3 +396,141 @@ def test_a_hung_server_under_steady_strict_traffic_is_found_within_the_timeout(h
 
 
 test_a_hung_server_under_steady_strict_traffic_is_found_within_the_timeout.timeout = 40
+
+
+class DelayProxy:
+    """A loopback proxy to a Redis that holds every reply `delay` seconds
+    before passing it on (commands go through at once): a server far away,
+    answering in order."""
+
+    def __init__(self, port, delay):
+        self.upstream, self.delay = port, delay
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((HOST, 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.conns = []
+        self.stop = False
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while not self.stop:
+            try:
+                c, _ = self.sock.accept()
+                u = socket.create_connection((HOST, self.upstream))
+            except OSError:
+                return
+            # each write goes out at once, as Redis's own do (TCP_NODELAY)
+            for s in (c, u):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.conns += [c, u]
+            threading.Thread(target=self.pipe, args=(c, u, 0), daemon=True).start()
+            threading.Thread(target=self.pipe, args=(u, c, self.delay), daemon=True).start()
+
+    def pipe(self, src, dst, delay):
+        # replies are passed on in order, each `delay` after it came
+        held = queue.Queue()
+
+        def write():
+            while True:
+                due, data = held.get()
+                if data is None:
+                    break
+                time.sleep(max(0.0, due - time.monotonic()))
+                try:
+                    dst.sendall(data)
+                except OSError:
+                    break
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                held.put((time.monotonic() + delay, data))
+        except OSError:
+            pass
+        finally:
+            held.put((0.0, None))
+            writer.join(delay + 5)
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.stop = True
+        self.sock.close()
+        for c in self.conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+def test_a_slow_link_with_calls_always_out_is_kept(h):
+    """Every reply held 60 ms on its way back, timeout=100ms, and four
+    clients sending strict requests without a pause: the link always has
+    calls out, and answers come every few ms. nginx does not move a timer
+    by less than 300 ms, so a timer put off by each answer would still
+    fire 100 ms after the first call and drop a healthy link; the link
+    measures its stall from its last answer instead, and stays, with every
+    request decided by Redis within its wait."""
+    r = h.redis()
+    proxy = DelayProxy(r.port, 0.06)
+    try:
+        http = ("    redis_ratelimit_zone $arg_k zone=s:1m redis=redis://%s:%d timeout=100ms;\n"
+                % (HOST, proxy.port))
+        server = ("        location = /strict { redis_ratelimit s 100r/m strict; }\n"
+                  "        location = /metrics { redis_ratelimit_metrics; }\n")
+        n = h.nginx(http, server, files={"strict": "ok\n"})
+        h.check(wait_for(lambda: len(links(r)) == 1, 5.0), "a link")
+        first = [c["id"] for c in links(r)]
+        # Redis learns the script first (a first call through the thread
+        # takes more round trips than timeout= allows here)
+        for _ in range(20):
+            t0 = time.monotonic()
+            n.get("/strict?k=" + h.key("warm"), timeout=5.0)
+            if time.monotonic() - t0 < 0.095:
+                break
+        before = strict_figures(n)
+        results = []
+
+        def client(i):
+            end, j = time.monotonic() + 2.0, 0
+            while time.monotonic() < end:
+                t0 = time.monotonic()
+                k = "slow%d-%d" % (i, j)
+                st = n.get("/strict?k=" + h.key(k), timeout=5.0)[0]
+                results.append((st, time.monotonic() - t0, k))
+                j += 1
+
+        ts = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(15)
+        fig = strict_figures(n)
+        waited = sorted(el for _, el, _ in results)
+        counted = sum(count(r, h.key(k)) for _, _, k in results)
+        h.note("%d requests, waited %.0f to %.0f ms (median %.0f), %d counted in Redis; "
+               "strict figures %s before, %s after"
+               % (len(results), waited[0] * 1000, waited[-1] * 1000,
+                  waited[len(waited) // 2] * 1000, counted, before, fig))
+        h.check(len(results) >= 40, "traffic went on: %d requests" % len(results))
+        h.check(all(st == 200 for st, _, _ in results), "every request allowed")
+        h.check(waited[0] >= 0.055 and waited[-1] < 0.095,
+                "each waited for its held answer, none for timeout=")
+        h.check(fig["timeouts"] == before["timeouts"], "none was decided by on_error")
+        h.check(counted == len(results), "each counted once in Redis")
+        h.check("no answer within timeout=" not in n.error_log_text(), "the link was not dropped")
+        h.check([c["id"] for c in links(r)] == first, "the same link throughout")
+    finally:
+        proxy.close()
+
+
+test_a_slow_link_with_calls_always_out_is_kept.timeout = 40
