@@ -98,7 +98,7 @@ def share_figures(port):
 def commands(redis):
     """Total calls of every command but INFO itself, from commandstats
     (commands a script runs count too: an EVALSHA of strict mode is itself,
-    its MGET and, when it allows, its INCRBY)."""
+    its MGET (one a call) and, per key it allows, an INCRBY)."""
     return sum(int(d.get("calls", 0)) for c, d in redis.commandstats().items() if c != "info")
 
 

@@ -8,6 +8,11 @@
 -- fails (a counter that is not an integer, an INCRBY refused) counts
 -- nothing and answers cur -1, and the others go on; a call of one group
 -- answers the error itself.
+-- One MGET reads every group's windows (in a cluster a call holds one
+-- group, whose two windows share a slot): one command a call, not one a
+-- group. A counter that an earlier group of the call wrote (two limits of
+-- one key, or a window that is a later group's previous one) is read as
+-- that group left it.
 -- The groups of a call mostly share a limit, a period and a window, which
 -- are then converted once; most costs and counts are 1, compared as
 -- strings before they are converted (Lua keeps one copy of each string, so
@@ -22,6 +27,8 @@ local out = {}
 local j = 0
 local a = 2
 local p, left, cap, ttl
+local counts = redis.call('MGET', unpack(KEYS))
+local wrote = {}
 for g = 1, #KEYS, 2 do
   if ARGV[a] == '=' then
     -- one argument where the four were: n at a + 1
@@ -35,9 +42,8 @@ for g = 1, #KEYS, 2 do
   end
   local n = ARGV[a + 4]
   if n == '1' then n = 1 else n = tonumber(n) end
-  local both = redis.call('MGET', KEYS[g], KEYS[g + 1])
-  local cur = tonumber(both[1] or 0)
-  local prev = tonumber(both[2] or 0)
+  local cur = tonumber(wrote[KEYS[g]] or counts[g] or 0)
+  local prev = tonumber(wrote[KEYS[g + 1]] or counts[g + 1] or 0)
   local err
   if not cur or not prev or cur < 0 or prev < 0 or cur % 1 ~= 0 or prev % 1 ~= 0 then
     err = redis.error_reply('ERR redis_ratelimit: the counter is not an integer')
@@ -78,6 +84,7 @@ for g = 1, #KEYS, 2 do
           redis.call('EXPIRE', KEYS[g], ttl)
         end
         cur = r
+        wrote[KEYS[g]] = r
       end
     end
   end

@@ -70,15 +70,19 @@ pub const MAX_ANSWER: usize = 4096;
 /// key's requests. `KEYS` two per group: the current window's counter,
 /// then the previous one's. `ARGV[1]` is 1 when some request has a
 /// deadline (`TIME` is then read once, before any write: Redis before 5
-/// needs its effects replicated to allow that); then per group: limit,
-/// period (ms), time into the window (ms), TTL (s), the number of
-/// requests, and per request its cost and its deadline (ms in Redis's
-/// clock, 0: none, -1: counted whatever the estimate, `COUNTED`).
+/// needs its effects replicated to allow that); then per group: time into
+/// the window (ms), limit, period (ms), TTL (s) (or `SAME`: those of the
+/// group before), the number of requests, and per request its cost and
+/// its deadline (ms in Redis's clock, 0: none, -1: counted whatever the
+/// estimate, `COUNTED`).
 ///
 /// Answers per group `cur, prev, a1, a2, ...` in one flat array, with `ai`
 /// 1 when request `i` is allowed (and counted), 0 when it is not, 2 when
-/// the script ran after its deadline (neither). One `MGET` reads a group's
-/// windows (the same slot). A group whose counter holds something else
+/// the script ran after its deadline (neither). One `MGET` reads every
+/// group's windows (a cluster's call has one group, whose windows share
+/// a slot); a group reads a counter an earlier group of the call wrote as
+/// that group left it (two limits of one key, or a window that is the
+/// next one's previous). A group whose counter holds something else
 /// than an integer, or whose `INCRBY` fails (`WRONGTYPE`: a key of another
 /// type reads as nil for `MGET`), counts nothing and answers `cur` -1, and
 /// the call's other groups go on; a call of one group answers the error

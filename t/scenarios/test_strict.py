@@ -469,15 +469,17 @@ SCRIPT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..
 
 def run_script(r, groups, timed=False, same=False):
     """One call of the strict script (its text, with EVAL) for `groups`:
-    each (key, limit, period_s, elapsed_ms, [(cost, deadline), ...]), the
-    key's windows starting at 6000 s and 5940 s. `same`: a group of the
-    same limit, period and time into the window as the one before it says
-    so by '=' (as the module writes it)."""
+    each (key, limit, period_s, elapsed_ms, [(cost, deadline), ...]) and
+    optionally the start of its window (s, 6000 unless given: the key's
+    windows start at 6000 s and 5940 s). `same`: a group of the same
+    limit, period and time into the window as the one before it says so by
+    '=' (as the module writes it)."""
     with open(SCRIPT_FILE) as f:
         script = f.read()
     keys, args, before = [], ["1" if timed else "0"], None
-    for key, limit, period, elapsed, reqs in groups:
-        keys += ["%s:6000" % key, "%s:5940" % key]
+    for key, limit, period, elapsed, reqs, *start in groups:
+        start = start[0] if start else 6000
+        keys += ["%s:%d" % (key, start), "%s:%d" % (key, start - period)]
         four = [elapsed, limit, period * 1000, 2 * period]
         args += ["="] if same and four == before else four
         before = four
@@ -548,3 +550,16 @@ def test_one_script_call_decides_several_keys_and_fails_a_key_alone(h):
             % (got,))
     ttl_f = int(r.cmd("TTL", f + ":6000"))
     h.check(100 < ttl_f <= 120, "and the TTL of the group before: %d" % ttl_f)
+    # one read for the call, and a counter an earlier group of the call
+    # wrote read as it left it: two limits of one key (2 of 2, then 1 more
+    # of 3), and a window that is the next group's previous one (2 in the
+    # window before weigh 2 at the start of the next: 1 more of 3)
+    t = "{%s}" % h.key("tiers")
+    got = run_script(r, [(t, 2, 60, 0, [(1, 0), (1, 0)]), (t, 3, 60, 0, [(1, 0), (1, 0)])])
+    h.check(got == [2, 0, 1, 1, 3, 0, 1, 0], "two limits of one key in one call: %s" % (got,))
+    h.check(r.cmd("GET", t + ":6000") == "3", "counted 3")
+    w = "{%s}" % h.key("windows")
+    got = run_script(r, [(w, 5, 60, 59000, [(1, 0), (1, 0)], 5940),
+                         (w, 3, 60, 0, [(1, 0), (1, 0)])])
+    h.check(got == [2, 0, 1, 1, 1, 2, 1, 0], "a window and the next one in one call: %s" % (got,))
+    h.check([r.cmd("GET", w + ":%d" % s) for s in (5940, 6000)] == ["2", "1"], "counted 2 and 1")
