@@ -287,17 +287,18 @@ pub enum Reply {
 /// holds only part of the reply, else the reply and the bytes it took.
 pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
     let other = || Ok(parse(buf)?.map(|(v, n)| (Reply::Other(v), n)));
-    if buf.first() == Some(&b'*') {
-        let mut at = 0;
-        let Some(head) = line(buf, &mut at)? else {
-            return Ok(None);
-        };
-        if let Some(n) = length(&head[1..], MAX_ARRAY)? {
+    // an array's head read as an integer line is (`*` for `:`); a head
+    // that is not one (a nil array, a partial line) goes to `parse`
+    if let (Some(b'*'), Some((n, mut at))) = (buf.first(), short_int(buf, 1)) {
+        if let Ok(n @ 0..=MAX_ARRAY) = usize::try_from(n) {
             // room for the whole array at once (a call of several keys
             // answers three or more integers a key), never more than the
             // bytes at hand can hold (`:0\r\n` is the shortest element)
             let room = n.min(4096).min(buf.len().saturating_sub(at) / 4);
-            let mut ints = smallvec::SmallVec::with_capacity(room);
+            let mut ints = smallvec::SmallVec::new();
+            if room > ints.inline_size() {
+                ints.reserve_exact(room);
+            }
             while ints.len() < n {
                 match buf.get(at) {
                     Some(b':') => {}

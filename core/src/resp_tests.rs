@@ -132,8 +132,11 @@ fn as_parse(bytes: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
 
 #[test]
 fn replies_read_as_parse_reads_them_integer_arrays_as_integers() {
-    let replies: [&[u8]; 18] = [
+    let replies: [&[u8]; 21] = [
         b"*2\r\n:999999999999999999\r\n:1000000000000000000\r\n",
+        b"*01\r\n:5\r\n",
+        b"*65536\r\n",
+        b"*9\r\n:1\r\n:2\r\n:3\r\n:4\r\n:5\r\n:6\r\n:7\r\n:8\r\n:9\r\n",
         b"*1\r\n:007\r\n",
         b"*1\r\n:7\rx\n",
         b"*1\r\n:7\n",

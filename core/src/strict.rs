@@ -459,11 +459,11 @@ pub fn parse_answer(values: &[i64], requests: usize) -> Option<Answer> {
     {
         return None;
     }
-    Some(Answer {
-        cur: cur as u64,
-        prev: prev as u64,
-        allowed: flags.iter().map(|&f| (f != 2).then_some(f == 1)).collect(),
-    })
+    let mut allowed = smallvec::SmallVec::new();
+    for &f in flags {
+        allowed.push((f != 2).then_some(f == 1));
+    }
+    Some(Answer { cur: cur as u64, prev: prev as u64, allowed })
 }
 
 /// The script's decision in Rust, with the same arithmetic: for counts
