@@ -4,7 +4,8 @@ on the request's path). The link is named in CLIENT LIST; a link killed
 under traffic loses and doubles nothing (the thread takes the calls, a new
 link follows); a server that forgot the script (SCRIPT FLUSH) answers
 NOSCRIPT, and those calls go through the thread, which loads it again; a
-server that answers with bytes that are not RESP gets the link dropped.
+server that answers with bytes that are not RESP gets the link dropped; a
+server far away (every reply held back) keeps its link while it answers.
 """
 
 import hashlib
