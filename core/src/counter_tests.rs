@@ -440,3 +440,34 @@ fn a_breaker_opening_is_counted_once_per_key_and_window() {
     e.window = 0;
     assert!(opened(&mut e), "window 0 is a window like any other");
 }
+
+#[test]
+fn the_usual_round_trip_is_the_shortest_of_the_last_seconds() {
+    let mut rt = RoundTrip::default();
+    assert_eq!(rt.usual_us(), 0, "none yet");
+    rt.add(300, 10);
+    rt.add(280, 20);
+    // a stall: a long round trip does not move it
+    rt.add(40_000, 60);
+    assert_eq!(rt.usual_us(), 280);
+    assert_eq!(stale_after_ms(rt.usual_us()), STALE_MIN_MS, "the least wait");
+    // the next slot opens with a stall: the last slot's shortest holds
+    rt.add(40_000, 1_100);
+    assert_eq!(rt.usual_us(), 280);
+    rt.add(290, 1_200);
+    // after a pause in the traffic, the first exchange meets a stall
+    rt.add(35_000, 60_000);
+    assert_eq!(rt.usual_us(), 290);
+    // a Redis slower for good is followed within two slots
+    let mut slow = RoundTrip::default();
+    slow.add(300, 0);
+    for t in (1_000..3_100).step_by(100) {
+        slow.add(20_000, t);
+    }
+    assert_eq!(slow.usual_us(), 20_000);
+    assert_eq!(stale_after_ms(slow.usual_us()), 40, "two round trips");
+    // a round trip under 1 µs counts as one (0 is none)
+    let mut fast = RoundTrip::default();
+    fast.add(0, 5);
+    assert_eq!(fast.usual_us(), 1);
+}

@@ -103,13 +103,10 @@ impl Backend {
         let (replies, broken) = conn.exec(cmds, node, stop_at, &readback);
         let now = Instant::now();
         let rtt_us = now.saturating_duration_since(sent_at).as_micros() as u64;
-        // slow to rise, quick to fall: a stall is what the worker must
-        // notice (`Channel::stale_ms`), not part of the round trip
-        self.rtt_us = match self.rtt_us {
-            0 => rtt_us,
-            old if rtt_us > old => old + (rtt_us - old) / 16,
-            old => (old + rtt_us) / 2,
-        };
+        // the shortest of the last seconds: a stall is what the worker
+        // must notice (`Channel::stale_ms`), not part of the round trip
+        let at_ms = now.saturating_duration_since(self.born).as_millis() as u64;
+        self.rtt.add(rtt_us, at_ms);
         if let Some(st) = self.stats() {
             st.pipeline(cmds.len(), rtt_us);
         }

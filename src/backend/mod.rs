@@ -74,7 +74,7 @@ pub struct Channel {
     up: Vec<AtomicBool>,
     /// Per zone index: how long (ms) a key's increments may wait for an
     /// answer before the node's view of the key counts as stale
-    /// (`counter::stale_after_ms` of the zone's recent round trip).
+    /// (`counter::stale_after_ms` of the zone's usual round trip).
     stale_ms: Vec<AtomicU32>,
     /// Per zone index: the nodes that counted through its Redis lately
     /// (`on_error=share`; 0: not known).
@@ -313,7 +313,7 @@ pub(super) fn show_health(ch: &Channel, b: &Backend) {
         n.store(b.fleet.nodes, Ordering::Relaxed);
     }
     if let Some(s) = ch.stale_ms.get(b.zone() as usize) {
-        let ms = counter::stale_after_ms(b.rtt_us);
+        let ms = counter::stale_after_ms(b.rtt.usual_us());
         s.store(u32::try_from(ms).unwrap_or(u32::MAX), Ordering::Relaxed);
     }
     if let Some(st) = b.stats() {

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ratelimit_core::batch::{Item, ItemMap};
+use ratelimit_core::counter::RoundTrip;
 use ratelimit_core::health::{Budget, Health, LogGate};
 use ratelimit_core::slots::Topology;
 use ratelimit_core::stats::Stats;
@@ -106,10 +107,11 @@ pub struct Backend {
     /// Redis refused `SET` to this user (`NOPERM`): counters are made by
     /// `INCRBY` only.
     pub(super) set_refused: bool,
-    /// The recent round trip of a flush (µs, a moving average, slow to
-    /// rise; 0: none yet): how long the worker may wait for an answer
+    /// The usual round trip of a flush (`counter::RoundTrip`, slots timed
+    /// from `born`): how long the worker may wait for an answer
     /// (`Channel::stale_ms`).
-    pub(super) rtt_us: u64,
+    pub(super) rtt: RoundTrip,
+    pub(super) born: Instant,
     /// The nodes counting the zone through this Redis (`on_error=share`).
     pub(super) fleet: Fleet,
 }
@@ -159,7 +161,8 @@ impl Backend {
             link_backoff: Duration::from_secs(1),
             first: FirstCounts::default(),
             set_refused: false,
-            rtt_us: 0,
+            rtt: RoundTrip::default(),
+            born: now,
             fleet: Fleet::new(now),
         }
     }

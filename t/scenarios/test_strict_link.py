@@ -212,10 +212,9 @@ def test_a_server_that_forgot_the_script_answers_through_the_thread(h):
             "the same link goes on: %s" % more)
 
 
-class FakeRedis:
-    """A loopback server that speaks enough RESP for the module's
-    handshakes (PING, CLIENT, SELECT, AUTH: OK; ROLE: master; SCRIPT LOAD:
-    the script's SHA1) and answers every EVALSHA with bytes that are not RESP at all."""
+class Loopback:
+    """A server on a loopback port that serves each connection in a thread
+    of its own (`serve`); `close` ends them all."""
 
     def __init__(self):
         self.sock = socket.socket()
@@ -223,8 +222,6 @@ class FakeRedis:
         self.sock.bind((HOST, 0))
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
-        self.names = 0
-        self.evalsha = 0
         self.conns = []
         self.stop = False
         threading.Thread(target=self.accept, daemon=True).start()
@@ -237,6 +234,29 @@ class FakeRedis:
                 return
             self.conns.append(c)
             threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+
+    def serve(self, c):
+        raise NotImplementedError
+
+    def close(self):
+        self.stop = True
+        self.sock.close()
+        for c in self.conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+class FakeRedis(Loopback):
+    """A loopback server that speaks enough RESP for the module's
+    handshakes (PING, CLIENT, SELECT, AUTH: OK; ROLE: master; SCRIPT LOAD:
+    the script's SHA1) and answers every EVALSHA with bytes that are not RESP at all."""
+
+    def __init__(self):
+        self.names = 0
+        self.evalsha = 0
+        super().__init__()
 
     def serve(self, c):
         f = c.makefile("rb")
@@ -268,15 +288,6 @@ class FakeRedis:
             return
         finally:
             c.close()
-
-    def close(self):
-        self.stop = True
-        self.sock.close()
-        for c in self.conns:
-            try:
-                c.close()
-            except OSError:
-                pass
 
 
 def test_a_link_that_reads_garbage_is_dropped(h):
@@ -399,35 +410,27 @@ def test_a_hung_server_under_steady_strict_traffic_is_found_within_the_timeout(h
 test_a_hung_server_under_steady_strict_traffic_is_found_within_the_timeout.timeout = 40
 
 
-class DelayProxy:
+class DelayProxy(Loopback):
     """A loopback proxy to a Redis that holds every reply `delay` seconds
     before passing it on (commands go through at once): a server far away,
     answering in order."""
 
     def __init__(self, port, delay):
         self.upstream, self.delay = port, delay
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((HOST, 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.conns = []
-        self.stop = False
-        threading.Thread(target=self.accept, daemon=True).start()
+        super().__init__()
 
-    def accept(self):
-        while not self.stop:
-            try:
-                c, _ = self.sock.accept()
-                u = socket.create_connection((HOST, self.upstream))
-            except OSError:
-                return
-            # each write goes out at once, as Redis's own do (TCP_NODELAY)
-            for s in (c, u):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.conns += [c, u]
-            threading.Thread(target=self.pipe, args=(c, u, 0), daemon=True).start()
-            threading.Thread(target=self.pipe, args=(u, c, self.delay), daemon=True).start()
+    def serve(self, c):
+        try:
+            u = socket.create_connection((HOST, self.upstream))
+        except OSError:
+            c.close()
+            return
+        # each write goes out at once, as Redis's own do (TCP_NODELAY)
+        for s in (c, u):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conns.append(u)
+        threading.Thread(target=self.pipe, args=(c, u, 0), daemon=True).start()
+        self.pipe(u, c, self.delay)
 
     def pipe(self, src, dst, delay):
         # replies are passed on in order, each `delay` after it came
@@ -462,15 +465,6 @@ class DelayProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-
-    def close(self):
-        self.stop = True
-        self.sock.close()
-        for c in self.conns:
-            try:
-                c.close()
-            except OSError:
-                pass
 
 
 def test_a_slow_link_with_calls_always_out_is_kept(h):
