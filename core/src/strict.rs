@@ -180,9 +180,8 @@ impl Group<'_> {
     }
 }
 
-/// Text a writer keeps from call to call: the calls of a link mostly have
-/// one rate and one window, whose numbers are then written once and copied
-/// after.
+/// Text a writer keeps from call to call: a link's calls mostly have one
+/// rate and one window, whose numbers are written once and copied after.
 #[derive(Debug, Default)]
 pub struct Texts {
     /// The rate (limit, period) of `rate_text`; `None`: none yet.
