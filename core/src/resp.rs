@@ -223,14 +223,6 @@ impl<'a> Writer<'a> {
         self.out.extend_from_within(from..to);
     }
 
-    /// `n` in decimal.
-    #[inline(always)]
-    pub fn decimal(&mut self, n: u64) {
-        let mut d = [0u8; 20];
-        let at = decimal(&mut d, 20, n);
-        self.put(&d[at..]);
-    }
-
     /// An array's header (`*n`), in one copy.
     #[inline(always)]
     pub fn array(&mut self, n: usize) {

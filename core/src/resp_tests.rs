@@ -15,9 +15,14 @@ fn commands_are_arrays_of_bulk_strings() {
         Writer::new(&mut b, 0).bulk_u64(n);
         bulk(&mut want, n.to_string().as_bytes());
         assert_eq!(b, want, "{n}");
-        let mut b = b"x".to_vec();
-        Writer::new(&mut b, 0).decimal(n);
-        assert_eq!(&b[1..], n.to_string().as_bytes(), "{n}");
+        // heads as the appending functions write them
+        let (mut b, mut want) = (b"x".to_vec(), b"x".to_vec());
+        let mut w = Writer::new(&mut b, 0);
+        w.array(n as usize);
+        w.bulk_head(n as usize);
+        array(&mut want, n as usize);
+        bulk_head(&mut want, n as usize);
+        assert_eq!(b, want, "{n}");
     }
 }
 
@@ -33,7 +38,7 @@ fn a_writer_writes_what_the_appending_functions_do_whatever_its_room() {
             w.bulk_u64(0);
             w.bulk_u64(u64::MAX);
             let from = w.mark();
-            w.decimal(1234567);
+            w.put(b"1234567");
             let to = w.mark();
             w.again(from, to);
         }

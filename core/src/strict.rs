@@ -356,30 +356,14 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
                     texts.rate = Some((g.limit, g.period));
                 }
             }
-            if let [c @ 0..=9] = g.costs {
-                // one request of a one-digit cost (as a rule): the number
-                // of requests and the cost in one copy, then the deadline
-                let d = g.deadlines.first().copied().unwrap_or(0);
-                let cost = b'0' + *c as u8;
-                w.put(&[
-                    b'$', b'1', b'\r', b'\n', b'1', b'\r', b'\n', b'$', b'1', b'\r', b'\n', cost,
-                    b'\r', b'\n',
-                ]);
-                argument(&mut w, redis_deadline(d, self.clock_offset_ms));
-                continue;
-            }
-            g.request_args(self.clock_offset_ms, |n| argument(&mut w, n));
+            g.request_args(self.clock_offset_ms, |n| {
+                if n == COUNTED {
+                    w.put(b"$2\r\n-1\r\n");
+                } else {
+                    w.bulk_u64(n);
+                }
+            });
         }
-    }
-}
-
-/// A request's number written as an argument (`COUNTED`: `-1`).
-#[inline(always)]
-fn argument(w: &mut resp::Writer, n: u64) {
-    if n == COUNTED {
-        w.put(b"$2\r\n-1\r\n");
-    } else {
-        w.bulk_u64(n);
     }
 }
 
