@@ -136,6 +136,13 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         self.calls.front().map(|c| c.1)
     }
 
+    /// Whether what waits is to be written now rather than at the end of
+    /// the turn: `early` groups can be written (their keys have no call
+    /// out) and fewer than `max_out` calls are out.
+    pub fn write_early(&self, early: usize, max_out: usize) -> bool {
+        self.ready.len() >= early && self.calls.len() < max_out
+    }
+
     /// Some call is out.
     pub fn in_flight(&self) -> bool {
         !self.calls.is_empty()
@@ -176,6 +183,38 @@ mod tests {
         let got: Option<Vec<Vec<u32>>> = c.answered().map(|(gs, _)| gs.collect());
         assert_eq!(got.clone().unwrap_or_default(), peeked, "oldest() shows what answered() takes");
         got
+    }
+
+    #[test]
+    fn what_waits_is_written_early_once_enough_keys_can_go_and_few_calls_are_out() {
+        let mut c = C::default();
+        for k in 0..2 {
+            c.waiting(k, Vec::new).push(k);
+        }
+        assert!(!c.write_early(3, 2), "two keys can go, three are needed");
+        // more requests of a key that waits already: still two keys
+        c.waiting(1, Vec::new).push(10);
+        assert!(!c.write_early(3, 2));
+        c.waiting(2, Vec::new).push(2);
+        assert!(c.write_early(3, 2), "three keys, no call out");
+        assert_eq!(write(&mut c, 32).len(), 1);
+        assert!(!c.write_early(1, 2), "nothing waits");
+        // keys whose call is out wait behind it: they cannot go
+        for k in 0..3 {
+            c.waiting(k, Vec::new).push(k);
+        }
+        assert!(!c.write_early(3, 2), "three wait, none can go");
+        for k in 3..6 {
+            c.waiting(k, Vec::new).push(k);
+        }
+        assert!(c.write_early(3, 2), "three can go, one call out");
+        assert_eq!(write(&mut c, 32).len(), 1);
+        for k in 6..9 {
+            c.waiting(k, Vec::new).push(k);
+        }
+        assert!(!c.write_early(3, 2), "two calls out: the end of the turn");
+        assert!(answer(&mut c).is_some());
+        assert!(c.write_early(3, 2), "one answered");
     }
 
     #[test]

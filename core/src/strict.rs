@@ -61,6 +61,20 @@ pub const SAME: &[u8] = b"=";
 /// µs per group.
 pub const MAX_GROUPS: usize = 32;
 
+/// A worker's strict link writes what waits once this many keys can go
+/// (their keys have no call out), not at the end of the event loop's
+/// turn: a turn that reads many requests would otherwise hold the first
+/// one's call back for all the others, whose reading and answering takes
+/// longer than a round trip to a Redis nearby. Six keys share a call's
+/// fixed cost (a `send()`, Redis's reading and answering of one call).
+pub const EARLY_GROUPS: usize = 6;
+
+/// ... while fewer than this many calls are out: a link with this many
+/// out is waiting for a Redis that is slow or busy, and what waits goes
+/// at the end of the turn, in calls as large as can be, which cost Redis
+/// less a key.
+pub const EARLY_MAX_OUT: usize = 8;
+
 /// The most integers one call's answer holds (two per group and one per
 /// request), well within a reply's bounds (`resp::MAX_ARRAY`); a group
 /// goes whole, however many requests it has.

@@ -10,12 +10,15 @@ server far away (every reply held back) keeps its link while it answers.
 
 import hashlib
 import json
+import os
 import queue
+import signal
 import socket
 import threading
 import time
 
 from harness import HOST, wait_for
+from servers import HttpConn
 
 LINK_NAME = "ngx_redis_ratelimit_strict"
 
@@ -83,6 +86,46 @@ def test_strict_calls_go_down_the_workers_own_link(h):
     h.check(set(by_name) == {LINK_NAME}, "EVALSHA ran on the links only: %s" % by_name)
     h.check(len(links(r)) == 2, "still one link per worker")
     h.check(strict_figures(n)["timeouts"] == 0, "no strict request was decided by on_error")
+
+
+def test_a_long_turn_writes_calls_early_while_few_are_out(h):
+    """60 requests on 60 keys read in one turn of the event loop (the
+    worker stopped while they come, then let go): a call goes out as soon
+    as six keys can go, not at the end of the turn, while fewer than eight
+    calls are out; the twelve keys read after that go in one call at the
+    end of the turn. 9 script calls: 8 of 6 keys, 1 of 12 (1 call if every
+    key waited for the end of the turn, 10 without the bound on calls
+    out); each key counted once."""
+    r = h.redis()
+    n = h.nginx(HTTP % (r.url, r.url), SERVER, files=FILES)
+    h.check(wait_for(lambda: len(links(r)) == 1, 3.0), "a link: %s" % links(r))
+    h.wait_minute_room(10)
+    conns = [HttpConn(n.port, timeout=5.0, nodelay=True) for _ in range(60)]
+    pid = None
+    try:
+        for i, c in enumerate(conns):
+            h.check(c.get("/strict?k=" + h.key("warm%d" % i)).status == 200, "warm-up %d" % i)
+        pid = next(iter(n.worker_pids()))
+        before = calls(r, "evalsha")
+        os.kill(pid, signal.SIGSTOP)
+        keys = [h.key("turn%d" % i) for i in range(60)]
+        for c, k in zip(conns, keys):
+            c.send(b"GET /strict?k=%s HTTP/1.1\r\nHost: x\r\n\r\n" % k.encode())
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGCONT)
+        pid = None
+        sts = [c.read().status for c in conns]
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        for c in conns:
+            c.close()
+    evalsha = calls(r, "evalsha") - before
+    counts = [count(r, k) for k in keys]
+    h.note("60 requests read in one turn: %d script calls; statuses %s" % (evalsha, set(sts)))
+    h.check(sts == [200] * 60, "all pass: %s" % sts)
+    h.check(evalsha == 9, "8 early calls of 6 keys, then one of 12: %d calls" % evalsha)
+    h.check(counts == [1] * 60, "each key counted once: %s" % counts)
 
 
 def test_keys_of_another_type_among_many_fail_alone(h):

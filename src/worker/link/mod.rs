@@ -8,9 +8,13 @@
 //!
 //! - Requests of one key that wait together share one call; while a key's
 //!   call is out, its new requests wait for the answer and go together in
-//!   the next call. What waits is written once per turn of the event loop
-//!   (a posted event), so a burst costs one `send()`, and the keys written
-//!   together share calls (up to `strict::MAX_GROUPS` a call): one answer
+//!   the next call. What waits is written at the end of the event loop's
+//!   turn (a posted event), as soon as `strict::EARLY_GROUPS` keys can go
+//!   while few calls are out (a long turn does not hold back the calls of
+//!   the requests it read first), and right after an answer is applied,
+//!   before the requests it woke are answered (what waited behind it does
+//!   not wait for their responses too); the keys written together share
+//!   calls (up to `strict::MAX_GROUPS` a call): one `send()`, one answer
 //!   for all, cut per key.
 //! - Each answer is applied as the thread's would be (`strict_answered`).
 //! - An error reply (the script unknown to the server, a counter that is
@@ -192,7 +196,11 @@ pub fn send(ch: &Channel, asks: impl IntoIterator<Item = StrictAsk>) {
         let (ticket, cost, deadline_ms) = (a.ticket, a.cost, a.deadline_ms);
         let group = link.calls.waiting((a.id, a.limit), || StrictGroup::from(a));
         group.push(ticket, cost, deadline_ms);
-        link.post_flush();
+        if link.calls.write_early(strict::EARLY_GROUPS, strict::EARLY_MAX_OUT) {
+            link.write_waiting();
+        } else {
+            link.post_flush();
+        }
     }
     if !rest.is_empty() {
         ch.push_strict(rest);
@@ -423,7 +431,7 @@ impl Link {
         }
         self.arm();
         if self.calls.has_waiting() {
-            self.post_flush();
+            self.write_waiting();
         }
     }
 
