@@ -6,6 +6,8 @@ link follows); a server that forgot the script (SCRIPT FLUSH) answers
 NOSCRIPT, and those calls go through the thread, which loads it again; a
 server that answers with bytes that are not RESP gets the link dropped; a
 server far away (every reply held back) keeps its link while it answers.
+A turn of the event loop that reads many requests sends their calls as
+it goes, not all at its end.
 """
 
 import hashlib
@@ -17,7 +19,7 @@ import socket
 import threading
 import time
 
-from harness import HOST, wait_for
+from harness import HOST, proc_stat, wait_for
 from servers import HttpConn
 
 LINK_NAME = "ngx_redis_ratelimit_strict"
@@ -108,6 +110,7 @@ def test_a_long_turn_writes_calls_early_while_few_are_out(h):
         pid = next(iter(n.worker_pids()))
         before = calls(r, "evalsha")
         os.kill(pid, signal.SIGSTOP)
+        h.check(wait_for(lambda: (proc_stat(pid) or ("?",))[0] == "T", 3.0), "worker stopped")
         keys = [h.key("turn%d" % i) for i in range(60)]
         for c, k in zip(conns, keys):
             c.send(b"GET /strict?k=%s HTTP/1.1\r\nHost: x\r\n\r\n" % k.encode())
