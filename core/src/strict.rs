@@ -69,10 +69,10 @@ pub const MAX_GROUPS: usize = 32;
 /// fixed cost (a `send()`, Redis's reading and answering of one call).
 pub const EARLY_GROUPS: usize = 6;
 
-/// ... while fewer than this many calls are out: a link with this many
-/// out is waiting for a Redis that is slow or busy, and what waits goes
-/// at the end of the turn, in calls as large as can be, which cost Redis
-/// less a key.
+/// A link writes early (`EARLY_GROUPS`) only while fewer than this many
+/// calls are out: a link with this many out is waiting for a Redis that
+/// is slow or busy, and what waits goes at the end of the turn, in
+/// calls as large as can be, which cost Redis less a key.
 pub const EARLY_MAX_OUT: usize = 8;
 
 /// The most integers one call's answer holds (two per group and one per
