@@ -71,13 +71,29 @@ pub fn decide(
     if let [one @ Ask { strict: Strict::No, .. }] = asks {
         // the common case, without the bookkeeping for several zones and
         // shared entries
-        return decide_one(mcf, one, now, take, log);
+        return Ok(decide_one(mcf, one, now, take, log)?.0);
     }
+    Ok(decide_other(mcf, asks, now, take, log)?.0)
+}
+
+/// Each ask's entry id (what Redis's answers name it by), in order.
+pub type Ids = SmallVec<[[u64; 2]; INLINE]>;
+
+/// `decide`, with each ask's entry id, found as it decided (a strict
+/// request's check before its wait: its script calls name the entries).
+pub fn decide_with_ids(
+    mcf: &MainConf,
+    asks: &[Ask<'_>],
+    now: u64,
+    take: Take,
+    log: *mut ngx_log_t,
+) -> Result<(Decision, Ids), NoZone> {
     decide_other(mcf, asks, now, take, log)
 }
 
 /// `decide` for one limit Redis decides, or several limits (out of line:
-/// the common case above stays small enough to be inlined).
+/// the common case above stays small enough to be inlined), with the
+/// asks' entry ids.
 #[inline(never)]
 fn decide_other(
     mcf: &MainConf,
@@ -85,16 +101,21 @@ fn decide_other(
     now: u64,
     take: Take,
     log: *mut ngx_log_t,
-) -> Result<Decision, NoZone> {
+) -> Result<(Decision, Ids), NoZone> {
     match asks {
         // one limit Redis decides (checked before its wait, and again
         // with the verdict)
-        [one] => decide_one(mcf, one, now, take, log),
+        [one] => {
+            let (d, id) = decide_one(mcf, one, now, take, log)?;
+            let mut ids = Ids::new();
+            ids.push(id);
+            Ok((d, ids))
+        }
         _ => decide_many(mcf, asks, now, take, log),
     }
 }
 
-/// `decide` for one limit: one lock, one entry.
+/// `decide` for one limit: one lock, one entry (and its id).
 #[inline(always)]
 fn decide_one(
     mcf: &MainConf,
@@ -102,7 +123,7 @@ fn decide_one(
     now: u64,
     take: Take,
     log: *mut ngx_log_t,
-) -> Result<Decision, NoZone> {
+) -> Result<(Decision, [u64; 2]), NoZone> {
     let channel = crate::worker::channel::channel();
     let (shared, id) = identify(mcf, a)?;
     let l = limit(mcf, a, 0, channel);
@@ -114,7 +135,7 @@ fn decide_one(
     if let (Some(ch), Some(p)) = (channel, push) {
         queue(mcf, ch, a, id, &p);
     }
-    Ok(d)
+    Ok((d, id))
 }
 
 /// Where an ask's entry is: which lock, which entry of that zone's table.
@@ -146,10 +167,10 @@ fn decide_many(
     now: u64,
     take: Take,
     log: *mut ngx_log_t,
-) -> Result<Decision, NoZone> {
+) -> Result<(Decision, Ids), NoZone> {
     let channel = crate::worker::channel::channel();
     let mut zones: SmallVec<[usize; INLINE]> = SmallVec::new();
-    let mut ids: SmallVec<[[u64; 2]; INLINE]> = SmallVec::new();
+    let mut ids = Ids::new();
     for a in asks {
         ids.push(identify(mcf, a)?.1);
         if !zones.contains(&a.zone) {
@@ -196,7 +217,7 @@ fn decide_many(
             queue(mcf, ch, &asks[p.limit_index], ids[p.limit_index], p);
         }
     }
-    Ok(d)
+    Ok((d, ids))
 }
 
 /// The decision for a request whose one limit Redis decided (`allowed`),

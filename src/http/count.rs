@@ -141,6 +141,6 @@ fn send_later(mcf: &MainConf, asks: &[Ask<'_>], now: u64) {
         });
     }
     if !sends.is_empty() {
-        crate::worker::link::send(ch, sends);
+        crate::worker::link::send(ch, sends.drain(..));
     }
 }

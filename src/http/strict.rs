@@ -139,7 +139,8 @@ pub(super) fn limit(
 
     // what this node knows first: a key over its limit needs no round trip
     let now = now_ms();
-    let d = engine::decide(mcf, asks, now, Take::Never, debug_log(r)).map_err(|_| ())?;
+    let (d, ids) =
+        engine::decide_with_ids(mcf, asks, now, Take::Never, debug_log(r)).map_err(|_| ())?;
     if !d.allowed {
         return finish(r, mcf, lcf, now, asks, &d);
     }
@@ -150,7 +151,9 @@ pub(super) fn limit(
     // the request waits as long as its slowest zone's timeout=: past it,
     // `on_error` decides, and a script that runs later counts nothing
     let mut timeout = 0;
-    for (k, (a, _)) in asks.iter().zip(wants).filter(|(_, w)| **w).enumerate() {
+    for (k, ((a, _), &entry)) in
+        asks.iter().zip(wants).zip(&ids).filter(|((_, w), _)| **w).enumerate()
+    {
         if a.strict != Strict::Before || k >= verdicts.len() {
             continue; // decided by `on_error`
         }
@@ -162,7 +165,7 @@ pub(super) fn limit(
             ticket: k as u64, // and the wait's base, once it is listed
             id: ItemId {
                 zone: a.zone as u32,
-                entry: crate::engine::entry_id(shared, a),
+                entry,
                 window: window_index(now, a.rate.period_ms()),
             },
             tag: redis_tag_inline(a.namespace, a.key),
@@ -192,7 +195,7 @@ pub(super) fn limit(
         s.ticket |= base;
         s.deadline_ms = now + timeout.max(1);
     }
-    crate::worker::link::send(ch, sends);
+    crate::worker::link::send(ch, sends.drain(..));
     Ok(NGX_AGAIN as ngx_int_t)
 }
 
