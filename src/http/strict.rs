@@ -151,18 +151,21 @@ pub(super) fn limit(
     // the request waits as long as its slowest zone's timeout=: past it,
     // `on_error` decides, and a script that runs later counts nothing
     let mut timeout = 0;
-    for (k, ((a, _), &entry)) in
-        asks.iter().zip(wants).zip(&ids).filter(|((_, w), _)| **w).enumerate()
-    {
-        if a.strict != Strict::Before || k >= verdicts.len() {
+    let mut k = 0;
+    for ((a, &want), &entry) in asks.iter().zip(wants).zip(&ids) {
+        if !want {
+            continue;
+        }
+        k += 1;
+        if a.strict != Strict::Before || k > verdicts.len() {
             continue; // decided by `on_error`
         }
         let z = mcf.zones.get(a.zone).ok_or(())?;
         let shared = z.shared.as_ref().ok_or(())?;
         timeout = z.params.as_ref().map_or(timeout, |p| timeout.max(p.timeout_ms));
-        verdicts[k] = Verdict::Waiting;
+        verdicts[k - 1] = Verdict::Waiting;
         sends.push(StrictAsk {
-            ticket: k as u64, // and the wait's base, once it is listed
+            ticket: k as u64 - 1, // and the wait's base, once it is listed
             id: ItemId {
                 zone: a.zone as u32,
                 entry,
