@@ -321,18 +321,22 @@ pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> 
 /// CRLF, all here, read in one pass; `None` for anything else (a sign, a
 /// longer number, a partial line, an error), which `line` and `number`
 /// then read as they read any line. The script's answers are such lines.
-#[inline]
+#[inline(always)]
 fn short_int(buf: &[u8], at: usize) -> Option<(i64, usize)> {
     let rest = buf.get(at..)?;
     let mut n: i64 = 0;
-    for (i, &b) in rest.iter().enumerate().take(19) {
-        match b {
-            b'0'..=b'9' if i < 18 => n = n * 10 + i64::from(b - b'0'),
-            b'\r' if i > 0 && rest.get(i + 1) == Some(&b'\n') => return Some((n, at + i + 2)),
-            _ => return None,
+    let mut i = 0;
+    while let Some(d) = rest.get(i).map(|b| b.wrapping_sub(b'0')).filter(|&d| d <= 9) {
+        if i == 18 {
+            return None;
         }
+        n = n * 10 + i64::from(d);
+        i += 1;
     }
-    None
+    match rest.get(i..i + 2) {
+        Some(b"\r\n") if i > 0 => Some((n, at + i + 2)),
+        _ => None,
+    }
 }
 
 /// A line without its CRLF, from `*at` (moved past it); `None`: not all
