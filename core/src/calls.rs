@@ -109,10 +109,11 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     }
 
     /// The oldest call out, answered (the connection answers in order):
-    /// its groups, and when it was written.
-    pub fn answered(&mut self) -> Option<(impl Iterator<Item = G> + '_, u64)> {
+    /// each of its groups handed to `f` in order, where it is (then
+    /// dropped); when it was written.
+    pub fn answered(&mut self, mut f: impl FnMut(&mut G)) -> Option<u64> {
         let (n, at) = self.calls.pop_front()?;
-        for (k, _) in self.flight.range(..n) {
+        for (k, g) in self.flight.range_mut(..n) {
             // one lookup: the key stays only while a group waits for it
             if let Entry::Occupied(mut e) = self.keys.entry(*k) {
                 if e.get().waiting.is_some() {
@@ -122,8 +123,10 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
                     e.remove();
                 }
             }
+            f(g);
         }
-        Some((self.flight.drain(..n).map(|(_, g)| g), at))
+        self.flight.drain(..n);
+        Some(at)
     }
 
     /// Something waits to be written.
@@ -180,7 +183,8 @@ mod tests {
     /// The oldest call's groups, answered.
     fn answer(c: &mut C) -> Option<Vec<Vec<u32>>> {
         let peeked: Vec<Vec<u32>> = c.oldest().cloned().collect();
-        let got: Option<Vec<Vec<u32>>> = c.answered().map(|(gs, _)| gs.collect());
+        let mut gs = Vec::new();
+        let got = c.answered(|g| gs.push(std::mem::take(g))).map(|_| gs);
         assert_eq!(got.clone().unwrap_or_default(), peeked, "oldest() shows what answered() takes");
         got
     }
@@ -226,9 +230,9 @@ mod tests {
         c.waiting(2, Vec::new).push(20);
         assert_eq!(c.write(9, 8, usize::MAX, Vec::len).count(), 1);
         assert_eq!(c.oldest_at(), Some(5));
-        assert_eq!(c.answered().map(|(_, at)| at), Some(5));
+        assert_eq!(c.answered(|_| {}), Some(5));
         assert_eq!(c.oldest_at(), Some(9));
-        assert_eq!(c.answered().map(|(_, at)| at), Some(9));
+        assert_eq!(c.answered(|_| {}), Some(9));
         assert_eq!(c.oldest_at(), None);
     }
 

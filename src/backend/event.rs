@@ -187,6 +187,19 @@ impl StrictGroup {
             .fold(0u32, |n, (&c, _)| n.saturating_add(c))
     }
 
+    /// Its requests as asks, taken out (it is left without any).
+    pub fn take_asks(&mut self) -> impl Iterator<Item = StrictAsk> + '_ {
+        let (tickets, costs, deadlines) = (
+            std::mem::take(&mut self.tickets),
+            std::mem::take(&mut self.costs),
+            std::mem::take(&mut self.deadlines),
+        );
+        let (id, period, limit, tag) = (self.id, self.period, self.limit, &self.tag);
+        tickets.into_iter().zip(costs).zip(deadlines).map(move |((ticket, cost), deadline_ms)| {
+            StrictAsk { ticket, id, tag: tag.clone(), period, limit, cost, deadline_ms }
+        })
+    }
+
     /// The answer for its requests (`None`: no decision).
     pub fn answered(self, answer: Option<Answer>) -> Event {
         Event::Strict {

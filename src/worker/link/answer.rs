@@ -7,7 +7,7 @@ use ratelimit_core::stats::Stats;
 use ratelimit_core::strict::{Answers, Outcome};
 
 use super::{Link, LOST};
-use crate::backend::{Level, StrictAsk, StrictGroup};
+use crate::backend::{Level, StrictAsk};
 use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats};
 use crate::worker::time::{mono_us, now_ms};
 
@@ -19,23 +19,19 @@ impl Link {
         let (n, requests) =
             self.calls.oldest().fold((0, 0), |(n, r), g| (n + 1, r + g.tickets.len()));
         let (ch, log, zone) = (self.channel(), self.log(), self.zone);
-        let (groups, sent_at) = self.calls.answered()?;
         let Some(mcf) = main_conf() else {
             // not a worker of a loaded configuration (cannot happen while
             // a link lives): the call is taken out all the same
+            self.calls.answered(|_| {});
             return None;
         };
-        let now_us = mono_us();
-        self.answered_us = now_us;
-        let stats = zone_stats(mcf, zone);
-        if let Some(st) = stats {
-            st.pipeline(1, now_us.saturating_sub(sent_at));
-        }
         let ints: &[i64] = match &v {
             Reply::Ints(ints) => ints,
             Reply::Other(e @ Value::Error(text)) => {
                 // it did not run: the thread deals with it as with its own
-                let asks: Vec<StrictAsk> = groups.flat_map(StrictGroup::into_asks).collect();
+                let mut asks: Vec<StrictAsk> = Vec::new();
+                let sent_at = self.calls.answered(|g| asks.extend(g.take_asks()))?;
+                self.answered_at(mcf, sent_at);
                 if let Some(ch) = ch {
                     ch.push_strict(asks);
                 }
@@ -45,9 +41,10 @@ impl Link {
             // not an array of integers: `Bad` for every group
             Reply::Other(_) => &[],
         };
+        let stats = zone_stats(mcf, zone);
         let mut answers = Answers::new(ints, n, requests);
         let (mut alone, mut bad) = (Vec::new(), false);
-        for g in groups {
+        let sent_at = self.calls.answered(|g| {
             let answer = match answers.next(g.tickets.len()) {
                 Outcome::Answer(a) => {
                     if let Some(st) = stats {
@@ -58,8 +55,8 @@ impl Link {
                 Outcome::Alone => {
                     // nothing counted: called again alone, through the
                     // thread, which gets its error
-                    alone.extend(g.into_asks());
-                    continue;
+                    alone.extend(g.take_asks());
+                    return;
                 }
                 Outcome::Bad => {
                     if let Some(st) = stats {
@@ -71,7 +68,8 @@ impl Link {
             };
             let rate = Rate { limit: g.limit, period: g.period };
             strict_answered(mcf, log, g.id, rate, &g.tickets, g.counted(), answer.as_ref());
-        }
+        })?;
+        self.answered_at(mcf, sent_at);
         if bad {
             // once per call, however many of its keys it failed
             let name = mcf.zones.get(zone).map_or("", |z| z.name.as_str());
@@ -84,5 +82,15 @@ impl Link {
             ch.push_strict(alone);
         }
         None
+    }
+
+    /// The oldest call out, written at `sent_at` (`mono_us`), was
+    /// answered now: the link's last answer, the zone's round trip.
+    fn answered_at(&mut self, mcf: &crate::conf::MainConf, sent_at: u64) {
+        let now_us = mono_us();
+        self.answered_us = now_us;
+        if let Some(st) = zone_stats(mcf, self.zone) {
+            st.pipeline(1, now_us.saturating_sub(sent_at));
+        }
     }
 }
