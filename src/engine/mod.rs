@@ -73,7 +73,7 @@ pub fn decide(
         // shared entries
         return Ok(decide_one(mcf, one, now, take, log)?.0);
     }
-    Ok(decide_other(mcf, asks, now, take, log)?.0)
+    Ok(decide_with_ids(mcf, asks, now, take, log)?.0)
 }
 
 /// Each ask's entry id (what Redis's answers name it by), in order.
@@ -81,21 +81,10 @@ pub type Ids = SmallVec<[[u64; 2]; INLINE]>;
 
 /// `decide`, with each ask's entry id, found as it decided (a strict
 /// request's check before its wait: its script calls name the entries).
-pub fn decide_with_ids(
-    mcf: &MainConf,
-    asks: &[Ask<'_>],
-    now: u64,
-    take: Take,
-    log: *mut ngx_log_t,
-) -> Result<(Decision, Ids), NoZone> {
-    decide_other(mcf, asks, now, take, log)
-}
-
-/// `decide` for one limit Redis decides, or several limits (out of line:
-/// the common case above stays small enough to be inlined), with the
-/// asks' entry ids.
+/// Out of line: the common case of `decide` (one limit the node decides)
+/// stays small enough to be inlined.
 #[inline(never)]
-fn decide_other(
+pub fn decide_with_ids(
     mcf: &MainConf,
     asks: &[Ask<'_>],
     now: u64,
