@@ -187,17 +187,17 @@ impl StrictGroup {
             .fold(0u32, |n, (&c, _)| n.saturating_add(c))
     }
 
-    /// Its requests as asks, taken out (it is left without any).
-    pub fn take_asks(&mut self) -> impl Iterator<Item = StrictAsk> + '_ {
-        let (tickets, costs, deadlines) = (
-            std::mem::take(&mut self.tickets),
-            std::mem::take(&mut self.costs),
-            std::mem::take(&mut self.deadlines),
-        );
-        let (id, period, limit, tag) = (self.id, self.period, self.limit, &self.tag);
-        tickets.into_iter().zip(costs).zip(deadlines).map(move |((ticket, cost), deadline_ms)| {
-            StrictAsk { ticket, id, tag: tag.clone(), period, limit, cost, deadline_ms }
-        })
+    /// Its requests as asks, taken out: `into_asks` of what it held, for a
+    /// caller that holds it in place (it is left empty).
+    pub fn take_asks(&mut self) -> impl Iterator<Item = StrictAsk> {
+        let empty = StrictGroup {
+            tag: Tag::new(),
+            tickets: SmallVec::new(),
+            costs: SmallVec::new(),
+            deadlines: SmallVec::new(),
+            ..*self
+        };
+        std::mem::replace(self, empty).into_asks()
     }
 
     /// The answer for its requests (`None`: no decision).
