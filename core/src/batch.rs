@@ -172,6 +172,10 @@ pub struct Delete {
     pub tag: Box<[u8]>,
     pub period: u32,
     pub window: u64,
+    /// The thread sends the `DEL`. `false`: a worker's strict link sent it,
+    /// in order with that worker's strict calls, and the thread only
+    /// forgets what it holds of the key.
+    pub command: bool,
 }
 
 #[derive(Debug)]
@@ -454,6 +458,17 @@ impl Batch {
             self.bytes = self.items.values().map(Item::bytes).sum();
         }
         (out, deletes)
+    }
+
+    /// Takes the deletes alone: the thread applies them before the strict
+    /// calls it sends (a key reset, then counted, is counted after the
+    /// reset).
+    pub fn take_deletes(&mut self) -> Vec<Delete> {
+        let deletes = std::mem::take(&mut self.deletes);
+        if !deletes.is_empty() {
+            self.bytes = self.items.values().map(Item::bytes).sum();
+        }
+        deletes
     }
 
     /// Takes every pending item, leaving the batch empty.

@@ -99,7 +99,14 @@ fn deletes_drop_pending_increments_of_their_key() {
     assert!(b.is_empty());
     assert!(add(&mut b, id(0, 9, 7), b"ns", b"k", 60, 5, 1, 0));
     assert!(add(&mut b, id(0, 8, 7), b"ns", b"other", 60, 5, 1, 0));
-    let d = Delete { zone: 0, entry: [9, 0], tag: redis_tag(b"ns", b"k"), period: 60, window: 7 };
+    let d = Delete {
+        zone: 0,
+        entry: [9, 0],
+        tag: redis_tag(b"ns", b"k"),
+        period: 60,
+        window: 7,
+        command: true,
+    };
     assert!(b.delete(d.clone()));
     assert!(!b.is_empty());
     let (items, deletes) = b.drain();
@@ -170,7 +177,14 @@ fn deletes_are_due_at_once_and_keep_the_byte_count_true() {
     assert!(add(&mut b, id(0, 1, 0), b"z", b"a", 60, 100, 1, 9_000));
     assert!(add(&mut b, id(0, 2, 0), b"z", b"b", 60, 100, 1, 9_000));
     let one = b.bytes() / 2;
-    let d = Delete { zone: 0, entry: [1, 0], tag: redis_tag(b"z", b"a"), period: 60, window: 0 };
+    let d = Delete {
+        zone: 0,
+        entry: [1, 0],
+        tag: redis_tag(b"z", b"a"),
+        period: 60,
+        window: 0,
+        command: true,
+    };
     assert!(b.delete(d));
     assert_eq!(b.next_due(), Some(0));
     let (items, deletes) = b.drain_due(1, usize::MAX, 1 << 20);
@@ -178,6 +192,23 @@ fn deletes_are_due_at_once_and_keep_the_byte_count_true() {
     assert_eq!(deletes.len(), 1);
     assert_eq!(b.bytes(), one);
     assert_eq!(b.next_due(), Some(9_000));
+}
+
+#[test]
+fn deletes_taken_alone_leave_the_items_and_their_bytes() {
+    let mut b = Batch::new(100, 1 << 20);
+    assert!(add(&mut b, id(0, 1, 0), b"z", b"a", 60, 100, 1, 9_000));
+    assert!(add(&mut b, id(0, 2, 0), b"z", b"b", 60, 100, 1, 9_000));
+    let one = b.bytes() / 2;
+    let tag = redis_tag(b"z", b"a");
+    let d = Delete { zone: 0, entry: [1, 0], tag, period: 60, window: 0, command: false };
+    assert!(b.delete(d.clone()));
+    assert!(b.bytes() > one, "the delete holds bytes until it is taken");
+    assert_eq!(b.take_deletes(), vec![d]);
+    assert_eq!(b.bytes(), one);
+    assert_eq!(b.len(), 1, "the other key's increment still waits");
+    assert_eq!(b.next_due(), Some(9_000));
+    assert!(b.take_deletes().is_empty());
 }
 
 #[test]
@@ -204,7 +235,14 @@ fn pending_increments_by_zone() {
     assert_eq!((b.pending(0), b.pending(1), b.pending(2)), (5, 0, 1));
     b.drain_due(1, usize::MAX, 1 << 20);
     assert_eq!((b.pending(0), b.pending(2)), (5, 0));
-    let d = Delete { zone: 0, entry: [1, 0], tag: redis_tag(b"z", b"a"), period: 60, window: 0 };
+    let d = Delete {
+        zone: 0,
+        entry: [1, 0],
+        tag: redis_tag(b"z", b"a"),
+        period: 60,
+        window: 0,
+        command: true,
+    };
     assert!(b.delete(d));
     assert_eq!(b.pending(0), 0);
     assert!(add(&mut b, id(0, 2, 0), b"z", b"b", 60, 100, 4, 9_000));
@@ -277,7 +315,7 @@ fn a_delete_drops_carried_increments_too() {
     b.add(id(0, 1, 6), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Hold(9_000, 10));
     assert_eq!(b.pending(0), 3);
     let tag = redis_tag(b"z", b"k");
-    assert!(b.delete(Delete { zone: 0, entry: [1, 0], tag, period: 1, window: 6 }));
+    assert!(b.delete(Delete { zone: 0, entry: [1, 0], tag, period: 1, window: 6, command: true }));
     assert_eq!((b.len(), b.pending(0)), (0, 0));
 }
 

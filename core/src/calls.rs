@@ -102,6 +102,13 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         })
     }
 
+    /// A command of no group written (`at`) after the calls written so
+    /// far (a reset's `DEL`): its reply comes in its turn, and
+    /// `answered` takes it out with no group.
+    pub fn other(&mut self, at: u64) {
+        self.calls.push_back((0, at));
+    }
+
     /// The groups of the oldest call out (none when no call is out).
     pub fn oldest(&self) -> impl Iterator<Item = &G> + Clone {
         let n = self.calls.front().map_or(0, |c| c.0);
@@ -187,6 +194,25 @@ mod tests {
         let got = c.answered(|g| gs.push(std::mem::take(g))).map(|_| gs);
         assert_eq!(got.clone().unwrap_or_default(), peeked, "oldest() shows what answered() takes");
         got
+    }
+
+    #[test]
+    fn a_command_of_no_group_is_answered_in_its_turn() {
+        let mut c = C::default();
+        c.waiting(1, Vec::new).push(1);
+        assert_eq!(write(&mut c, 8), vec![vec![vec![1]]]);
+        c.other(5);
+        c.waiting(1, Vec::new).push(2);
+        assert!(c.in_flight());
+        assert_eq!(write(&mut c, 8), Vec::<Vec<Vec<u32>>>::new(), "key 1 has a call out");
+        assert_eq!(answer(&mut c), Some(vec![vec![1]]));
+        // the command's reply: no group, its own time
+        assert_eq!(c.oldest_at(), Some(5));
+        assert_eq!(answer(&mut c), Some(vec![]));
+        assert_eq!(write(&mut c, 8), vec![vec![vec![2]]]);
+        assert_eq!(answer(&mut c), Some(vec![vec![2]]));
+        assert!(!c.in_flight());
+        assert_eq!(answer(&mut c), None);
     }
 
     #[test]

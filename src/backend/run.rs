@@ -1,9 +1,10 @@
 //! The thread's loop, in its steps: wait for work (increments due, strict
 //! calls, a link to make, a backend's own timers); send strict calls first
-//! (requests wait for them); apply deletes and flush what is due, per zone;
-//! run each backend's timers; make the strict links the workers asked for;
-//! say when increments were dropped; hand the events to the worker; now and
-//! then publish what waits (metrics).
+//! (requests wait for them; keys reset before them are reset first); apply
+//! deletes and flush what is due, per zone; run each backend's timers; make
+//! the strict links the workers asked for; say when increments were
+//! dropped; hand the events to the worker; now and then publish what waits
+//! (metrics).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -144,6 +145,10 @@ impl Thread {
         if !ch.strict_pending.swap(false, Ordering::AcqRel) {
             return;
         }
+        // a key reset before these calls were made is reset before they
+        // run (Lua's `reset`, then a count of the key)
+        let deletes = ch.batch.lock().take_deletes();
+        self.delete(deletes, events);
         let asks = std::mem::take(&mut *ch.strict.lock());
         strict::send_all(&mut self.backends, asks, events);
         // a backend that failed is known down before its answers land: a
@@ -162,11 +167,7 @@ impl Thread {
         deadline: Option<Instant>,
         events: &mut Vec<Event>,
     ) {
-        for d in deletes {
-            if let Some(b) = self.backends.iter_mut().find(|b| b.zone() == d.zone) {
-                b.delete(&d, events);
-            }
-        }
+        self.delete(deletes, events);
         if items.is_empty() {
             return;
         }
@@ -178,6 +179,15 @@ impl Thread {
         for b in self.backends.iter_mut() {
             if let Some(items) = by_zone.remove(&b.zone()) {
                 b.send(items, deadline, false, events);
+            }
+        }
+    }
+
+    /// Keys reset (Lua's `reset`), each by its zone's backend.
+    fn delete(&mut self, deletes: Vec<Delete>, events: &mut Vec<Event>) {
+        for d in deletes {
+            if let Some(b) = self.backends.iter_mut().find(|b| b.zone() == d.zone) {
+                b.delete(&d, events);
             }
         }
     }

@@ -143,7 +143,8 @@ impl Backend {
         }
     }
 
-    /// Deletes both windows of a key (Lua's `reset`). Best effort.
+    /// Deletes both windows of a key (Lua's `reset`), unless a worker's
+    /// strict link did (`Delete::command`). Best effort.
     pub fn delete(&mut self, d: &Delete, events: &mut Vec<Event>) {
         // counted before the reset: forget them too
         let mut freed = 0;
@@ -158,7 +159,7 @@ impl Backend {
         self.prev.retain(|id, _| id.entry != d.entry);
         self.watch.retain(|id, _| id.entry != d.entry);
         self.ttl_fix.retain(|id, _| id.entry != d.entry);
-        if !self.health.is_up() || !self.ensure_conn(events) {
+        if !d.command || !self.health.is_up() || !self.ensure_conn(events) {
             return;
         }
         let p = u64::from(d.period);

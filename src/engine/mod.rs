@@ -27,7 +27,10 @@ use crate::backend::{Channel, Increment};
 use crate::conf::MainConf;
 use crate::shm::{Locked, Shared};
 
+mod later;
 mod mode;
+
+pub use later::{send_later, small_in_redis};
 
 /// One limit to decide: a zone, the key's namespace (the zone's name, or a
 /// Lua caller's) and bytes, and the rate.

@@ -16,19 +16,11 @@ use nginx_sys::{ngx_http_request_t, ngx_int_t, NGX_OK};
 use ngx::http::{HttpModuleMainConf, Request};
 use smallvec::SmallVec;
 
-use ratelimit_core::batch::ItemId;
-use ratelimit_core::key::redis_tag_inline;
-use ratelimit_core::strict;
-use ratelimit_core::window::window_index;
-
-use crate::backend::StrictAsk;
 use crate::conf::module::Module;
-use crate::conf::MainConf;
 use crate::engine::{self, Ask, Strict, Take};
 use crate::http::answer::{ask, debug_log, state};
 use crate::http::handler::{cost, read};
 use crate::worker::time::now_ms;
-use crate::worker::waits;
 
 pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls log handlers with a valid request.
@@ -80,67 +72,7 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
         // through, so it happened
         let now = now_ms();
         let _ = engine::decide(mcf, &asks, now, Take::Always, debug_log(r));
-        send_later(mcf, &asks, now);
+        engine::send_later(mcf, &asks, now);
     }
     NGX_OK as ngx_int_t
-}
-
-/// An entry of a zone: its index and the entry's id.
-type Entry = (usize, [u64; 2]);
-
-/// Sends the counts of limits Redis decides down the zone's strict link
-/// (the engine counted them in flight): on that one connection they reach
-/// Redis before this worker's next check of the key. One per entry, at the
-/// heaviest cost of the limits sharing it, as the engine counted it; an
-/// entry whose first limit is decided in the background went with the
-/// thread's increments.
-fn send_later(mcf: &MainConf, asks: &[Ask<'_>], now: u64) {
-    let Some(ch) = crate::worker::channel::channel() else {
-        return;
-    };
-    // each ask's entry (zone, id), hashed once
-    let entries: SmallVec<[Option<Entry>; 4]> = asks
-        .iter()
-        .map(|a| {
-            let shared = mcf.zones.get(a.zone)?.shared.as_ref()?;
-            Some((a.zone, engine::entry_id(shared, a)))
-        })
-        .collect();
-    let mut sends = Vec::new();
-    for (i, a) in asks.iter().enumerate() {
-        let Some(here) = entries[i] else {
-            continue;
-        };
-        // the first limit of the entry sends, if Redis decides it
-        if entries[..i].contains(&Some(here)) || a.strict != Strict::Later {
-            continue;
-        }
-        let cost = asks
-            .iter()
-            .zip(&entries)
-            .filter(|(_, e)| **e == Some(here))
-            .map(|(o, _)| o.cost)
-            .max()
-            .unwrap_or(a.cost);
-        if cost == 0 {
-            continue;
-        }
-        let entry = here.1;
-        sends.push(StrictAsk {
-            ticket: waits::NO_TICKET,
-            id: ItemId {
-                zone: a.zone as u32,
-                entry,
-                window: window_index(now, a.rate.period_ms()),
-            },
-            tag: redis_tag_inline(a.namespace, a.key),
-            period: a.rate.period,
-            limit: a.rate.limit,
-            cost,
-            deadline_ms: strict::COUNTED,
-        });
-    }
-    if !sends.is_empty() {
-        crate::worker::link::send(ch, sends.drain(..));
-    }
 }

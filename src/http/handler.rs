@@ -11,7 +11,7 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
-use ratelimit_core::{cost, strict, text};
+use ratelimit_core::{cost, text};
 use smallvec::SmallVec;
 
 use crate::conf::module::Module;
@@ -63,7 +63,7 @@ fn limit(
         let Some(rate) = rate(r, mcf, l)? else {
             return Ok(NGX_DECLINED as ngx_int_t);
         };
-        if exact(mcf, l.zone, rate) {
+        if engine::small_in_redis(mcf, l.zone, rate) {
             return limit_in_redis(r, mcf, lcf, l, rate);
         }
         let key = key(r, mcf, l.zone)?;
@@ -109,21 +109,10 @@ fn limit_in_redis(
     crate::http::strict::limit(r, mcf, lcf, &mut asks, &[true])
 }
 
-/// A small limit (`strict::small`) on a zone with Redis is decided by
-/// Redis, as `strict` is.
-#[inline]
-fn exact(mcf: &MainConf, zone: usize, rate: Rate) -> bool {
-    strict::small(rate)
-        && mcf
-            .zones
-            .get(zone)
-            .is_some_and(|z| z.params.as_ref().is_some_and(|p| p.backend.is_some()))
-}
-
 /// Whether Redis decides limit `l` at `rate`: `strict`, or a small limit.
 #[inline]
 pub(super) fn in_redis(mcf: &MainConf, l: &Limit, rate: Rate) -> bool {
-    l.strict || exact(mcf, l.zone, rate)
+    l.strict || engine::small_in_redis(mcf, l.zone, rate)
 }
 
 /// Every limit of a location with several, each key evaluated once (out

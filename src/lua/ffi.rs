@@ -211,6 +211,10 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     let Call { mcf, index, ns, key, .. } = call;
     let rate = Rate { limit, period };
     let how = if take == TAKE_ALWAYS { Take::Always } else { Take::IfAllowed };
+    // a limit the directive has Redis decide is decided here (a Lua caller
+    // does not wait), and counted down the strict link, ahead of the
+    // worker's next strict check of the key (`engine::send_later`)
+    let strict = if engine::small_in_redis(mcf, index, rate) { Strict::Later } else { Strict::No };
     let ask = Ask {
         zone: index,
         namespace: ns,
@@ -218,7 +222,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
         key,
         rate,
         cost,
-        strict: Strict::No,
+        strict,
         line: NO_LINE,
     };
     let now = now_ms();
@@ -228,6 +232,9 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
         return ERR_ZONE;
     };
     let allowed = d.allowed;
+    if strict == Strict::Later && (allowed || how == Take::Always) {
+        engine::send_later(mcf, &[ask], now);
+    }
     let after = d.checked.after;
     // SAFETY: out-pointers are checked for null; the caller owns them.
     unsafe {
@@ -277,12 +284,19 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     if has_backend {
         worker_started();
         if let Some(ch) = crate::worker::channel::channel() {
+            let tag = redis_tag(ns, key);
+            let window = window_index(now_ms(), u64::from(period) * 1000);
+            // on a zone with a strict link the `DEL` goes down it, in order
+            // with the worker's strict calls and counts of the key (the
+            // thread then only forgets what it holds of the key)
+            let linked = crate::worker::link::reset(index, &tag, period, window);
             ch.delete(Delete {
                 zone: index as u32,
                 entry: id,
-                tag: redis_tag(ns, key),
+                tag,
                 period,
-                window: window_index(now_ms(), u64::from(period) * 1000),
+                window,
+                command: !linked,
             });
         }
     }

@@ -273,3 +273,123 @@ GET /t
 ^false,false,false,true,zero:false,one:false,full:true,zero-at-limit:true,measure:5(\.0+)?,measure-default:6(\.0+)?,with-time:false,after:true$
 --- no_error_log
 [error]
+
+
+
+=== TEST 9: a small limit (Redis decides it for the directive) counted from Lua, then by the directive: the Lua counts go down the strict link, ahead of the directive's checks
+Lua decides in the background (it never waits), but its counts of a small
+limit go down the worker's strict link, the connection the directive's
+checks take: there they are in Redis before the worker's next check of the
+key, whatever the Redis thread is doing. Redis's client list shows the
+link's last command: the Lua counts' script call, before any directive
+request. Then 1 + 2 from Lua + 17 more from the directive: 20 of 20.
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 50;
+--- http_config eval: $::HttpConfig
+--- config
+    location = /lua {
+        content_by_lua_block {
+            local lim = require("resty.redis_ratelimit").new("ratelimit_circuit_breaker", "20r/m")
+            -- the link the first request asked for is there (a count made
+            -- before it goes through the Redis thread)
+            ngx.sleep(0.2)
+            local a = lim:is_rate_limited(ngx.var.arg_k)
+            local b = lim:is_rate_limited(ngx.var.arg_k)
+            ngx.sleep(0.3)
+            -- the link's last command, from Redis's client list
+            local sock = ngx.socket.tcp()
+            assert(sock:connect("127.0.0.1", $TEST_NGINX_REDIS_PORT))
+            sock:send("*2\r\n$6\r\nCLIENT\r\n$4\r\nLIST\r\n")
+            local len = tonumber(sock:receive("*l"):sub(2))
+            local list = sock:receive(len + 2)
+            sock:close()
+            local cmds = {}
+            for line in list:gmatch("[^\n]+") do
+                if line:find("name=ngx_redis_ratelimit_strict", 1, true) then
+                    cmds[#cmds + 1] = line:match("cmd=(%S+)")
+                end
+            end
+            ngx.say(tostring(a), " ", tostring(b), " link:", table.concat(cmds, ","))
+        }
+    }
+    location = /dir {
+        redis_ratelimit ratelimit_circuit_breaker 20r/m;
+        content_by_lua_block { ngx.say("dir") }
+    }
+--- request eval
+["GET /dir?k=mixed", "GET /lua?k=mixed", map { "GET /dir?k=mixed" } 1..18]
+--- response_body eval
+["dir\n", "false false link:evalsha\n", ("dir\n") x 17, qr/429 Too Many Requests/]
+--- error_code eval
+[200, 200, (200) x 17, 429]
+--- no_error_log
+[alert]
+[crit]
+
+
+
+=== TEST 10: reset, then counted at once (a small limit, decided in Redis): the reset goes down the strict link, between the counts before it and after it
+The reset's DEL goes down the worker's strict link (Redis's client list
+shows it as the link's last command), so it is in Redis after the counts
+before it and before those after: 2 of 2r/h, refused, reset, 2 again,
+refused; Redis holds the 2 counted after the reset, and the directive
+refuses.
+--- init
+my $s = time % 3600; sleep(3601 - $s) if $s > 3590;
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        content_by_lua_block {
+            local lim = require("resty.redis_ratelimit").new("ratelimit_circuit_breaker", "2r/h")
+            local out = {}
+            local function count()
+                out[#out + 1] = tostring((lim:is_rate_limited("again")))
+            end
+            local function redis(...)
+                local args = { ... }
+                local req = { "*" .. #args .. "\r\n" }
+                for _, a in ipairs(args) do req[#req + 1] = "$" .. #a .. "\r\n" .. a .. "\r\n" end
+                local sock = ngx.socket.tcp()
+                assert(sock:connect("127.0.0.1", $TEST_NGINX_REDIS_PORT))
+                sock:send(table.concat(req))
+                local line = sock:receive("*l")
+                local val = line
+                if line == "$-1" then
+                    val = "nil"
+                elseif line:sub(1, 1) == "$" then
+                    val = sock:receive(tonumber(line:sub(2)) + 2):sub(1, -3)
+                end
+                sock:close()
+                return val
+            end
+            local function link_cmd()
+                for line in redis("CLIENT", "LIST"):gmatch("[^\n]+") do
+                    if line:find("name=ngx_redis_ratelimit_strict", 1, true) then
+                        return line:match("cmd=(%S+)")
+                    end
+                end
+            end
+            count() count() count()
+            ngx.sleep(0.2)
+            assert(lim:reset("again"))
+            ngx.sleep(0.2)
+            out[#out + 1] = "link:" .. tostring(link_cmd())
+            count() count() count()
+            ngx.sleep(0.2)
+            local key = "lua:{ratelimit_circuit_breaker:again}:3600:" .. math.floor(ngx.time() / 3600) * 3600
+            ngx.say(table.concat(out, " "), " redis:", redis("GET", key))
+        }
+    }
+    location = /dir {
+        redis_ratelimit ratelimit_circuit_breaker 2r/h;
+        content_by_lua_block { ngx.say("dir") }
+    }
+--- request eval
+["GET /t", "GET /dir?k=again"]
+--- response_body eval
+["false false true link:del false false true redis:2\n", qr/429 Too Many Requests/]
+--- error_code eval
+[200, 429]
+--- no_error_log
+[alert]
+[crit]

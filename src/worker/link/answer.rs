@@ -1,5 +1,6 @@
 //! A strict link's answers: each call's reply cut into its keys' answers
-//! and applied, or its keys handed to the thread.
+//! and applied, or its keys handed to the thread; a reset's `DEL` (a call
+//! of no key) taken out in its turn.
 
 use ratelimit_core::rate::Rate;
 use ratelimit_core::resp::{Reply, Value};
@@ -34,6 +35,14 @@ impl Link {
                 self.answered_at(mcf, sent_at);
                 if let Some(ch) = ch {
                     ch.push_strict(asks);
+                }
+                if n == 0 {
+                    // a reset's `DEL` (`link::reset`): the key keeps its counts
+                    let name = mcf.zones.get(zone).map_or("", |z| z.name.as_str());
+                    let text: String = text.chars().take(200).collect();
+                    let message =
+                        format!("redis_ratelimit: zone \"{name}\": a key's reset failed: {text}");
+                    zone_log(mcf, log, zone as u32, Level::Error, &message);
                 }
                 let lost = LOST.contains(&e.error_code().unwrap_or_default());
                 return lost.then(|| text.chars().take(200).collect());

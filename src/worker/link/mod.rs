@@ -29,9 +29,15 @@
 //!   dropped: calls out get no answer (they may have run: `on_error`
 //!   decides), calls not written go to the thread, which checks the
 //!   backend and makes a new link after a backoff.
+//! - Lua's `reset` of a key writes its `DEL` down the link (`reset`), so
+//!   that it reaches Redis between this worker's calls made before and
+//!   after it; its reply is taken out in its turn.
 
 mod answer;
 mod fail;
+mod reset;
+
+pub use reset::reset;
 
 use std::cell::RefCell;
 use std::ffi::c_void;

@@ -1,0 +1,48 @@
+//! Lua's `reset` of a key on a zone whose strict link is up: its `DEL` is
+//! written down the link, between the calls before it and after it.
+
+use ratelimit_core::resp;
+
+use super::LINKS;
+use crate::worker::reply::main_conf;
+use crate::worker::time::mono_us;
+
+/// Lua's `reset` of a key (`tag`; both windows around `window` of
+/// `period`), down the zone's link when it has one: the `DEL` is then in
+/// Redis after the strict calls this worker made before it and before
+/// those it makes after, which the thread's own `DEL` would not be (only a
+/// call held back behind its key's call out goes after it: what it counts
+/// outlives the reset). `false`: no link (or it failed on the way), the
+/// thread deletes, before the strict calls it gets after this.
+pub fn reset(zone: usize, tag: &[u8], period: u32, window: u64) -> bool {
+    let Some(params) = main_conf().and_then(|m| m.zones.get(zone)?.params.as_ref()) else {
+        return false;
+    };
+    let Some(l) = LINKS.with(|l| l.borrow().get(zone).copied().flatten()) else {
+        return false;
+    };
+    // SAFETY: links live for the worker's life; this thread only.
+    let link = unsafe { &mut *l };
+    if link.c.is_null() {
+        return false;
+    }
+    if link.calls.has_waiting() {
+        link.write_waiting();
+        if link.c.is_null() {
+            return false; // it failed writing them
+        }
+    }
+    let p = u64::from(period);
+    resp::array(&mut link.out, 3);
+    resp::bulk(&mut link.out, b"DEL");
+    let mut key = Vec::new();
+    for w in [window, window.saturating_sub(1)] {
+        key.clear();
+        ratelimit_core::key::write_key_for_tag(&mut key, &params.prefix, tag, period, w * p);
+        resp::bulk(&mut link.out, &key);
+    }
+    link.calls.other(mono_us());
+    link.arm();
+    link.write_out();
+    !link.c.is_null()
+}
