@@ -170,6 +170,46 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     }
 }
 
+/// Calls of a connection's keys handed to another way to Redis (a worker's
+/// link hands them to its thread: made before the link was there, or
+/// failed on it), counted until they are answered: meanwhile new calls
+/// follow them that way, so that the calls reach Redis in the order they
+/// were made.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Handed {
+    n: usize,
+    at_us: u64,
+}
+
+impl Handed {
+    /// `n` more handed over at `now_us`.
+    pub fn note(&mut self, n: usize, now_us: u64) {
+        self.n += n;
+        self.at_us = now_us;
+    }
+
+    /// `n` of them answered.
+    pub fn answered(&mut self, n: usize) {
+        self.n = self.n.saturating_sub(n);
+    }
+
+    /// Whether new calls go the other way too, now (`now_us`, read only
+    /// when some are out): some handed over are not answered yet, and the
+    /// last went less than `stale_us` ago (every call is answered within a
+    /// bound; past it the rest are taken as lost).
+    #[inline]
+    pub fn first(&mut self, now_us: impl FnOnce() -> u64, stale_us: u64) -> bool {
+        if self.n == 0 {
+            return false;
+        }
+        if now_us().saturating_sub(self.at_us) > stale_us {
+            self.n = 0;
+            return false;
+        }
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +234,23 @@ mod tests {
         let got = c.answered(|g| gs.push(std::mem::take(g))).map(|_| gs);
         assert_eq!(got.clone().unwrap_or_default(), peeked, "oldest() shows what answered() takes");
         got
+    }
+
+    #[test]
+    fn calls_follow_those_handed_over_until_they_are_answered_or_stale() {
+        let mut h = Handed::default();
+        assert!(!h.first(|| unreachable!(), 100), "nothing handed over: no clock read");
+        h.note(2, 10);
+        h.note(1, 20);
+        assert!(h.first(|| 50, 100));
+        h.answered(2);
+        assert!(h.first(|| 60, 100), "one is not answered yet");
+        h.answered(5);
+        assert!(!h.first(|| unreachable!(), 100), "all answered (more answers count as all)");
+        h.note(1, 1_000);
+        assert!(h.first(|| 1_100, 100), "at the bound");
+        assert!(!h.first(|| 1_101, 100), "past it: taken as lost");
+        assert!(!h.first(|| 1_102, 100), "and forgotten");
     }
 
     #[test]

@@ -269,6 +269,7 @@ fn apply(log: *mut ngx_log_t) {
                 confirmed(mcf, log, id, Rate { limit, period }, &confirmation, now, |_| {});
             }
             Event::Strict { id, period, limit, counted, tickets, answer } => {
+                crate::worker::link::thread_answered(id.zone as usize, tickets.len());
                 reply::strict_answered(
                     mcf,
                     log,

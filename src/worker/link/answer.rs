@@ -34,7 +34,7 @@ impl Link {
                 let sent_at = self.calls.answered(|g| asks.extend(g.take_asks()))?;
                 self.answered_at(mcf, sent_at);
                 if let Some(ch) = ch {
-                    ch.push_strict(asks);
+                    self.hand_over(ch, asks);
                 }
                 if n == 0 {
                     // a reset's `DEL` (`link::reset`): the key keeps its counts
@@ -87,8 +87,8 @@ impl Link {
             );
             zone_log(mcf, log, zone as u32, Level::Error, &message);
         }
-        if let Some(ch) = ch.filter(|_| !alone.is_empty()) {
-            ch.push_strict(alone);
+        if let Some(ch) = ch {
+            self.hand_over(ch, alone);
         }
         None
     }

@@ -52,9 +52,7 @@ impl Link {
             waiting.into_iter().flat_map(StrictGroup::into_asks).collect();
         let ch = self.channel();
         if let Some(ch) = ch {
-            if !waiting.is_empty() {
-                ch.push_strict(waiting);
-            }
+            self.hand_over(ch, waiting);
             ch.link_lost(self.zone, timed_out);
         }
         let Some(mcf) = main_conf().filter(|_| ch.is_some()) else {

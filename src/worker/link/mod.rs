@@ -29,14 +29,20 @@
 //!   dropped: calls out get no answer (they may have run: `on_error`
 //!   decides), calls not written go to the thread, which checks the
 //!   backend and makes a new link after a backoff.
+//! - While asks handed to the thread (made before the link was there, or
+//!   after a call failed on it) wait for their answers, new asks of the
+//!   zone follow them through the thread: down the link they could reach
+//!   Redis first, and a count made before a check would miss it.
 //! - Lua's `reset` of a key writes its `DEL` down the link (`reset`), so
 //!   that it reaches Redis between this worker's calls made before and
 //!   after it; its reply is taken out in its turn.
 
 mod answer;
 mod fail;
+mod handover;
 mod reset;
 
+pub use handover::thread_answered;
 pub use reset::reset;
 
 use std::cell::RefCell;
@@ -50,7 +56,7 @@ use nginx_sys::{
     ngx_posted_events, NGX_OK,
 };
 use ratelimit_core::batch::ItemId;
-use ratelimit_core::calls::Calls;
+use ratelimit_core::calls::{Calls, Handed};
 use ratelimit_core::resp;
 use ratelimit_core::strict;
 
@@ -82,6 +88,12 @@ struct Link {
     answered_us: u64,
     /// The thread was asked for a link when a call found none.
     asked: bool,
+    /// Asks handed to the thread (no link then, or calls that failed on
+    /// it) whose answers have not come back, and when the last went: while
+    /// there are any, new asks follow them through the thread, so that
+    /// the zone's calls reach Redis in the order they were made
+    /// (`thread_first`).
+    handed: Handed,
     /// Posted to write what waits, once per turn of the event loop.
     flush: ngx_event_t,
     out: Vec<u8>,
@@ -114,6 +126,7 @@ fn link(zone: usize) -> *mut Link {
                 clock_offset_ms: None,
                 answered_us: 0,
                 asked: false,
+                handed: Handed::default(),
                 // SAFETY: an all-zero event is nginx's idle event (as
                 // `ngx_pcalloc` gives); `take` sets its handler and data.
                 flush: unsafe { std::mem::zeroed() },
@@ -189,13 +202,14 @@ pub fn send(ch: &Channel, asks: impl IntoIterator<Item = StrictAsk>) {
     for a in asks {
         // SAFETY: as in `take`.
         let link = unsafe { &mut *link(a.id.zone as usize) };
-        if link.c.is_null() {
+        if link.c.is_null() || link.thread_first() {
             if !link.asked {
                 // a zone without a `strict` limit, first decided by Redis
                 // (a small limit): its link is made now
                 link.asked = true;
                 ch.want_link(a.id.zone as usize);
             }
+            link.handed.note(1, mono_us());
             rest.push(a);
             continue;
         }
@@ -293,8 +307,8 @@ impl Link {
             let (_, waiting) = self.calls.drain();
             let asks: Vec<StrictAsk> =
                 waiting.into_iter().flat_map(StrictGroup::into_asks).collect();
-            if let Some(ch) = self.channel().filter(|_| !asks.is_empty()) {
-                ch.push_strict(asks);
+            if let Some(ch) = self.channel() {
+                self.hand_over(ch, asks);
             }
             return;
         }

@@ -23,7 +23,7 @@ pub fn reset(zone: usize, tag: &[u8], period: u32, window: u64) -> bool {
     };
     // SAFETY: links live for the worker's life; this thread only.
     let link = unsafe { &mut *l };
-    if link.c.is_null() {
+    if link.c.is_null() || link.thread_first() {
         return false;
     }
     if link.calls.has_waiting() {
