@@ -34,6 +34,12 @@ fn id(zone: u32, e: u64, window: u64) -> ItemId {
     ItemId { zone, entry: [e, 0], window }
 }
 
+/// Lua's reset of key `ns:key` (entry `[entry, 0]` of zone 0) for the
+/// thread to send.
+fn delete_of(entry: u64, ns: &[u8], key: &[u8], period: u32, window: u64) -> Delete {
+    Delete { zone: 0, entry: [entry, 0], tag: redis_tag(ns, key), period, window, command: true }
+}
+
 #[test]
 fn coalesces_per_key_and_window() {
     let mut b = Batch::new(10, 1 << 20);
@@ -99,14 +105,7 @@ fn deletes_drop_pending_increments_of_their_key() {
     assert!(b.is_empty());
     assert!(add(&mut b, id(0, 9, 7), b"ns", b"k", 60, 5, 1, 0));
     assert!(add(&mut b, id(0, 8, 7), b"ns", b"other", 60, 5, 1, 0));
-    let d = Delete {
-        zone: 0,
-        entry: [9, 0],
-        tag: redis_tag(b"ns", b"k"),
-        period: 60,
-        window: 7,
-        command: true,
-    };
+    let d = delete_of(9, b"ns", b"k", 60, 7);
     assert!(b.delete(d.clone()));
     assert!(!b.is_empty());
     let (items, deletes) = b.drain();
@@ -177,14 +176,7 @@ fn deletes_are_due_at_once_and_keep_the_byte_count_true() {
     assert!(add(&mut b, id(0, 1, 0), b"z", b"a", 60, 100, 1, 9_000));
     assert!(add(&mut b, id(0, 2, 0), b"z", b"b", 60, 100, 1, 9_000));
     let one = b.bytes() / 2;
-    let d = Delete {
-        zone: 0,
-        entry: [1, 0],
-        tag: redis_tag(b"z", b"a"),
-        period: 60,
-        window: 0,
-        command: true,
-    };
+    let d = delete_of(1, b"z", b"a", 60, 0);
     assert!(b.delete(d));
     assert_eq!(b.next_due(), Some(0));
     let (items, deletes) = b.drain_due(1, usize::MAX, 1 << 20);
@@ -235,14 +227,7 @@ fn pending_increments_by_zone() {
     assert_eq!((b.pending(0), b.pending(1), b.pending(2)), (5, 0, 1));
     b.drain_due(1, usize::MAX, 1 << 20);
     assert_eq!((b.pending(0), b.pending(2)), (5, 0));
-    let d = Delete {
-        zone: 0,
-        entry: [1, 0],
-        tag: redis_tag(b"z", b"a"),
-        period: 60,
-        window: 0,
-        command: true,
-    };
+    let d = delete_of(1, b"z", b"a", 60, 0);
     assert!(b.delete(d));
     assert_eq!(b.pending(0), 0);
     assert!(add(&mut b, id(0, 2, 0), b"z", b"b", 60, 100, 4, 9_000));
