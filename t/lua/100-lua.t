@@ -393,3 +393,34 @@ my $s = time % 3600; sleep(3601 - $s) if $s > 3590;
 --- no_error_log
 [alert]
 [crit]
+
+
+
+=== TEST 11: several ngx.location.capture of a limited location: the first is limited, as limit_req does
+A request is decided once, with its subrequests (limit_req keeps the same
+rule): three captures of a 1r/h location all pass, and only the first is
+counted.
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        content_by_lua_block {
+            local out = {}
+            for i = 1, 3 do
+                out[#out + 1] = ngx.location.capture("/dir?k=sub").status
+            end
+            ngx.say(table.concat(out, " "))
+        }
+    }
+    location = /dir {
+        redis_ratelimit local 1r/h;
+        content_by_lua_block { ngx.say("dir") }
+    }
+--- request eval
+["GET /t", "GET /dir?k=sub"]
+--- response_body eval
+["200 200 200\n", qr/429 Too Many Requests/]
+--- error_code eval
+[200, 429]
+--- no_error_log
+[alert]
+[crit]
