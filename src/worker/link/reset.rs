@@ -10,10 +10,13 @@ use crate::worker::time::mono_us;
 /// Lua's `reset` of a key (`tag`; both windows around `window` of
 /// `period`), down the zone's link when it has one: the `DEL` is then in
 /// Redis after the strict calls this worker made before it and before
-/// those it makes after, which the thread's own `DEL` would not be (only a
-/// call held back behind its key's call out goes after it: what it counts
-/// outlives the reset). `false`: no link (or it failed on the way), the
-/// thread deletes, before the strict calls it gets after this.
+/// those it makes after, which the thread's own `DEL` would not be.
+/// `false`: no link (or it failed on the way, or asks wait with the
+/// thread: `thread_first`), the thread deletes, before the strict calls it
+/// sends next. Either way a count made before the reset that is still held
+/// back (behind its key's call out, or with the thread) reaches Redis
+/// after the `DEL` and outlives the reset: stricter by that count, never
+/// looser.
 pub fn reset(zone: usize, tag: &[u8], period: u32, window: u64) -> bool {
     let Some(params) = main_conf().and_then(|m| m.zones.get(zone)?.params.as_ref()) else {
         return false;
