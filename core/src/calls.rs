@@ -178,14 +178,14 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Handed {
     n: usize,
-    at_us: u64,
+    at_ms: u64,
 }
 
 impl Handed {
-    /// `n` more handed over at `now_us`.
-    pub fn note(&mut self, n: usize, now_us: u64) {
+    /// `n` more handed over at `now_ms`.
+    pub fn note(&mut self, n: usize, now_ms: u64) {
         self.n += n;
-        self.at_us = now_us;
+        self.at_ms = now_ms;
     }
 
     /// `n` of them answered.
@@ -193,16 +193,16 @@ impl Handed {
         self.n = self.n.saturating_sub(n);
     }
 
-    /// Whether new calls go the other way too, now (`now_us`, read only
-    /// when some are out): some handed over are not answered yet, and the
-    /// last went less than `stale_us` ago (every call is answered within a
-    /// bound; past it the rest are taken as lost).
+    /// Whether new calls go the other way too at `now_ms`: some handed
+    /// over are not answered yet, and the last went at most `stale_ms` ago
+    /// (every call is answered within a bound; past it the rest are taken
+    /// as lost).
     #[inline]
-    pub fn first(&mut self, now_us: impl FnOnce() -> u64, stale_us: u64) -> bool {
+    pub fn first(&mut self, now_ms: u64, stale_ms: u64) -> bool {
         if self.n == 0 {
             return false;
         }
-        if now_us().saturating_sub(self.at_us) > stale_us {
+        if now_ms.saturating_sub(self.at_ms) > stale_ms {
             self.n = 0;
             return false;
         }
@@ -239,18 +239,18 @@ mod tests {
     #[test]
     fn calls_follow_those_handed_over_until_they_are_answered_or_stale() {
         let mut h = Handed::default();
-        assert!(!h.first(|| unreachable!(), 100), "nothing handed over: no clock read");
+        assert!(!h.first(0, 100), "nothing handed over");
         h.note(2, 10);
         h.note(1, 20);
-        assert!(h.first(|| 50, 100));
+        assert!(h.first(50, 100));
         h.answered(2);
-        assert!(h.first(|| 60, 100), "one is not answered yet");
+        assert!(h.first(60, 100), "one is not answered yet");
         h.answered(5);
-        assert!(!h.first(|| unreachable!(), 100), "all answered (more answers count as all)");
+        assert!(!h.first(70, 100), "all answered (more answers count as all)");
         h.note(1, 1_000);
-        assert!(h.first(|| 1_100, 100), "at the bound");
-        assert!(!h.first(|| 1_101, 100), "past it: taken as lost");
-        assert!(!h.first(|| 1_102, 100), "and forgotten");
+        assert!(h.first(1_100, 100), "at the bound");
+        assert!(!h.first(1_101, 100), "past it: taken as lost");
+        assert!(!h.first(1_102, 100), "and forgotten");
     }
 
     #[test]

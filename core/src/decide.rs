@@ -95,10 +95,10 @@ pub enum Strict {
     /// counted twice they would refuse a small limit's last requests that
     /// Redis would allow.
     Before,
-    /// A limit Redis decides, counted after the response (`count_if=`):
-    /// counted here in flight, no increment pushed; the caller sends the
-    /// count down the zone's strict link, ahead of the worker's next check
-    /// of the key.
+    /// A limit Redis decides, counted without waiting for it (`count_if=`
+    /// after the response, a Lua caller): counted here in flight, no
+    /// increment pushed; the count goes down the zone's strict link, ahead
+    /// of the worker's next check of the key.
     Later,
     /// Redis allowed the request and counted it.
     Allowed,
@@ -128,8 +128,9 @@ pub enum Take {
 }
 
 impl Take {
+    /// Whether a request `allowed` (or not) is counted.
     #[inline(always)]
-    fn counts(self, allowed: bool) -> bool {
+    pub fn counts(self, allowed: bool) -> bool {
         match self {
             Take::IfAllowed => allowed,
             Take::Always => true,

@@ -30,7 +30,7 @@ use crate::shm::{Locked, Shared};
 mod later;
 mod mode;
 
-pub use later::{send_later, small_in_redis};
+pub use later::small_in_redis;
 
 /// One limit to decide: a zone, the key's namespace (the zone's name, or a
 /// Lua caller's) and bytes, and the rate.
@@ -96,14 +96,23 @@ pub fn decide_with_ids(
 ) -> Result<(Decision, Ids), NoZone> {
     match asks {
         // one limit Redis decides (checked before its wait, and again
-        // with the verdict)
+        // with the verdict), or a count of one that is not waited for
         [one] => {
             let (d, id) = decide_one(mcf, one, now, take, log)?;
+            if one.strict == Strict::Later && take.counts(d.allowed) {
+                later::send(asks, &[id], now);
+            }
             let mut ids = Ids::new();
             ids.push(id);
             Ok((d, ids))
         }
-        _ => decide_many(mcf, asks, now, take, log),
+        _ => {
+            let (d, ids) = decide_many(mcf, asks, now, take, log)?;
+            if take.counts(d.allowed) && asks.iter().any(|a| a.strict == Strict::Later) {
+                later::send(asks, &ids, now);
+            }
+            Ok((d, ids))
+        }
     }
 }
 

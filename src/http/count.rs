@@ -72,7 +72,6 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
         // through, so it happened
         let now = now_ms();
         let _ = engine::decide(mcf, &asks, now, Take::Always, debug_log(r));
-        engine::send_later(mcf, &asks, now);
     }
     NGX_OK as ngx_int_t
 }

@@ -213,7 +213,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     let how = if take == TAKE_ALWAYS { Take::Always } else { Take::IfAllowed };
     // a limit the directive has Redis decide is decided here (a Lua caller
     // does not wait), and counted down the strict link, ahead of the
-    // worker's next strict check of the key (`engine::send_later`)
+    // worker's next strict check of the key (`Strict::Later`)
     let strict = if engine::small_in_redis(mcf, index, rate) { Strict::Later } else { Strict::No };
     let ask = Ask {
         zone: index,
@@ -232,9 +232,6 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
         return ERR_ZONE;
     };
     let allowed = d.allowed;
-    if strict == Strict::Later && (allowed || how == Take::Always) {
-        engine::send_later(mcf, &[ask], now);
-    }
     let after = d.checked.after;
     // SAFETY: out-pointers are checked for null; the caller owns them.
     unsafe {

@@ -2,7 +2,7 @@
 
 use std::ptr;
 
-use nginx_sys::ngx_cached_time;
+use nginx_sys::{ngx_cached_time, ngx_current_msec};
 
 /// Wall-clock milliseconds from nginx's cached time (windows are aligned to
 /// the epoch, so every node agrees on them).
@@ -13,6 +13,13 @@ pub fn now_ms() -> u64 {
         let tp = ptr::read_volatile(ptr::addr_of!(ngx_cached_time));
         ((*tp).sec as u64) * 1000 + (*tp).msec as u64
     }
+}
+
+/// nginx's monotonic milliseconds, as the event loop last read them
+/// (timers run on it): nothing read per call.
+pub fn mono_ms() -> u64 {
+    // SAFETY: a word nginx updates on this thread, read as nginx reads it.
+    unsafe { ptr::read_volatile(ptr::addr_of!(ngx_current_msec)) as u64 }
 }
 
 /// A monotonic clock in microseconds (a strict call's round trip), read

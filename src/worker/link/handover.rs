@@ -2,13 +2,13 @@
 //! after a call failed on it), counted until the thread answers them:
 //! meanwhile the zone's new asks follow them (`Link::thread_first`).
 
-use super::{Link, LINKS};
+use super::{made, Link};
 use crate::backend::{Channel, StrictAsk};
-use crate::worker::time::mono_us;
+use crate::worker::time::mono_ms;
 
 /// The thread answered `asks` of `zone` (an `Event::Strict`).
 pub fn thread_answered(zone: usize, asks: usize) {
-    if let Some(l) = LINKS.with(|l| l.borrow().get(zone).copied().flatten()) {
+    if let Some(l) = made(zone) {
         // SAFETY: links live for the worker's life; this thread only.
         let link = unsafe { &mut *l };
         link.handed.answered(asks);
@@ -19,7 +19,7 @@ impl Link {
     /// Hands asks to the thread (counted: `thread_first`).
     pub(super) fn hand_over(&mut self, ch: &Channel, asks: Vec<StrictAsk>) {
         if !asks.is_empty() {
-            self.handed.note(asks.len(), mono_us());
+            self.handed.note(asks.len(), mono_ms());
             ch.push_strict(asks);
         }
     }
@@ -32,7 +32,6 @@ impl Link {
     /// link is used again.
     #[inline]
     pub(super) fn thread_first(&mut self) -> bool {
-        let stale_us = (2 * self.timeout_ms + 1000) * 1000;
-        self.handed.first(mono_us, stale_us)
+        self.handed.first(mono_ms(), 2 * self.timeout_ms + 1000)
     }
 }

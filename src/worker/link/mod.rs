@@ -29,13 +29,9 @@
 //!   dropped: calls out get no answer (they may have run: `on_error`
 //!   decides), calls not written go to the thread, which checks the
 //!   backend and makes a new link after a backoff.
-//! - While asks handed to the thread (made before the link was there, or
-//!   after a call failed on it) wait for their answers, new asks of the
-//!   zone follow them through the thread: down the link they could reach
-//!   Redis first, and a count made before a check would miss it.
-//! - Lua's `reset` of a key writes its `DEL` down the link (`reset`), so
-//!   that it reaches Redis between this worker's calls made before and
-//!   after it; its reply is taken out in its turn.
+//! - While asks handed to the thread wait for their answers, new asks of
+//!   the zone follow them (`handover.rs`); Lua's `reset` writes its `DEL`
+//!   down the link, between the calls made before and after it (`reset`).
 
 mod answer;
 mod fail;
@@ -62,7 +58,7 @@ use ratelimit_core::strict;
 
 use crate::backend::{Channel, StrictAsk, StrictGroup};
 use crate::worker::reply::main_conf;
-use crate::worker::time::{mono_us, now_ms};
+use crate::worker::time::{mono_ms, mono_us, now_ms};
 
 /// Bytes read per `recv()`.
 const READ_CHUNK: usize = 16 << 10;
@@ -140,6 +136,11 @@ fn link(zone: usize) -> *mut Link {
     })
 }
 
+/// The zone's link, if this worker made one.
+fn made(zone: usize) -> Option<*mut Link> {
+    LINKS.with(|l| l.borrow().get(zone).copied().flatten())
+}
+
 /// Takes a connection the thread made for `zone`'s strict calls (one that
 /// cannot be taken is closed, and the thread asked for another).
 pub fn attach(zone: usize, fd: OwnedFd, clock_offset_ms: Option<i64>, log: *mut ngx_log_t) {
@@ -209,7 +210,7 @@ pub fn send(ch: &Channel, asks: impl IntoIterator<Item = StrictAsk>) {
                 link.asked = true;
                 ch.want_link(a.id.zone as usize);
             }
-            link.handed.note(1, mono_us());
+            link.handed.note(1, mono_ms());
             rest.push(a);
             continue;
         }

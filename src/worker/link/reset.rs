@@ -3,7 +3,7 @@
 
 use ratelimit_core::resp;
 
-use super::LINKS;
+use super::made;
 use crate::worker::reply::main_conf;
 use crate::worker::time::mono_us;
 
@@ -21,7 +21,7 @@ pub fn reset(zone: usize, tag: &[u8], period: u32, window: u64) -> bool {
     let Some(params) = main_conf().and_then(|m| m.zones.get(zone)?.params.as_ref()) else {
         return false;
     };
-    let Some(l) = LINKS.with(|l| l.borrow().get(zone).copied().flatten()) else {
+    let Some(l) = made(zone) else {
         return false;
     };
     // SAFETY: links live for the worker's life; this thread only.
