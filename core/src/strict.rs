@@ -208,6 +208,13 @@ pub struct Texts {
     /// How a key's name ends after its tag: `}:<period>:<start>` and CRLF,
     /// for the window's counter, then for the one before.
     tails: [smallvec::SmallVec<[u8; 40]>; 2],
+    /// The last call of one group: its text up to its arguments, of the
+    /// shape (period, window, requests, whether `TIME` is read) and for
+    /// the prefix and tag (`one_name`: `<prefix>{<tag>`) it was written
+    /// for.
+    one: Vec<u8>,
+    one_shape: Option<(u32, u64, usize, bool)>,
+    one_name: Vec<u8>,
 }
 
 impl Texts {
@@ -228,6 +235,15 @@ impl Texts {
             self.window = Some((g.period, g.window));
         }
         (&self.tails[0], &self.tails[1])
+    }
+
+    /// Whether `one` was written for this prefix and tag.
+    #[inline(always)]
+    fn one_names(&self, prefix: &[u8], tag: &[u8]) -> bool {
+        let n = &self.one_name;
+        n.len() == prefix.len() + 1 + tag.len()
+            && n[..prefix.len()] == *prefix
+            && n[prefix.len() + 1..] == *tag
     }
 }
 
@@ -304,8 +320,41 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
 
     /// The command written as RESP at the end of `out` (a strict link's
     /// request path: appended to room reserved once, no allocation per
-    /// word).
+    /// word). A call of one group whose key, window, flag and number of
+    /// requests are those of the writer's last such call copies its text
+    /// up to the arguments (`Texts::one`): a hot key's calls differ only
+    /// in them.
     pub fn write(&self, out: &mut Vec<u8>, texts: &mut Texts) {
+        let mut groups = self.groups.clone();
+        let (Some(g), None) = (groups.next(), groups.next()) else {
+            let mut w = self.write_head(out, texts);
+            self.write_args(&mut w, texts);
+            return;
+        };
+        let timed = self.clock_offset_ms.is_some() && g.has_deadline();
+        let shape = (g.period, g.window, g.costs.len(), timed);
+        let room = 28 * (5 + 2 * g.costs.len());
+        if texts.one_shape == Some(shape) && texts.one_names(self.prefix, g.tag) {
+            out.reserve(texts.one.len() + room);
+            out.extend_from_slice(&texts.one);
+        } else {
+            let at = out.len();
+            self.write_head(out, texts);
+            texts.one.clear();
+            texts.one.extend_from_slice(&out[at..]);
+            texts.one_shape = Some(shape);
+            texts.one_name.clear();
+            texts.one_name.extend_from_slice(self.prefix);
+            texts.one_name.push(b'{');
+            texts.one_name.extend_from_slice(g.tag);
+        }
+        let mut w = resp::Writer::new(out, room);
+        self.write_group_args(&mut w, g, false, texts);
+    }
+
+    /// The array's head, `EVALSHA <sha>`, the number of keys, the keys and
+    /// whether `TIME` is read; the writer has room for the arguments.
+    fn write_head<'o>(&self, out: &'o mut Vec<u8>, texts: &mut Texts) -> resp::Writer<'o> {
         static HEAD: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
         let head = HEAD.get_or_init(|| {
             let mut head = Vec::new();
@@ -352,32 +401,50 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             w.put(prev);
         }
         w.put(if timed { b"$1\r\n1\r\n" } else { b"$1\r\n0\r\n" });
+        w
+    }
+
+    /// Every group's arguments.
+    fn write_args(&self, w: &mut resp::Writer<'_>, texts: &mut Texts) {
         for (g, same) in self.same_as_before() {
-            if same {
-                w.put(b"$1\r\n=\r\n");
+            self.write_group_args(w, g, same, texts);
+        }
+    }
+
+    /// A group's arguments: its limit's (`SAME`: those of the group before
+    /// it), then its requests'.
+    #[inline(always)]
+    fn write_group_args(
+        &self,
+        w: &mut resp::Writer<'_>,
+        g: Group<'a>,
+        same: bool,
+        texts: &mut Texts,
+    ) {
+        if same {
+            w.put(b"$1\r\n=\r\n");
+        } else {
+            let [elapsed, limit, period, ttl] = g.limit_args(self.now_ms);
+            w.bulk_u64(elapsed);
+            if texts.rate == Some((g.limit, g.period)) {
+                w.put(&texts.rate_text);
             } else {
-                let [elapsed, limit, period, ttl] = g.limit_args(self.now_ms);
-                w.bulk_u64(elapsed);
-                if texts.rate == Some((g.limit, g.period)) {
-                    w.put(&texts.rate_text);
-                } else {
-                    let at = w.mark();
-                    for n in [limit, period, ttl] {
-                        w.bulk_u64(n);
-                    }
-                    texts.rate_text.clear();
-                    texts.rate_text.extend_from_slice(w.since(at));
-                    texts.rate = Some((g.limit, g.period));
-                }
-            }
-            g.request_args(self.clock_offset_ms, |n| {
-                if n == COUNTED {
-                    w.put(b"$2\r\n-1\r\n");
-                } else {
+                let at = w.mark();
+                for n in [limit, period, ttl] {
                     w.bulk_u64(n);
                 }
-            });
+                texts.rate_text.clear();
+                texts.rate_text.extend_from_slice(w.since(at));
+                texts.rate = Some((g.limit, g.period));
+            }
         }
+        g.request_args(self.clock_offset_ms, |n| {
+            if n == COUNTED {
+                w.put(b"$2\r\n-1\r\n");
+            } else {
+                w.bulk_u64(n);
+            }
+        });
     }
 }
 

@@ -253,7 +253,12 @@ fn text_kept_from_one_call_is_written_as_it_would_be_again() {
     let longer = Group { period: 10, window: 1000, ..a };
     let costly = Group { costs: &[9], ..a };
     let counted = Group { costs: &[10], deadlines: &[COUNTED], ..a };
-    let calls: [&[Group]; 15] = [
+    // calls of one group copy their text up to the arguments from the
+    // last such call when nothing of it changed
+    let timed = Group { deadlines: &[9], ..a };
+    let two = Group { costs: &[1, 2], deadlines: &[0, 0], ..a };
+    let same_length = Group { tag: b"z:j", ..a };
+    let calls: [&[Group]; 24] = [
         &[a],
         &[a],
         &[tighter],
@@ -269,11 +274,20 @@ fn text_kept_from_one_call_is_written_as_it_would_be_again() {
         &[longer],
         &[costly, counted],
         &[Group { deadlines: &[COUNTED], ..costly }],
+        &[a],
+        &[timed],
+        &[a],
+        &[two],
+        &[a],
+        &[same_length],
+        &[a],
+        &[a], // another prefix (below)
+        &[a],
     ];
     let mut texts = Texts::default();
     for (i, groups) in calls.iter().enumerate() {
         let c = Call {
-            prefix: b"rl:",
+            prefix: if i == 22 { b"rm:" } else { b"rl:" },
             now_ms: 6_000_500 + i as u64,
             clock_offset_ms: Some(0),
             groups: groups.iter().copied(),
