@@ -18,22 +18,30 @@ type Fast = BuildHasherDefault<ItemHasher>;
 pub struct Calls<K, G> {
     /// Per key that has a group waiting or a call out (or both).
     keys: HashMap<K, Slot<G>, Fast>,
-    /// The keys whose waiting group can be written (no call out), in the
-    /// order they became so.
-    ready: Vec<K>,
+    /// The groups that can be written (their keys have no call out), in
+    /// the order they became so.
+    ready: Vec<(K, G)>,
+    /// How many times `ready` was written: a key listed as ready in an
+    /// earlier round has its call out.
+    round: u64,
     /// How many groups wait (ready or behind a call out).
     waiting: usize,
-    /// The groups of the calls out, oldest first.
-    flight: VecDeque<(K, G)>,
+    /// The groups of the calls written, oldest first; those before `head`
+    /// are answered (dropped when all are, or when they are the most).
+    flight: Vec<(K, G)>,
+    head: usize,
     /// Per call out, oldest first: how many of `flight`'s groups it holds,
     /// and when it was written (the caller's clock).
     calls: VecDeque<(usize, u64)>,
 }
 
 #[derive(Debug)]
-struct Slot<G> {
-    waiting: Option<G>,
-    out: bool,
+enum Slot<G> {
+    /// Its group is `ready[at]` if `round` is the current one; else it was
+    /// written then, and its call is out.
+    Ready { round: u64, at: usize },
+    /// Its call is out, and a group waits behind it.
+    Behind(G),
 }
 
 impl<K: Hash + Eq + Copy, G> Default for Calls<K, G> {
@@ -41,8 +49,10 @@ impl<K: Hash + Eq + Copy, G> Default for Calls<K, G> {
         Calls {
             keys: HashMap::default(),
             ready: Vec::new(),
+            round: 0,
             waiting: 0,
-            flight: VecDeque::new(),
+            flight: Vec::new(),
+            head: 0,
             calls: VecDeque::new(),
         }
     }
@@ -51,14 +61,29 @@ impl<K: Hash + Eq + Copy, G> Default for Calls<K, G> {
 impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// The group waiting for `key` (made by `make` if there is none).
     pub fn waiting(&mut self, key: K, make: impl FnOnce() -> G) -> &mut G {
-        let slot = self.keys.entry(key).or_insert(Slot { waiting: None, out: false });
-        if slot.waiting.is_none() {
-            self.waiting += 1;
-            if !slot.out {
-                self.ready.push(key);
+        let (round, ready) = (self.round, &mut self.ready);
+        let slot = match self.keys.entry(key) {
+            Entry::Vacant(e) => {
+                e.insert(Slot::Ready { round, at: ready.len() });
+                self.waiting += 1;
+                ready.push((key, make()));
+                let last = ready.len() - 1;
+                return &mut ready[last].1;
             }
+            Entry::Occupied(e) => e.into_mut(),
+        };
+        if let Slot::Ready { round: r, at } = *slot {
+            if r == round {
+                return &mut ready[at].1;
+            }
+            // its call is out: the group waits behind it
+            self.waiting += 1;
+            *slot = Slot::Behind(make());
         }
-        slot.waiting.get_or_insert_with(make)
+        match slot {
+            Slot::Behind(g) => g,
+            Slot::Ready { at, .. } => &mut ready[*at].1,
+        }
     }
 
     /// Moves every waiting group whose key has no call out to calls out
@@ -74,29 +99,25 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     ) -> impl Iterator<Item = impl Iterator<Item = &G> + Clone> {
         let (start, first) = (self.flight.len(), self.calls.len());
         let (mut size, mut sum) = (0, 0);
-        for k in self.ready.drain(..) {
-            if let Some(g) = self.keys.get_mut(&k).and_then(|s| {
-                s.out = true;
-                s.waiting.take()
-            }) {
-                self.waiting -= 1;
-                let w = weight(&g);
-                if size > 0 && (size >= max || sum + w > max_weight) {
-                    self.calls.push_back((size, at));
-                    (size, sum) = (0, 0);
-                }
-                size += 1;
-                sum += w;
-                self.flight.push_back((k, g));
+        self.waiting -= self.ready.len();
+        for (k, g) in self.ready.drain(..) {
+            let w = weight(&g);
+            if size > 0 && (size >= max || sum + w > max_weight) {
+                self.calls.push_back((size, at));
+                (size, sum) = (0, 0);
             }
+            size += 1;
+            sum += w;
+            self.flight.push((k, g));
         }
         if size > 0 {
             self.calls.push_back((size, at));
         }
+        self.round += 1;
         let flight = &self.flight;
         let mut from = start;
         self.calls.range(first..).map(move |&(n, _)| {
-            let groups = flight.range(from..from + n).map(|(_, g)| g);
+            let groups = flight[from..from + n].iter().map(|(_, g)| g);
             from += n;
             groups
         })
@@ -112,27 +133,37 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// The groups of the oldest call out (none when no call is out).
     pub fn oldest(&self) -> impl Iterator<Item = &G> + Clone {
         let n = self.calls.front().map_or(0, |c| c.0);
-        self.flight.range(..n).map(|(_, g)| g)
+        self.flight[self.head..self.head + n].iter().map(|(_, g)| g)
     }
 
     /// The oldest call out, answered (the connection answers in order):
-    /// each of its groups handed to `f` in order, where it is (then
-    /// dropped); when it was written.
+    /// each of its groups handed to `f` in order, where it is (dropped
+    /// later); when it was written.
     pub fn answered(&mut self, mut f: impl FnMut(&mut G)) -> Option<u64> {
         let (n, at) = self.calls.pop_front()?;
-        for (k, g) in self.flight.range_mut(..n) {
+        let (round, ready) = (self.round, &mut self.ready);
+        for (k, g) in &mut self.flight[self.head..self.head + n] {
             // one lookup: the key stays only while a group waits for it
             if let Entry::Occupied(mut e) = self.keys.entry(*k) {
-                if e.get().waiting.is_some() {
-                    e.get_mut().out = false;
-                    self.ready.push(*k);
+                if matches!(e.get(), Slot::Behind(_)) {
+                    let slot = std::mem::replace(e.get_mut(), Slot::Ready { round, at: ready.len() });
+                    if let Slot::Behind(behind) = slot {
+                        ready.push((*k, behind));
+                    }
                 } else {
                     e.remove();
                 }
             }
             f(g);
         }
-        self.flight.drain(..n);
+        self.head += n;
+        if self.head == self.flight.len() {
+            self.flight.clear();
+            self.head = 0;
+        } else if self.head > 64 && self.head * 2 > self.flight.len() {
+            self.flight.drain(..self.head);
+            self.head = 0;
+        }
         Some(at)
     }
 
@@ -161,11 +192,17 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// Everything, taken out: the groups of the calls out (in order), then
     /// what waited.
     pub fn drain(&mut self) -> (Vec<G>, Vec<G>) {
-        self.ready.clear();
         self.waiting = 0;
         self.calls.clear();
-        let out = self.flight.drain(..).map(|(_, g)| g).collect();
-        let waiting = self.keys.drain().filter_map(|(_, s)| s.waiting).collect();
+        self.round += 1;
+        let out = self.flight.drain(self.head..).map(|(_, g)| g).collect();
+        self.flight.clear();
+        self.head = 0;
+        let mut waiting: Vec<G> = self.ready.drain(..).map(|(_, g)| g).collect();
+        waiting.extend(self.keys.drain().filter_map(|(_, s)| match s {
+            Slot::Behind(g) => Some(g),
+            Slot::Ready { .. } => None,
+        }));
         (out, waiting)
     }
 }
