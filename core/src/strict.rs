@@ -30,6 +30,10 @@ use crate::key::write_key_for_tag;
 use crate::rate::Rate;
 use crate::resp::{self, Digits};
 
+#[path = "strict_answer.rs"]
+mod answer;
+pub use answer::{parse_answer, Answer, Answers, Outcome};
+
 /// The most requests a period a limit may allow to be decided in Redis
 /// without `strict` (`small`).
 pub const SMALL_MAX: u32 = 20;
@@ -454,80 +458,6 @@ enum Word<'a> {
     Bytes(&'a [u8]),
     Number(u64),
     Key(Group<'a>, u64),
-}
-
-/// What Redis answered for a group.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Answer {
-    /// The current window's count after the call (ours included).
-    pub cur: u64,
-    /// The previous window's count.
-    pub prev: u64,
-    /// One per request of the group, in order: allowed (and counted) or
-    /// not; `None` when the script ran after the request's deadline (not
-    /// checked, not counted: `on_error` decided it).
-    pub allowed: smallvec::SmallVec<[Option<bool>; 4]>,
-}
-
-/// What a call's answer says of one of its groups.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Answer(Answer),
-    /// It failed after another group of the call counted: nothing was
-    /// counted for it, and a call of its own gets its error.
-    Alone,
-    /// Not what the script answers: its requests are decided by
-    /// `on_error`.
-    Bad,
-}
-
-/// A call's answer (the integers of the script's array) read group by
-/// group, in the call's order. An answer of another length than its
-/// groups' is `Bad` for all.
-pub struct Answers<'v> {
-    rest: &'v [i64],
-    whole: bool,
-}
-
-impl<'v> Answers<'v> {
-    /// `values` for a call of `groups` groups with `requests` requests in
-    /// all.
-    pub fn new(values: &'v [i64], groups: usize, requests: usize) -> Answers<'v> {
-        Answers { rest: values, whole: values.len() == 2 * groups + requests }
-    }
-
-    /// The next group's outcome (`requests`: its number of requests).
-    pub fn next(&mut self, requests: usize) -> Outcome {
-        if !self.whole || self.rest.len() < 2 + requests {
-            return Outcome::Bad;
-        }
-        let (part, rest) = self.rest.split_at(2 + requests);
-        self.rest = rest;
-        match part {
-            [-1, ..] => Outcome::Alone,
-            _ => parse_answer(part, requests).map_or(Outcome::Bad, Outcome::Answer),
-        }
-    }
-}
-
-/// Reads one group's part of the answer, checking that it has one flag
-/// per request: anything else is `None` (the group fails, and its
-/// requests are decided by `on_error`).
-pub fn parse_answer(values: &[i64], requests: usize) -> Option<Answer> {
-    let (&cur, rest) = values.split_first()?;
-    let (&prev, flags) = rest.split_first()?;
-    if flags.len() != requests
-        || cur < 0
-        || prev < 0
-        || flags.iter().any(|&f| !(0..=2).contains(&f))
-    {
-        return None;
-    }
-    let mut allowed = smallvec::SmallVec::new();
-    for &f in flags {
-        allowed.push((f != 2).then_some(f == 1));
-    }
-    Some(Answer { cur: cur as u64, prev: prev as u64, allowed })
 }
 
 /// The script's decision in Rust, with the same arithmetic: for counts
