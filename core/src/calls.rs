@@ -17,10 +17,16 @@ type Fast = BuildHasherDefault<ItemHasher>;
 #[derive(Debug)]
 pub struct Calls<K, G> {
     /// Per key that has a group waiting or a call out (or both).
-    keys: HashMap<K, Slot<G>, Fast>,
+    keys: HashMap<K, Slot, Fast>,
+    /// Every group, waiting or out, where it stays until it is answered;
+    /// then its place is free (`free`), and made new for another group
+    /// (`waiting`'s `renew`): writing a call or answering it moves places,
+    /// not groups.
+    groups: Vec<(K, G)>,
+    free: Vec<u32>,
     /// The groups that can be written (their keys have no call out), in
     /// the order they became so.
-    ready: Vec<(K, G)>,
+    ready: Vec<u32>,
     /// How many times `ready` was written: a key listed as ready in an
     /// earlier round has its call out.
     round: u64,
@@ -28,26 +34,28 @@ pub struct Calls<K, G> {
     waiting: usize,
     /// The groups of the calls written, oldest first; those before `head`
     /// are answered (dropped when all are, or when they are the most).
-    flight: Vec<(K, G)>,
+    flight: Vec<u32>,
     head: usize,
     /// Per call out, oldest first: how many of `flight`'s groups it holds,
     /// and when it was written (the caller's clock).
     calls: VecDeque<(usize, u64)>,
 }
 
-#[derive(Debug)]
-enum Slot<G> {
-    /// Its group is `ready[at]` if `round` is the current one; else it was
-    /// written then, and its call is out.
-    Ready { round: u64, at: usize },
-    /// Its call is out, and a group waits behind it.
-    Behind(G),
+#[derive(Clone, Copy, Debug)]
+enum Slot {
+    /// Its group is `groups[at]`, ready if `round` is the current one;
+    /// else it was written then, and its call is out.
+    Ready { round: u64, at: u32 },
+    /// Its call is out, and the group `groups[at]` waits behind it.
+    Behind(u32),
 }
 
 impl<K: Hash + Eq + Copy, G> Default for Calls<K, G> {
     fn default() -> Self {
         Calls {
             keys: HashMap::default(),
+            groups: Vec::new(),
+            free: Vec::new(),
             ready: Vec::new(),
             round: 0,
             waiting: 0,
@@ -58,32 +66,63 @@ impl<K: Hash + Eq + Copy, G> Default for Calls<K, G> {
     }
 }
 
+/// Where a new group of `key` goes: a free place made new by `renew`, or
+/// a new one with `make`'s group.
+#[inline(always)]
+fn place<K, G>(
+    groups: &mut Vec<(K, G)>,
+    free: &mut Vec<u32>,
+    key: K,
+    make: impl FnOnce() -> G,
+    renew: impl FnOnce(&mut G),
+) -> u32 {
+    match free.pop() {
+        Some(i) => {
+            let (k, g) = &mut groups[i as usize];
+            *k = key;
+            renew(g);
+            i
+        }
+        None => {
+            groups.push((key, make()));
+            (groups.len() - 1) as u32
+        }
+    }
+}
+
 impl<K: Hash + Eq + Copy, G> Calls<K, G> {
-    /// The group waiting for `key` (made by `make` if there is none).
-    pub fn waiting(&mut self, key: K, make: impl FnOnce() -> G) -> &mut G {
-        let (round, ready) = (self.round, &mut self.ready);
-        let slot = match self.keys.entry(key) {
+    /// The group waiting for `key`; if there is none, a new one: `make`'s,
+    /// or a free place's group made new by `renew` (which makes it what
+    /// `make` would: a group's place is used again without moving one).
+    pub fn waiting(
+        &mut self,
+        key: K,
+        make: impl FnOnce() -> G,
+        renew: impl FnOnce(&mut G),
+    ) -> &mut G {
+        let round = self.round;
+        let (groups, free) = (&mut self.groups, &mut self.free);
+        let i = match self.keys.entry(key) {
             Entry::Vacant(e) => {
-                e.insert(Slot::Ready { round, at: ready.len() });
+                let i = place(groups, free, key, make, renew);
+                e.insert(Slot::Ready { round, at: i });
+                self.ready.push(i);
                 self.waiting += 1;
-                ready.push((key, make()));
-                let last = ready.len() - 1;
-                return &mut ready[last].1;
+                i
             }
-            Entry::Occupied(e) => e.into_mut(),
+            Entry::Occupied(mut e) => match *e.get() {
+                Slot::Ready { round: r, at } if r == round => at,
+                Slot::Ready { .. } => {
+                    // its call is out: the group waits behind it
+                    let i = place(groups, free, key, make, renew);
+                    *e.get_mut() = Slot::Behind(i);
+                    self.waiting += 1;
+                    i
+                }
+                Slot::Behind(i) => i,
+            },
         };
-        if let Slot::Ready { round: r, at } = *slot {
-            if r == round {
-                return &mut ready[at].1;
-            }
-            // its call is out: the group waits behind it
-            self.waiting += 1;
-            *slot = Slot::Behind(make());
-        }
-        match slot {
-            Slot::Behind(g) => g,
-            Slot::Ready { at, .. } => &mut ready[*at].1,
-        }
+        &mut groups[i as usize].1
     }
 
     /// Moves every waiting group whose key has no call out to calls out
@@ -100,26 +139,27 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         let (start, first) = (self.flight.len(), self.calls.len());
         let (mut size, mut sum) = (0, 0);
         self.waiting -= self.ready.len();
-        for (k, g) in self.ready.drain(..) {
-            let w = weight(&g);
+        for &i in &self.ready {
+            let w = weight(&self.groups[i as usize].1);
             if size > 0 && (size >= max || sum + w > max_weight) {
                 self.calls.push_back((size, at));
                 (size, sum) = (0, 0);
             }
             size += 1;
             sum += w;
-            self.flight.push((k, g));
         }
+        self.flight.extend_from_slice(&self.ready);
+        self.ready.clear();
         if size > 0 {
             self.calls.push_back((size, at));
         }
         self.round += 1;
-        let flight = &self.flight;
+        let (flight, groups) = (&self.flight, &self.groups);
         let mut from = start;
         self.calls.range(first..).map(move |&(n, _)| {
-            let groups = flight[from..from + n].iter().map(|(_, g)| g);
+            let call = flight[from..from + n].iter().map(|&i| &groups[i as usize].1);
             from += n;
-            groups
+            call
         })
     }
 
@@ -133,29 +173,29 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// The groups of the oldest call out (none when no call is out).
     pub fn oldest(&self) -> impl Iterator<Item = &G> + Clone {
         let n = self.calls.front().map_or(0, |c| c.0);
-        self.flight[self.head..self.head + n].iter().map(|(_, g)| g)
+        let groups = &self.groups;
+        self.flight[self.head..self.head + n].iter().map(move |&i| &groups[i as usize].1)
     }
 
     /// The oldest call out, answered (the connection answers in order):
-    /// each of its groups handed to `f` in order, where it is (dropped
-    /// later); when it was written.
+    /// each of its groups handed to `f` in order, its place then free;
+    /// when it was written.
     pub fn answered(&mut self, mut f: impl FnMut(&mut G)) -> Option<u64> {
         let (n, at) = self.calls.pop_front()?;
-        let (round, ready) = (self.round, &mut self.ready);
-        for (k, g) in &mut self.flight[self.head..self.head + n] {
+        let round = self.round;
+        for &i in &self.flight[self.head..self.head + n] {
+            let (k, g) = &mut self.groups[i as usize];
             // one lookup: the key stays only while a group waits for it
             if let Entry::Occupied(mut e) = self.keys.entry(*k) {
-                if matches!(e.get(), Slot::Behind(_)) {
-                    let slot =
-                        std::mem::replace(e.get_mut(), Slot::Ready { round, at: ready.len() });
-                    if let Slot::Behind(behind) = slot {
-                        ready.push((*k, behind));
-                    }
+                if let Slot::Behind(b) = *e.get() {
+                    *e.get_mut() = Slot::Ready { round, at: b };
+                    self.ready.push(b);
                 } else {
                     e.remove();
                 }
             }
             f(g);
+            self.free.push(i);
         }
         self.head += n;
         if self.head == self.flight.len() {
@@ -196,14 +236,18 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         self.waiting = 0;
         self.calls.clear();
         self.round += 1;
-        let out = self.flight.drain(self.head..).map(|(_, g)| g).collect();
-        self.flight.clear();
-        self.head = 0;
-        let mut waiting: Vec<G> = self.ready.drain(..).map(|(_, g)| g).collect();
+        self.free.clear();
+        let mut groups: Vec<Option<G>> = self.groups.drain(..).map(|(_, g)| Some(g)).collect();
+        let mut take = |i: &u32| groups.get_mut(*i as usize).and_then(Option::take);
+        let out = self.flight[self.head..].iter().filter_map(&mut take).collect();
+        let mut waiting: Vec<G> = self.ready.iter().filter_map(&mut take).collect();
         waiting.extend(self.keys.drain().filter_map(|(_, s)| match s {
-            Slot::Behind(g) => Some(g),
+            Slot::Behind(i) => take(&i),
             Slot::Ready { .. } => None,
         }));
+        self.flight.clear();
+        self.ready.clear();
+        self.head = 0;
         (out, waiting)
     }
 }

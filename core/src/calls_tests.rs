@@ -42,10 +42,10 @@ fn calls_follow_those_handed_over_until_they_are_answered_or_stale() {
 #[test]
 fn a_command_of_no_group_is_answered_in_its_turn() {
     let mut c = C::default();
-    c.waiting(1, Vec::new).push(1);
+    c.waiting(1, Vec::new, Vec::clear).push(1);
     assert_eq!(write(&mut c, 8), vec![vec![vec![1]]]);
     c.other(5);
-    c.waiting(1, Vec::new).push(2);
+    c.waiting(1, Vec::new, Vec::clear).push(2);
     assert!(c.in_flight());
     assert_eq!(write(&mut c, 8), Vec::<Vec<Vec<u32>>>::new(), "key 1 has a call out");
     assert_eq!(answer(&mut c), Some(vec![vec![1]]));
@@ -62,28 +62,28 @@ fn a_command_of_no_group_is_answered_in_its_turn() {
 fn what_waits_is_written_early_once_enough_keys_can_go_and_few_calls_are_out() {
     let mut c = C::default();
     for k in 0..2 {
-        c.waiting(k, Vec::new).push(k);
+        c.waiting(k, Vec::new, Vec::clear).push(k);
     }
     assert!(!c.write_early(3, 2), "two keys can go, three are needed");
     // more requests of a key that waits already: still two keys
-    c.waiting(1, Vec::new).push(10);
+    c.waiting(1, Vec::new, Vec::clear).push(10);
     assert!(!c.write_early(3, 2));
-    c.waiting(2, Vec::new).push(2);
+    c.waiting(2, Vec::new, Vec::clear).push(2);
     assert!(c.write_early(3, 2), "three keys, no call out");
     assert_eq!(write(&mut c, 32).len(), 1);
     assert!(!c.write_early(1, 2), "nothing waits");
     // keys whose call is out wait behind it: they cannot go
     for k in 0..3 {
-        c.waiting(k, Vec::new).push(k);
+        c.waiting(k, Vec::new, Vec::clear).push(k);
     }
     assert!(!c.write_early(3, 2), "three wait, none can go");
     for k in 3..6 {
-        c.waiting(k, Vec::new).push(k);
+        c.waiting(k, Vec::new, Vec::clear).push(k);
     }
     assert!(c.write_early(3, 2), "three can go, one call out");
     assert_eq!(write(&mut c, 32).len(), 1);
     for k in 6..9 {
-        c.waiting(k, Vec::new).push(k);
+        c.waiting(k, Vec::new, Vec::clear).push(k);
     }
     assert!(!c.write_early(3, 2), "two calls out: the end of the turn");
     assert!(answer(&mut c).is_some());
@@ -94,9 +94,9 @@ fn what_waits_is_written_early_once_enough_keys_can_go_and_few_calls_are_out() {
 fn the_oldest_call_out_says_when_it_was_written() {
     let mut c = C::default();
     assert_eq!(c.oldest_at(), None);
-    c.waiting(1, Vec::new).push(10);
+    c.waiting(1, Vec::new, Vec::clear).push(10);
     assert_eq!(c.write(5, 8, usize::MAX, Vec::len).count(), 1);
-    c.waiting(2, Vec::new).push(20);
+    c.waiting(2, Vec::new, Vec::clear).push(20);
     assert_eq!(c.write(9, 8, usize::MAX, Vec::len).count(), 1);
     assert_eq!(c.oldest_at(), Some(5));
     assert_eq!(c.answered(|_| {}), Some(5));
@@ -108,16 +108,16 @@ fn the_oldest_call_out_says_when_it_was_written() {
 #[test]
 fn a_key_has_one_call_out_and_the_rest_wait_together() {
     let mut c = C::default();
-    c.waiting(1, Vec::new).push(10);
-    c.waiting(1, Vec::new).push(11);
-    c.waiting(2, Vec::new).push(20);
+    c.waiting(1, Vec::new, Vec::clear).push(10);
+    c.waiting(1, Vec::new, Vec::clear).push(11);
+    c.waiting(2, Vec::new, Vec::clear).push(20);
     let first = write(&mut c, 8);
     assert_eq!(first, [vec![vec![10, 11], vec![20]]], "one call, two keys");
     assert!(!c.has_waiting() && c.in_flight());
     // key 1 is out: its new requests wait, key 3 goes
-    c.waiting(1, Vec::new).push(12);
-    c.waiting(1, Vec::new).push(13);
-    c.waiting(3, Vec::new).push(30);
+    c.waiting(1, Vec::new, Vec::clear).push(12);
+    c.waiting(1, Vec::new, Vec::clear).push(13);
+    c.waiting(3, Vec::new, Vec::clear).push(30);
     assert_eq!(write(&mut c, 8), [vec![vec![30]]]);
     assert!(c.has_waiting());
     // answers in order free their keys
@@ -133,13 +133,13 @@ fn a_key_has_one_call_out_and_the_rest_wait_together() {
 fn keys_are_written_in_the_order_they_became_ready_in_calls_of_at_most_max() {
     let mut c = C::default();
     for k in [5, 1, 9, 3, 7] {
-        c.waiting(k, Vec::new).push(k);
+        c.waiting(k, Vec::new, Vec::clear).push(k);
     }
     let calls = write(&mut c, 2);
     assert_eq!(calls, [vec![vec![5], vec![1]], vec![vec![9], vec![3]], vec![vec![7]]]);
     // 9 and 5 wait behind their calls; 5's call is answered first
-    c.waiting(9, Vec::new).push(90);
-    c.waiting(5, Vec::new).push(50);
+    c.waiting(9, Vec::new, Vec::clear).push(90);
+    c.waiting(5, Vec::new, Vec::clear).push(50);
     assert!(write(&mut c, 2).is_empty());
     assert_eq!(answer(&mut c), Some(vec![vec![5], vec![1]]));
     assert_eq!(write(&mut c, 2), [vec![vec![50]]]);
@@ -157,7 +157,7 @@ fn keys_are_written_in_the_order_they_became_ready_in_calls_of_at_most_max() {
 fn a_call_holds_at_most_max_weight_unless_one_group_weighs_more() {
     let mut c = C::default();
     for (k, n) in [(1, 2), (2, 3), (3, 9), (4, 1), (5, 1), (6, 4)] {
-        c.waiting(k, Vec::new).extend(std::iter::repeat_n(k, n));
+        c.waiting(k, Vec::new, Vec::clear).extend(std::iter::repeat_n(k, n));
     }
     let calls = weighed(&mut c, 8, 5);
     let lens: Vec<Vec<usize>> = calls.iter().map(|x| x.iter().map(Vec::len).collect()).collect();
@@ -171,17 +171,17 @@ fn a_call_holds_at_most_max_weight_unless_one_group_weighs_more() {
 #[test]
 fn drain_takes_everything_and_frees_the_keys() {
     let mut c = C::default();
-    c.waiting(1, Vec::new).push(1);
+    c.waiting(1, Vec::new, Vec::clear).push(1);
     assert_eq!(write(&mut c, 4).len(), 1);
-    c.waiting(1, Vec::new).push(2);
-    c.waiting(2, Vec::new).push(3);
+    c.waiting(1, Vec::new, Vec::clear).push(2);
+    c.waiting(2, Vec::new, Vec::clear).push(3);
     let (out, mut waiting) = c.drain();
     waiting.sort();
     assert_eq!(out, [vec![1]]);
     assert_eq!(waiting, [vec![2], vec![3]]);
     assert!(!c.in_flight() && !c.has_waiting());
     // key 1 is free again
-    c.waiting(1, Vec::new).push(4);
+    c.waiting(1, Vec::new, Vec::clear).push(4);
     assert_eq!(write(&mut c, 4), [vec![vec![4]]]);
 }
 
@@ -210,7 +210,7 @@ fn random_use_answers_every_request_once_in_order_one_call_out_per_key() {
             match g.below(10) {
                 0..=4 => {
                     let k = g.below(6) as u32;
-                    c.waiting(k, Vec::new).push(k << 16 | pushed[k as usize]);
+                    c.waiting(k, Vec::new, Vec::clear).push(k << 16 | pushed[k as usize]);
                     pushed[k as usize] += 1;
                 }
                 5..=6 => {

@@ -80,7 +80,7 @@ impl StatsRef {
 }
 
 /// One limit of a strict request, for the thread to decide in Redis.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct StrictAsk {
     /// Names the waiting request (and which of its limits) in the answer.
     pub ticket: u64,
@@ -130,6 +130,18 @@ impl StrictGroup {
     /// A group with `a`'s key and limit, and none of its requests yet.
     pub fn of(a: &StrictAsk) -> StrictGroup {
         StrictGroup::from(StrictAsk { tag: a.tag.clone(), ..*a })
+    }
+
+    /// Made `of(a)` again, in place (its vectors keep their room).
+    pub fn renew(&mut self, a: &StrictAsk) {
+        self.id = a.id;
+        self.tag.clear();
+        self.tag.extend_from_slice(&a.tag);
+        self.period = a.period;
+        self.limit = a.limit;
+        self.tickets.clear();
+        self.costs.clear();
+        self.deadlines.clear();
     }
 
     /// What a script call needs of it.

@@ -35,7 +35,6 @@ use ratelimit_core::key::redis_tag_inline;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::window::window_index;
-use smallvec::SmallVec;
 
 use crate::backend::StrictAsk;
 use crate::conf::module::Module;
@@ -145,41 +144,20 @@ pub(super) fn limit(
         return finish(r, mcf, lcf, now, asks, &d);
     }
 
-    // wait
-    let mut sends: SmallVec<[StrictAsk; 2]> = SmallVec::new();
+    // wait: as long as its slowest zone's timeout= (past it, `on_error`
+    // decides, and a script that runs later counts nothing)
     let mut verdicts = [Verdict::NotAsked; MAX_STRICT];
-    // the request waits as long as its slowest zone's timeout=: past it,
-    // `on_error` decides, and a script that runs later counts nothing
-    let mut timeout = 0;
-    let mut k = 0;
-    for ((a, &want), &entry) in asks.iter().zip(wants).zip(&ids) {
-        if !want {
-            continue;
-        }
-        k += 1;
-        if a.strict != Strict::Before || k > verdicts.len() {
+    let (mut timeout, mut sent) = (0, 0u8);
+    for (k, (a, _)) in asks.iter().zip(wants).filter(|(_, w)| **w).enumerate() {
+        if a.strict != Strict::Before || k >= verdicts.len() {
             continue; // decided by `on_error`
         }
-        let z = mcf.zones.get(a.zone).ok_or(())?;
-        let shared = z.shared.as_ref().ok_or(())?;
+        let z = mcf.zones.get(a.zone).filter(|z| z.shared.is_some()).ok_or(())?;
         timeout = z.params.as_ref().map_or(timeout, |p| timeout.max(p.timeout_ms));
-        verdicts[k - 1] = Verdict::Waiting;
-        sends.push(StrictAsk {
-            ticket: k as u64 - 1, // and the wait's base, once it is listed
-            id: ItemId {
-                zone: a.zone as u32,
-                entry,
-                window: window_index(now, a.rate.period_ms()),
-            },
-            tag: redis_tag_inline(a.namespace, a.key),
-            period: a.rate.period,
-            limit: a.rate.limit,
-            cost: a.cost,
-            deadline_ms: 0, // once the slowest timeout= is known
-        });
-        Stats::bump(&shared.stats().strict_waits);
+        verdicts[k] = Verdict::Waiting;
+        sent += 1;
     }
-    let lone = asks.len() == 1 && sends.len() == 1;
+    let lone = asks.len() == 1 && sent == 1;
     let kept = lone.then(|| Kept {
         line: asks[0].line,
         key: asks[0].key.as_ptr(),
@@ -189,16 +167,31 @@ pub(super) fn limit(
     });
     let asked = Asked {
         verdicts,
-        waiting: sends.len() as u8,
+        waiting: sent,
         lone: lone.then(|| Lone { cost: asks[0].cost, decide: engine::answered }),
     };
     let wait = suspend(r, asked, kept, timeout)?;
     let base = waits::register(wait);
-    for s in &mut sends {
-        s.ticket |= base;
-        s.deadline_ms = now + timeout.max(1);
+    let deadline_ms = now + timeout.max(1);
+    let strict = asks.iter().zip(wants).zip(&ids).filter(|((_, w), _)| **w);
+    for (k, ((a, _), &entry)) in strict.enumerate() {
+        if verdicts.get(k) != Some(&Verdict::Waiting) {
+            continue;
+        }
+        if let Some(shared) = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()) {
+            Stats::bump(&shared.stats().strict_waits);
+        }
+        let ask = StrictAsk {
+            ticket: base | k as u64,
+            id: ItemId { zone: a.zone as u32, entry, window: window_index(now, a.rate.period_ms()) },
+            tag: redis_tag_inline(a.namespace, a.key),
+            period: a.rate.period,
+            limit: a.rate.limit,
+            cost: a.cost,
+            deadline_ms,
+        };
+        crate::worker::link::send_one(ch, &ask);
     }
-    crate::worker::link::send(ch, sends.drain(..));
     Ok(NGX_AGAIN as ngx_int_t)
 }
 

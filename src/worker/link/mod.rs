@@ -199,32 +199,32 @@ fn take(zone: usize, fd: OwnedFd, clock_offset_ms: Option<i64>, log: *mut ngx_lo
 /// Sends strict requests' limits: down the zone's link when it has one,
 /// else through the thread.
 pub fn send(ch: &Channel, asks: impl IntoIterator<Item = StrictAsk>) {
-    let mut rest = Vec::new();
     for a in asks {
-        // SAFETY: as in `take`.
-        let link = unsafe { &mut *link(a.id.zone as usize) };
-        if link.c.is_null() || link.thread_first() {
-            if !link.asked {
-                // a zone without a `strict` limit, first decided by Redis
-                // (a small limit): its link is made now
-                link.asked = true;
-                ch.want_link(a.id.zone as usize);
-            }
-            link.handed.note(1, mono_ms());
-            rest.push(a);
-            continue;
-        }
-        let (ticket, cost, deadline_ms) = (a.ticket, a.cost, a.deadline_ms);
-        let group = link.calls.waiting((a.id, a.limit), || StrictGroup::from(a));
-        group.push(ticket, cost, deadline_ms);
-        if link.calls.write_early(strict::EARLY_GROUPS, strict::EARLY_MAX_OUT) {
-            link.write_waiting();
-        } else {
-            link.post_flush();
-        }
+        send_one(ch, &a);
     }
-    if !rest.is_empty() {
-        ch.push_strict(rest);
+}
+
+/// `send` of one ask.
+pub fn send_one(ch: &Channel, a: &StrictAsk) {
+    // SAFETY: as in `take`.
+    let link = unsafe { &mut *link(a.id.zone as usize) };
+    if link.c.is_null() || link.thread_first() {
+        if !link.asked {
+            // a zone without a `strict` limit, first decided by Redis
+            // (a small limit): its link is made now
+            link.asked = true;
+            ch.want_link(a.id.zone as usize);
+        }
+        link.handed.note(1, mono_ms());
+        ch.push_strict([a.clone()]);
+        return;
+    }
+    let group = link.calls.waiting((a.id, a.limit), || StrictGroup::of(a), |g| g.renew(a));
+    group.push(a.ticket, a.cost, a.deadline_ms);
+    if link.calls.write_early(strict::EARLY_GROUPS, strict::EARLY_MAX_OUT) {
+        link.write_waiting();
+    } else {
+        link.post_flush();
     }
 }
 
