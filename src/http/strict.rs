@@ -31,16 +31,15 @@ use nginx_sys::{
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ratelimit_core::batch::ItemId;
-use ratelimit_core::key::redis_tag_inline;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::window::window_index;
 
-use crate::backend::StrictAsk;
 use crate::conf::module::Module;
 use crate::conf::{LocConf, MainConf, MAX_STRICT};
 use crate::engine::{self, Ask, Strict, Take};
 use crate::http::answer::{ask, debug_log, finish};
+use crate::worker::link;
 use crate::worker::time::now_ms;
 use crate::worker::waits::{self, Lone, Verdict, Wait};
 
@@ -181,16 +180,17 @@ pub(super) fn limit(
         if let Some(shared) = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()) {
             Stats::bump(&shared.stats().strict_waits);
         }
-        let ask = StrictAsk {
+        let ask = link::Ask {
             ticket: base | k as u64,
             id: ItemId { zone: a.zone as u32, entry, window: window_index(now, a.rate.period_ms()) },
-            tag: redis_tag_inline(a.namespace, a.key),
+            namespace: a.namespace,
+            key: a.key,
             period: a.rate.period,
             limit: a.rate.limit,
             cost: a.cost,
             deadline_ms,
         };
-        crate::worker::link::send_one(ch, &ask);
+        link::send_one(ch, &ask);
     }
     Ok(NGX_AGAIN as ngx_int_t)
 }

@@ -53,6 +53,7 @@ use nginx_sys::{
 };
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::calls::{Calls, Handed};
+use ratelimit_core::key::redis_tag_inline;
 use ratelimit_core::resp;
 use ratelimit_core::strict;
 
@@ -199,13 +200,75 @@ fn take(zone: usize, fd: OwnedFd, clock_offset_ms: Option<i64>, log: *mut ngx_lo
 /// Sends strict requests' limits: down the zone's link when it has one,
 /// else through the thread.
 pub fn send(ch: &Channel, asks: impl IntoIterator<Item = StrictAsk>) {
+    let mut rest = Vec::new();
     for a in asks {
-        send_one(ch, &a);
+        // SAFETY: as in `take`.
+        let link = unsafe { &mut *link(a.id.zone as usize) };
+        if link.c.is_null() || link.thread_first() {
+            if !link.asked {
+                link.asked = true;
+                ch.want_link(a.id.zone as usize);
+            }
+            link.handed.note(1, mono_ms());
+            rest.push(a);
+            continue;
+        }
+        let (ticket, cost, deadline_ms) = (a.ticket, a.cost, a.deadline_ms);
+        let group = link.calls.waiting((a.id, a.limit), || StrictGroup::of(&a), |g| g.renew(&a));
+        group.push(ticket, cost, deadline_ms);
+        if link.calls.write_early(strict::EARLY_GROUPS, strict::EARLY_MAX_OUT) {
+            link.write_waiting();
+        } else {
+            link.post_flush();
+        }
+    }
+    if !rest.is_empty() {
+        ch.push_strict(rest);
     }
 }
 
-/// `send` of one ask.
-pub fn send_one(ch: &Channel, a: &StrictAsk) {
+/// A strict request's limit, as its handler has it: `StrictAsk`'s parts,
+/// the key's hash tag still to be made (`redis_tag_inline`), made where
+/// its group is.
+pub struct Ask<'a> {
+    pub ticket: u64,
+    pub id: ItemId,
+    pub namespace: &'a [u8],
+    pub key: &'a [u8],
+    pub period: u32,
+    pub limit: u32,
+    pub cost: u32,
+    pub deadline_ms: u64,
+}
+
+impl Ask<'_> {
+    fn to_strict(&self) -> StrictAsk {
+        StrictAsk {
+            ticket: self.ticket,
+            id: self.id,
+            tag: redis_tag_inline(self.namespace, self.key),
+            period: self.period,
+            limit: self.limit,
+            cost: self.cost,
+            deadline_ms: self.deadline_ms,
+        }
+    }
+
+    /// A group of this key and limit with none of its requests, made new
+    /// in place.
+    fn renew(&self, g: &mut StrictGroup) {
+        g.id = self.id;
+        g.tag = redis_tag_inline(self.namespace, self.key);
+        g.period = self.period;
+        g.limit = self.limit;
+        g.tickets.clear();
+        g.costs.clear();
+        g.deadlines.clear();
+    }
+}
+
+/// `send` of one limit of a request, from its parts.
+pub fn send_one(ch: &Channel, a: &Ask<'_>) {
     // SAFETY: as in `take`.
     let link = unsafe { &mut *link(a.id.zone as usize) };
     if link.c.is_null() || link.thread_first() {
@@ -216,10 +279,14 @@ pub fn send_one(ch: &Channel, a: &StrictAsk) {
             ch.want_link(a.id.zone as usize);
         }
         link.handed.note(1, mono_ms());
-        ch.push_strict([a.clone()]);
+        ch.push_strict([a.to_strict()]);
         return;
     }
-    let group = link.calls.waiting((a.id, a.limit), || StrictGroup::of(a), |g| g.renew(a));
+    let group = link.calls.waiting(
+        (a.id, a.limit),
+        || StrictGroup::from(a.to_strict()),
+        |g| a.renew(g),
+    );
     group.push(a.ticket, a.cost, a.deadline_ms);
     if link.calls.write_early(strict::EARLY_GROUPS, strict::EARLY_MAX_OUT) {
         link.write_waiting();
