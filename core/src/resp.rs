@@ -265,56 +265,56 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
     }
 }
 
-/// A reply as a strict link reads it: an array of integers (what the
-/// script answers) read straight into integers, anything else as a
-/// `Value`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reply {
-    Ints(smallvec::SmallVec<[i64; 8]>),
-    Other(Value),
+/// What `read_ints` found at the start of a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ints {
+    /// A whole array of integers (what the script answers), its elements
+    /// in the caller's vector: the bytes it took.
+    Read(usize),
+    /// Only part of a reply so far.
+    Partial,
+    /// A reply of another kind, for `parse` to read.
+    Other,
 }
 
-/// `parse`, with an array of integers read as `Reply::Ints` (no `Value`
-/// per element, no allocation for a short one): `Ok(None)` when `buf`
-/// holds only part of the reply, else the reply and the bytes it took.
-pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, ProtocolError> {
-    let other = || Ok(parse(buf)?.map(|(v, n)| (Reply::Other(v), n)));
+/// Reads an array of integers from the start of `buf` straight into
+/// `ints` (cleared first; no `Value` per element, the caller's room used
+/// again), as `parse` would read it.
+pub fn read_ints(buf: &[u8], ints: &mut Vec<i64>) -> Result<Ints, ProtocolError> {
+    ints.clear();
     // an array's head read as an integer line is (`*` for `:`); a head
     // that is not one (a nil array, a partial line) goes to `parse`
-    if let (Some(b'*'), Some((n, mut at))) = (buf.first(), short_int(buf, 1)) {
-        if let Ok(n @ 0..=MAX_ARRAY) = usize::try_from(n) {
-            // room for the whole array at once (a call of several keys
-            // answers three or more integers a key), never more than the
-            // bytes at hand can hold (`:0\r\n` is the shortest element)
-            let room = n.min(4096).min(buf.len().saturating_sub(at) / 4);
-            let mut ints = smallvec::SmallVec::new();
-            if room > ints.inline_size() {
-                ints.reserve_exact(room);
+    let (Some(b'*'), Some((n, mut at))) = (buf.first(), short_int(buf, 1)) else {
+        return Ok(Ints::Other);
+    };
+    let Ok(n @ 0..=MAX_ARRAY) = usize::try_from(n) else {
+        return Ok(Ints::Other);
+    };
+    // room for the whole array at once (a call of several keys answers
+    // three or more integers a key), never more than the bytes at hand
+    // can hold (`:0\r\n` is the shortest element)
+    ints.reserve(n.min(4096).min(buf.len().saturating_sub(at) / 4));
+    while ints.len() < n {
+        match buf.get(at) {
+            Some(b':') => {}
+            // an element of another kind: the general reader
+            Some(_) => return Ok(Ints::Other),
+            None => return Ok(Ints::Partial),
+        }
+        match short_int(buf, at + 1) {
+            Some((n, end)) => {
+                ints.push(n);
+                at = end;
             }
-            while ints.len() < n {
-                match buf.get(at) {
-                    Some(b':') => {}
-                    // an element of another kind: the general reader
-                    Some(_) => return other(),
-                    None => return Ok(None),
-                }
-                match short_int(buf, at + 1) {
-                    Some((n, end)) => {
-                        ints.push(n);
-                        at = end;
-                    }
-                    None => {
-                        let Some(text) = line(buf, &mut at)? else {
-                            return Ok(None);
-                        };
-                        ints.push(number(&text[1..])?);
-                    }
-                }
+            None => {
+                let Some(text) = line(buf, &mut at)? else {
+                    return Ok(Ints::Partial);
+                };
+                ints.push(number(&text[1..])?);
             }
-            return Ok(Some((Reply::Ints(ints), at)));
         }
     }
-    other()
+    Ok(Ints::Read(at))
 }
 
 /// An integer line's digits from `at`: 1 to 18 of them (no sign) and

@@ -32,7 +32,7 @@ use crate::resp::{self, Digits};
 
 #[path = "strict_answer.rs"]
 mod answer;
-pub use answer::{parse_answer, Answer, Answers, Outcome};
+pub use answer::{parse_answer, Answer, Answers, Outcome, Part, Verdicts};
 
 /// The most requests a period a limit may allow to be decided in Redis
 /// without `strict` (`small`).

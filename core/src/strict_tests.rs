@@ -69,15 +69,28 @@ fn args_and_answers() {
     assert_eq!(parse_answer(&[], 0), None);
 }
 
-fn answers(values: &[i64], requests: &[usize]) -> Vec<Outcome> {
+/// Each group's outcome, its answer as an `Answer` (`Err`: alone or bad).
+fn answers(values: &[i64], requests: &[usize]) -> Vec<Result<Answer, &'static str>> {
     let mut a = Answers::new(values, requests.len(), requests.iter().sum());
-    requests.iter().map(|&n| a.next(n)).collect()
+    let own = |o| match o {
+        Outcome::Answer(p) => {
+            let a = Part::to_answer(&p);
+            // what a part says is what its answer says
+            for i in 0..a.allowed.len() + 1 {
+                assert_eq!(Verdicts::allowed(&p, i), Verdicts::allowed(&a, i));
+            }
+            Ok(a)
+        }
+        Outcome::Alone => Err("alone"),
+        Outcome::Bad => Err("bad"),
+    };
+    requests.iter().map(|&n| own(a.next(n))).collect()
 }
 
 #[test]
 fn a_calls_answer_is_cut_into_its_groups() {
     let one = |cur, prev, f: &[Option<bool>]| {
-        Outcome::Answer(Answer { cur, prev, allowed: f.iter().copied().collect() })
+        Ok(Answer { cur, prev, allowed: f.iter().copied().collect() })
     };
     let got = answers(&[3, 1, 1, 0, 9, 0, 0, -1, 0, 0, 0, 5, 5, 2], &[2, 1, 2, 1]);
     assert_eq!(
@@ -85,17 +98,17 @@ fn a_calls_answer_is_cut_into_its_groups() {
         [
             one(3, 1, &[Some(true), Some(false)]),
             one(9, 0, &[Some(false)]),
-            Outcome::Alone,
+            Err("alone"),
             one(5, 5, &[None]),
         ]
     );
     // a flag out of range fails its group alone
     let got = answers(&[1, 0, 7, 1, 0, 1], &[1, 1]);
-    assert_eq!(got, [Outcome::Bad, one(1, 0, &[Some(true)])]);
+    assert_eq!(got, [Err("bad"), one(1, 0, &[Some(true)])]);
     // an answer of another length fails every group of the call
     for values in [&[1, 0, 1, 1, 0][..], &[1, 0, 1, 1, 0, 1, 1], &[]] {
         let got = answers(values, &[1, 1]);
-        assert_eq!(got, [Outcome::Bad, Outcome::Bad], "{values:?}");
+        assert_eq!(got, [Err("bad"), Err("bad")], "{values:?}");
     }
 }
 

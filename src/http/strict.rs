@@ -182,7 +182,11 @@ pub(super) fn limit(
         }
         let ask = link::Ask {
             ticket: base | k as u64,
-            id: ItemId { zone: a.zone as u32, entry, window: window_index(now, a.rate.period_ms()) },
+            id: ItemId {
+                zone: a.zone as u32,
+                entry,
+                window: window_index(now, a.rate.period_ms()),
+            },
             namespace: a.namespace,
             key: a.key,
             period: a.rate.period,

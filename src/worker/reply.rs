@@ -15,7 +15,7 @@ use ratelimit_core::batch::ItemId;
 use ratelimit_core::counter;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
-use ratelimit_core::strict::Answer;
+use ratelimit_core::strict::Verdicts;
 use ratelimit_core::table::Entry;
 use ratelimit_core::text;
 
@@ -43,35 +43,39 @@ pub(super) fn strict_answered(
     rate: Rate,
     tickets: &[u64],
     counted: u32,
-    answer: Option<&Answer>,
+    answer: Option<&impl Verdicts>,
 ) {
     let Some(a) = answer else {
         if counted > 0 {
             with_entry(mcf, id, |e| counter::keep_local(e, id.window, counted));
         }
-        waits::resolve(tickets, None, |_, _| None);
+        waits::resolve(tickets, |_| None, |_, _| None);
         return;
     };
     let c = counter::Confirmation {
         window: id.window,
         sent: counted,
         carried: 0,
-        cur: a.cur,
-        prev: Some(a.prev),
+        cur: a.cur(),
+        prev: Some(a.prev()),
     };
     let now = now_ms();
     let mut resolved = false;
     confirmed(mcf, log, id, rate, &c, now, |e| {
         // the requests of one limit decided on the entry as it is now,
         // under the same lock
-        waits::resolve(tickets, Some(&a.allowed), |lone, allowed| {
-            Some((lone.decide)(mcf, id.zone as usize, e, rate, lone.cost, allowed, now))
-        });
+        waits::resolve(
+            tickets,
+            |i| a.allowed(i),
+            |lone, allowed| {
+                Some((lone.decide)(mcf, id.zone as usize, e, rate, lone.cost, allowed, now))
+            },
+        );
         resolved = true;
     });
     if !resolved {
         // the entry is gone: the woken requests decide as they would
-        waits::resolve(tickets, Some(&a.allowed), |_, _| None);
+        waits::resolve(tickets, |i| a.allowed(i), |_, _| None);
     }
 }
 

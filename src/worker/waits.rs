@@ -96,13 +96,13 @@ pub(crate) unsafe extern "C" fn forget(data: *mut c_void) {
     }
 }
 
-/// Redis's answer for some tickets (`None`: no answer); a request with all
-/// its verdicts is woken. `decide(lone, allowed)` makes the decision of a
+/// Redis's answer for some tickets (`allowed(i)` for `tickets[i]`: `None`,
+/// no decision); a request with all its verdicts is woken. `decide(lone, allowed)` makes the decision of a
 /// request of one limit (`Wait::lone`) that Redis decided. Worker thread
 /// only.
 pub fn resolve(
     tickets: &[u64],
-    allowed: Option<&[Option<bool>]>,
+    allowed: impl Fn(usize) -> Option<bool>,
     mut decide: impl FnMut(&Lone, bool) -> Option<Decision>,
 ) {
     WAITS.with(|m| {
@@ -118,7 +118,7 @@ pub fn resolve(
                 continue;
             }
             // no flag: no answer, or the script ran after the deadline
-            wait.verdicts[k] = match allowed.and_then(|a| a.get(i)).copied().flatten() {
+            wait.verdicts[k] = match allowed(i) {
                 Some(true) => Verdict::Allowed,
                 Some(false) => Verdict::Rejected,
                 None => Verdict::Failed,

@@ -3,11 +3,11 @@
 //! of no key) taken out in its turn.
 
 use ratelimit_core::rate::Rate;
-use ratelimit_core::resp::{Reply, Value};
+use ratelimit_core::resp::Value;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::strict::{Answers, Outcome};
 
-use super::{Link, LOST};
+use super::{Link, Reply, LOST};
 use crate::backend::{Level, StrictAsk};
 use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats};
 use crate::worker::time::{mono_us, now_ms};

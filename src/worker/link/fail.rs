@@ -9,6 +9,8 @@ use ratelimit_core::stats::Stats;
 
 use super::Link;
 use crate::backend::{Level, StrictAsk, StrictGroup};
+use ratelimit_core::strict::Answer;
+
 use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats};
 
 /// Why a link is dropped.
@@ -57,7 +59,7 @@ impl Link {
         }
         let Some(mcf) = main_conf().filter(|_| ch.is_some()) else {
             for g in flight {
-                crate::worker::waits::resolve(&g.tickets, None, |_, _| None);
+                crate::worker::waits::resolve(&g.tickets, |_| None, |_, _| None);
             }
             return;
         };
@@ -80,7 +82,7 @@ impl Link {
                 Rate { limit: g.limit, period: g.period },
                 &g.tickets,
                 g.counted(),
-                None,
+                None::<&Answer>,
             );
         }
         let message = format!(

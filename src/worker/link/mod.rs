@@ -72,6 +72,13 @@ const LOST: [&str; 6] = ["READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "L
 
 type Key = (ItemId, u32);
 
+/// A reply as the link reads it: the script's array of integers, read
+/// straight into integers, or any other reply.
+enum Reply<'a> {
+    Ints(&'a [i64]),
+    Other(resp::Value),
+}
+
 /// A zone's link. It lives as long as the worker (its flush event may be
 /// posted); its connection comes and goes.
 struct Link {
@@ -98,6 +105,8 @@ struct Link {
     texts: strict::Texts,
     written: usize,
     input: Vec<u8>,
+    /// The integers of the last answer read (room used again).
+    ints: Vec<i64>,
     /// Requests not written yet, per key, and calls out.
     calls: Calls<Key, StrictGroup>,
 }
@@ -131,6 +140,7 @@ fn link(zone: usize) -> *mut Link {
                 texts: strict::Texts::default(),
                 written: 0,
                 input: Vec::new(),
+                ints: Vec::new(),
                 calls: Calls::default(),
             }))
         })
@@ -282,11 +292,8 @@ pub fn send_one(ch: &Channel, a: &Ask<'_>) {
         ch.push_strict([a.to_strict()]);
         return;
     }
-    let group = link.calls.waiting(
-        (a.id, a.limit),
-        || StrictGroup::from(a.to_strict()),
-        |g| a.renew(g),
-    );
+    let group =
+        link.calls.waiting((a.id, a.limit), || StrictGroup::from(a.to_strict()), |g| a.renew(g));
     group.push(a.ticket, a.cost, a.deadline_ms);
     if link.calls.write_early(strict::EARLY_GROUPS, strict::EARLY_MAX_OUT) {
         link.write_waiting();
@@ -489,8 +496,18 @@ impl Link {
         };
         let mut at = 0;
         let mut lost: Option<String> = None;
+        let mut ints = std::mem::take(&mut self.ints);
         while at < self.input.len() {
-            match resp::parse_reply(&self.input[at..]) {
+            let rest = &self.input[at..];
+            let reply = match resp::read_ints(rest, &mut ints) {
+                Ok(resp::Ints::Read(n)) => Ok(Some((Reply::Ints(&ints), n))),
+                Ok(resp::Ints::Partial) => Ok(None),
+                Ok(resp::Ints::Other) => {
+                    resp::parse(rest).map(|r| r.map(|(v, n)| (Reply::Other(v), n)))
+                }
+                Err(e) => Err(e),
+            };
+            match reply {
                 Ok(Some((v, n))) => {
                     at += n;
                     if !self.calls.in_flight() {
@@ -508,6 +525,7 @@ impl Link {
                 }
             }
         }
+        self.ints = ints;
         self.input.drain(..at);
         if !ok {
             self.fail("cannot wait to read", false);
