@@ -146,14 +146,15 @@ pub(super) fn limit(
     // wait: as long as its slowest zone's timeout= (past it, `on_error`
     // decides, and a script that runs later counts nothing)
     let mut verdicts = [Verdict::NotAsked; MAX_STRICT];
-    let (mut timeout, mut sent) = (0, 0u8);
-    for (k, (a, _)) in asks.iter().zip(wants).filter(|(_, w)| **w).enumerate() {
-        if a.strict != Strict::Before || k >= verdicts.len() {
+    let (mut timeout, mut sent, mut k) = (0, 0u8, 0);
+    for (a, _) in asks.iter().zip(wants).filter(|(_, w)| **w) {
+        k += 1;
+        if a.strict != Strict::Before || k > verdicts.len() {
             continue; // decided by `on_error`
         }
         let z = mcf.zones.get(a.zone).filter(|z| z.shared.is_some()).ok_or(())?;
         timeout = z.params.as_ref().map_or(timeout, |p| timeout.max(p.timeout_ms));
-        verdicts[k] = Verdict::Waiting;
+        verdicts[k - 1] = Verdict::Waiting;
         sent += 1;
     }
     let lone = asks.len() == 1 && sent == 1;
@@ -172,16 +173,23 @@ pub(super) fn limit(
     let wait = suspend(r, asked, kept, timeout)?;
     let base = waits::register(wait);
     let deadline_ms = now + timeout.max(1);
-    let strict = asks.iter().zip(wants).zip(&ids).filter(|((_, w), _)| **w);
-    for (k, ((a, _), &entry)) in strict.enumerate() {
-        if verdicts.get(k) != Some(&Verdict::Waiting) {
+    let mut k = 0;
+    for i in 0..asks.len() {
+        if !wants.get(i).is_some_and(|w| *w) {
+            continue;
+        }
+        k += 1;
+        let (a, Some(&entry)) = (&asks[i], ids.get(i)) else {
+            continue;
+        };
+        if verdicts.get(k - 1) != Some(&Verdict::Waiting) {
             continue;
         }
         if let Some(shared) = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()) {
             Stats::bump(&shared.stats().strict_waits);
         }
         let ask = link::Ask {
-            ticket: base | k as u64,
+            ticket: base | (k - 1) as u64,
             id: ItemId {
                 zone: a.zone as u32,
                 entry,
