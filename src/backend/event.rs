@@ -200,10 +200,11 @@ impl StrictGroup {
     }
 
     /// Its requests as asks, taken out: `into_asks` of what it held, for a
-    /// caller that holds it in place (it is left empty).
+    /// caller that holds it in place (it is left with its key and limit,
+    /// and no request).
     pub fn take_asks(&mut self) -> impl Iterator<Item = StrictAsk> {
         let empty = StrictGroup {
-            tag: Tag::new(),
+            tag: self.tag.clone(),
             tickets: SmallVec::new(),
             costs: SmallVec::new(),
             deadlines: SmallVec::new(),

@@ -70,7 +70,18 @@ const MAX_INPUT: usize = 4 << 20;
 /// link is dropped after them.
 const LOST: [&str; 6] = ["READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "LOADING", "MOVED"];
 
-type Key = (ItemId, u32);
+/// A group's key: the key's entry and window, and the limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Key(ItemId, u32);
+
+/// One word hashed: the entry's first word is a keyed hash of the key
+/// already, and a link is one zone's (equal keys still compare whole).
+impl std::hash::Hash for Key {
+    #[inline]
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0.entry[0] ^ self.0.window.rotate_left(32) ^ u64::from(self.1));
+    }
+}
 
 /// A reply as the link reads it: the script's array of integers, read
 /// straight into integers, or any other reply.
@@ -224,7 +235,7 @@ pub fn send(ch: &Channel, asks: impl IntoIterator<Item = StrictAsk>) {
             continue;
         }
         let (ticket, cost, deadline_ms) = (a.ticket, a.cost, a.deadline_ms);
-        let group = link.calls.waiting((a.id, a.limit), || StrictGroup::of(&a), |g| g.renew(&a));
+        let group = link.calls.waiting(Key(a.id, a.limit), || StrictGroup::of(&a), |g| g.renew(&a));
         group.push(ticket, cost, deadline_ms);
         if link.calls.write_early(strict::EARLY_GROUPS, strict::EARLY_MAX_OUT) {
             link.write_waiting();
@@ -265,10 +276,14 @@ impl Ask<'_> {
     }
 
     /// A group of this key and limit with none of its requests, made new
-    /// in place.
+    /// in place. A place last used by the same key keeps its tag: the
+    /// entry names the namespace, the key and the period (as the zone's
+    /// table does).
     fn renew(&self, g: &mut StrictGroup) {
+        if g.id.zone != self.id.zone || g.id.entry != self.id.entry || g.tag.is_empty() {
+            g.tag = redis_tag_inline(self.namespace, self.key);
+        }
         g.id = self.id;
-        g.tag = redis_tag_inline(self.namespace, self.key);
         g.period = self.period;
         g.limit = self.limit;
         g.tickets.clear();
@@ -293,7 +308,7 @@ pub fn send_one(ch: &Channel, a: &Ask<'_>) {
         return;
     }
     let group =
-        link.calls.waiting((a.id, a.limit), || StrictGroup::from(a.to_strict()), |g| a.renew(g));
+        link.calls.waiting(Key(a.id, a.limit), || StrictGroup::from(a.to_strict()), |g| a.renew(g));
     group.push(a.ticket, a.cost, a.deadline_ms);
     if link.calls.write_early(strict::EARLY_GROUPS, strict::EARLY_MAX_OUT) {
         link.write_waiting();
