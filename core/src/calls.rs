@@ -16,8 +16,12 @@ type Fast = BuildHasherDefault<ItemHasher>;
 
 #[derive(Debug)]
 pub struct Calls<K, G> {
-    /// Per key that has a group waiting or a call out (or both).
+    /// Per key that has a group waiting or a call out (or both), or had
+    /// one lately (`Idle`: a hot key's next request finds its key here,
+    /// rather than inserting it again).
     keys: HashMap<K, Slot, Fast>,
+    /// How many of `keys` are `Idle` (taken out once they are the most).
+    idle: usize,
     /// Every group, waiting or out, where it stays until it is answered;
     /// then its place is free (`free`), and made new for another group
     /// (`waiting`'s `renew`): writing a call or answering it moves places,
@@ -48,12 +52,15 @@ enum Slot {
     Ready { round: u64, at: u32 },
     /// Its call is out, and the group `groups[at]` waits behind it.
     Behind(u32),
+    /// Nothing waits and no call is out.
+    Idle,
 }
 
 impl<K: Hash + Eq + Copy, G> Default for Calls<K, G> {
     fn default() -> Self {
         Calls {
             keys: HashMap::default(),
+            idle: 0,
             groups: Vec::new(),
             free: Vec::new(),
             ready: Vec::new(),
@@ -111,6 +118,14 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
                 i
             }
             Entry::Occupied(mut e) => match *e.get() {
+                Slot::Idle => {
+                    let i = place(groups, free, key, make, renew);
+                    *e.get_mut() = Slot::Ready { round, at: i };
+                    self.ready.push(i);
+                    self.waiting += 1;
+                    self.idle -= 1;
+                    i
+                }
                 Slot::Ready { round: r, at } if r == round => at,
                 Slot::Ready { .. } => {
                     // its call is out: the group waits behind it
@@ -147,8 +162,8 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
             }
             size += 1;
             sum += w;
+            self.flight.push(i);
         }
-        self.flight.extend_from_slice(&self.ready);
         self.ready.clear();
         if size > 0 {
             self.calls.push_back((size, at));
@@ -185,17 +200,21 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         let round = self.round;
         for &i in &self.flight[self.head..self.head + n] {
             let (k, g) = &mut self.groups[i as usize];
-            // one lookup: the key stays only while a group waits for it
-            if let Entry::Occupied(mut e) = self.keys.entry(*k) {
-                if let Slot::Behind(b) = *e.get() {
-                    *e.get_mut() = Slot::Ready { round, at: b };
+            if let Some(slot) = self.keys.get_mut(k) {
+                if let Slot::Behind(b) = *slot {
+                    *slot = Slot::Ready { round, at: b };
                     self.ready.push(b);
                 } else {
-                    e.remove();
+                    *slot = Slot::Idle;
+                    self.idle += 1;
                 }
             }
             f(g);
             self.free.push(i);
+        }
+        if self.idle > 64 && self.idle * 2 > self.keys.len() {
+            self.keys.retain(|_, s| !matches!(s, Slot::Idle));
+            self.idle = 0;
         }
         self.head += n;
         if self.head == self.flight.len() {
@@ -234,6 +253,7 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// what waited.
     pub fn drain(&mut self) -> (Vec<G>, Vec<G>) {
         self.waiting = 0;
+        self.idle = 0;
         self.calls.clear();
         self.round += 1;
         self.free.clear();
@@ -243,7 +263,7 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         let mut waiting: Vec<G> = self.ready.iter().filter_map(&mut take).collect();
         waiting.extend(self.keys.drain().filter_map(|(_, s)| match s {
             Slot::Behind(i) => take(&i),
-            Slot::Ready { .. } => None,
+            Slot::Ready { .. } | Slot::Idle => None,
         }));
         self.flight.clear();
         self.ready.clear();

@@ -126,7 +126,7 @@ fn a_key_has_one_call_out_and_the_rest_wait_together() {
     assert_eq!(answer(&mut c), Some(vec![vec![30]]));
     assert_eq!(answer(&mut c), Some(vec![vec![12, 13]]));
     assert_eq!(answer(&mut c), None);
-    assert!(!c.in_flight() && c.keys.is_empty(), "no key left behind");
+    assert!(!c.in_flight() && c.keys.len() == c.idle, "no key left behind");
 }
 
 #[test]
@@ -149,7 +149,7 @@ fn keys_are_written_in_the_order_they_became_ready_in_calls_of_at_most_max() {
     assert_eq!(answer(&mut c), Some(vec![vec![7]]));
     assert_eq!(answer(&mut c), Some(vec![vec![50]]));
     assert_eq!(answer(&mut c), Some(vec![vec![90]]));
-    assert!(!c.in_flight() && c.keys.is_empty(), "no key left behind");
+    assert!(!c.in_flight() && c.keys.len() == c.idle, "no key left behind");
     assert_eq!(c.oldest().count(), 0);
 }
 
@@ -165,7 +165,7 @@ fn a_call_holds_at_most_max_weight_unless_one_group_weighs_more() {
     for call in calls {
         assert_eq!(answer(&mut c), Some(call));
     }
-    assert!(!c.in_flight() && c.keys.is_empty(), "no key left behind");
+    assert!(!c.in_flight() && c.keys.len() == c.idle, "no key left behind");
 }
 
 #[test]
@@ -257,6 +257,29 @@ fn random_use_answers_every_request_once_in_order_one_call_out_per_key() {
             }
         }
         assert_eq!(sent, pushed, "every request answered once");
-        assert!(c.keys.is_empty() && c.ready.is_empty(), "no key left behind");
+        assert!(c.keys.len() == c.idle && c.ready.is_empty(), "no key left behind");
     }
+}
+
+#[test]
+fn keys_answered_stay_idle_for_their_next_request_and_are_forgotten_when_the_most() {
+    let mut c = C::default();
+    c.waiting(7, Vec::new, Vec::clear).push(1);
+    assert_eq!(write(&mut c, 8), [vec![vec![1]]]);
+    assert_eq!(answer(&mut c), Some(vec![vec![1]]));
+    assert_eq!((c.keys.len(), c.idle), (1, 1), "key 7 kept, idle");
+    // its next request: ready again, a place used again (no new group)
+    c.waiting(7, Vec::new, Vec::clear).push(2);
+    assert_eq!((c.idle, c.groups.len()), (0, 1));
+    assert_eq!(write(&mut c, 8), [vec![vec![2]]]);
+    assert_eq!(answer(&mut c), Some(vec![vec![2]]));
+    // many keys, each once: the idle ones are taken out as they become
+    // the most
+    for k in 100..1100 {
+        c.waiting(k, Vec::new, Vec::clear).push(k);
+        assert_eq!(write(&mut c, 8), [vec![vec![k]]]);
+        assert_eq!(answer(&mut c), Some(vec![vec![k]]));
+        assert!(c.keys.len() <= 130, "{} keys kept", c.keys.len());
+    }
+    assert!(c.keys.len() == c.idle && !c.has_waiting() && !c.in_flight());
 }

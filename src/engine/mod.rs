@@ -116,6 +116,19 @@ pub fn decide_with_ids(
     }
 }
 
+/// What this node knows of one limit, counting nothing (a strict
+/// request's check before its wait, as `decide_with_ids` with
+/// `Take::Never` makes it), and its entry's id.
+#[inline(never)]
+pub fn check_one(
+    mcf: &MainConf,
+    a: &Ask<'_>,
+    now: u64,
+    log: *mut ngx_log_t,
+) -> Result<(Decision, [u64; 2]), NoZone> {
+    decide_one(mcf, a, now, Take::Never, log)
+}
+
 /// `decide` for one limit: one lock, one entry (and its id).
 #[inline(always)]
 fn decide_one(

@@ -137,8 +137,17 @@ pub(super) fn limit(
 
     // what this node knows first: a key over its limit needs no round trip
     let now = now_ms();
-    let (d, ids) =
-        engine::decide_with_ids(mcf, asks, now, Take::Never, debug_log(r)).map_err(|_| ())?;
+    let (one, many);
+    let (d, ids): (_, &[[u64; 2]]) = if let [a] = &*asks {
+        let (d, id) = engine::check_one(mcf, a, now, debug_log(r)).map_err(|_| ())?;
+        one = [id];
+        (d, &one)
+    } else {
+        let (d, i) =
+            engine::decide_with_ids(mcf, asks, now, Take::Never, debug_log(r)).map_err(|_| ())?;
+        many = i;
+        (d, &many)
+    };
     if !d.allowed {
         return finish(r, mcf, lcf, now, asks, &d);
     }

@@ -541,7 +541,11 @@ impl Link {
             }
         }
         self.ints = ints;
-        self.input.drain(..at);
+        if at == self.input.len() {
+            self.input.clear(); // as a rule: whole replies
+        } else {
+            self.input.drain(..at);
+        }
         if !ok {
             self.fail("cannot wait to read", false);
             return;
