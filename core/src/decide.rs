@@ -308,9 +308,10 @@ pub fn one(
     // what Redis decided it counted already
     let counted = take.counts(allowed) && l.mode.counts() && !l.strict.decided();
     let send = counted && count(e, l.mode, l.cost) && l.strict != Strict::Later;
-    if l.strict != Strict::No {
+    if l.strict != Strict::No && !l.strict.decided() {
         // checked without this node's unconfirmed increments (`Before`),
-        // or counted in Redis: the entry's estimate as it is now
+        // or counted in Redis: the entry's estimate as it is now (decided
+        // by Redis, nothing counted here: the estimate checked is that)
         checked.after = counter::estimate(e, l.rate, now_ms);
     } else if counted {
         // the entry's estimate with this request in it (what

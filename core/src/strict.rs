@@ -144,6 +144,11 @@ pub fn clock_offset(secs: u64, micros: u64, before_ms: u64, after_ms: u64) -> i6
 #[derive(Clone, Copy, Debug)]
 pub struct Group<'a> {
     pub tag: &'a [u8],
+    /// What names the call's prefix and this tag for the writer, if the
+    /// caller can say (a link's zone table entry: one prefix, and an entry
+    /// per key): text kept for a key is then found by it, not by
+    /// comparing bytes (`Texts`).
+    pub key: Option<[u64; 2]>,
     pub period: u32,
     pub window: u64,
     pub limit: u32,
@@ -219,6 +224,8 @@ pub struct Texts {
     one: Vec<u8>,
     one_shape: Option<(u32, u64, usize, bool)>,
     one_name: Vec<u8>,
+    /// The group's `key`, if it had one.
+    one_key: Option<[u64; 2]>,
 }
 
 impl Texts {
@@ -241,10 +248,14 @@ impl Texts {
         (&self.tails[0], &self.tails[1])
     }
 
-    /// Whether `one` was written for this prefix and tag.
+    /// Whether `one` was written for this prefix and group's tag: by the
+    /// group's key if both have one, else by their bytes.
     #[inline(always)]
-    fn one_names(&self, prefix: &[u8], tag: &[u8]) -> bool {
-        let n = &self.one_name;
+    fn one_names(&self, prefix: &[u8], g: &Group) -> bool {
+        if let (Some(a), Some(b)) = (g.key, self.one_key) {
+            return a == b;
+        }
+        let (n, tag) = (&self.one_name, g.tag);
         n.len() == prefix.len() + 1 + tag.len()
             && n[..prefix.len()] == *prefix
             && n[prefix.len() + 1..] == *tag
@@ -338,7 +349,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         let timed = self.clock_offset_ms.is_some() && g.has_deadline();
         let shape = (g.period, g.window, g.costs.len(), timed);
         let room = 28 * (5 + 2 * g.costs.len());
-        if texts.one_shape == Some(shape) && texts.one_names(self.prefix, g.tag) {
+        if texts.one_shape == Some(shape) && texts.one_names(self.prefix, &g) {
             out.reserve(texts.one.len() + room);
             out.extend_from_slice(&texts.one);
         } else {
@@ -351,6 +362,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             texts.one_name.extend_from_slice(self.prefix);
             texts.one_name.push(b'{');
             texts.one_name.extend_from_slice(g.tag);
+            texts.one_key = g.key;
         }
         let mut w = resp::Writer::new(out, room);
         self.write_group_args(&mut w, g, false, texts);

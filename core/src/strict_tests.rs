@@ -38,7 +38,7 @@ fn costs_and_rejected_requests_are_not_counted() {
 }
 
 fn group<'a>(costs: &'a [u32], deadlines: &'a [u64]) -> Group<'a> {
-    Group { tag: b"z:k", period: 60, window: 100, limit: 100, costs, deadlines }
+    Group { tag: b"z:k", key: None, period: 60, window: 100, limit: 100, costs, deadlines }
 }
 
 fn collect(g: &Group, now_ms: u64, offset: Option<i64>) -> Vec<u64> {
@@ -271,7 +271,9 @@ fn text_kept_from_one_call_is_written_as_it_would_be_again() {
     let timed = Group { deadlines: &[9], ..a };
     let two = Group { costs: &[1, 2], deadlines: &[0, 0], ..a };
     let same_length = Group { tag: b"z:j", ..a };
-    let calls: [&[Group]; 24] = [
+    // groups whose key names their tag: found by it
+    let (ka, kj) = (Group { key: Some([1, 2]), ..a }, Group { key: Some([1, 3]), ..same_length });
+    let calls: [&[Group]; 31] = [
         &[a],
         &[a],
         &[tighter],
@@ -296,6 +298,13 @@ fn text_kept_from_one_call_is_written_as_it_would_be_again() {
         &[a],
         &[a], // another prefix (below)
         &[a],
+        &[ka],
+        &[ka],
+        &[kj],
+        &[ka],
+        &[a],
+        &[ka],
+        &[same_length],
     ];
     let mut texts = Texts::default();
     for (i, groups) in calls.iter().enumerate() {

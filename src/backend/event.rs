@@ -144,10 +144,17 @@ impl StrictGroup {
         self.deadlines.clear();
     }
 
+    /// `call_group`, named by its entry: for a writer whose calls all
+    /// have one prefix and one zone (a worker's strict link).
+    pub fn keyed_group(&self) -> strict::Group<'_> {
+        strict::Group { key: Some(self.id.entry), ..self.call_group() }
+    }
+
     /// What a script call needs of it.
     pub fn call_group(&self) -> strict::Group<'_> {
         strict::Group {
             tag: &self.tag,
+            key: None,
             period: self.period,
             window: self.id.window,
             limit: self.limit,

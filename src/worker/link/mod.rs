@@ -418,7 +418,7 @@ impl Link {
                 prefix,
                 now_ms: now,
                 clock_offset_ms: self.clock_offset_ms,
-                groups: call.map(StrictGroup::call_group),
+                groups: call.map(StrictGroup::keyed_group),
             };
             call.write(&mut self.out, &mut self.texts);
         }
