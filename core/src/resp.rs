@@ -255,6 +255,43 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// A number's bulk-string text but its last four digits and CRLF
+/// (`$<len>\r\n<digits>`), for numbers that share it (`bulk_u64_near`):
+/// the deadlines of calls written in a row differ in their last digits.
+#[derive(Debug, Default)]
+pub struct Near {
+    /// The number's digits but the last four (`n / 10_000`).
+    high: u64,
+    /// Empty: none yet.
+    text: smallvec::SmallVec<[u8; 24]>,
+}
+
+impl Writer<'_> {
+    /// `bulk_u64(n)`, with the text `near` kept of a number with the same
+    /// digits but the last four (kept of this one if not).
+    #[inline(always)]
+    pub fn bulk_u64_near(&mut self, n: u64, near: &mut Near) {
+        if n < 10_000 {
+            self.bulk_u64(n);
+            return;
+        }
+        let high = n / 10_000;
+        if near.high != high || near.text.is_empty() {
+            let mut buf = [0u8; 27];
+            let at = bulk_digits(&mut buf, n);
+            self.put(&buf[at..]);
+            near.high = high;
+            near.text.clear();
+            near.text.extend_from_slice(&buf[at..27 - 6]);
+            return;
+        }
+        let low = (n % 10_000) as usize;
+        let (a, b) = (low / 100 * 2, low % 100 * 2);
+        self.put(&near.text);
+        self.put(&[PAIRS[a], PAIRS[a + 1], PAIRS[b], PAIRS[b + 1], b'\r', b'\n']);
+    }
+}
+
 /// Reads one reply from the start of `buf`: `Ok(None)` when `buf` holds
 /// only part of it, else the reply and the bytes it took.
 pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {

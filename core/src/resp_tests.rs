@@ -53,6 +53,21 @@ fn a_writer_writes_what_the_appending_functions_do_whatever_its_room() {
 }
 
 #[test]
+fn numbers_written_near_the_last_are_written_as_bulk_u64_writes_them() {
+    let mut near = Near::default();
+    let mut numbers = vec![0, 9, 9_999, 10_000, 10_001, 19_999, 20_000, 20_000, 99_999, u64::MAX];
+    // deadlines a few ms apart, across a change of their high digits
+    numbers.extend((0..50).map(|i| 1_764_329_999_990 + 3 * i));
+    numbers.extend([1_764_330_000_100, 123_456, 1_764_330_000_101, u64::MAX - 1]);
+    for n in numbers {
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        Writer::new(&mut got, 0).bulk_u64_near(n, &mut near);
+        Writer::new(&mut want, 0).bulk_u64(n);
+        assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(&want), "{n}");
+    }
+}
+
+#[test]
 fn integers_read_as_i64_from_str_reads_them() {
     let texts = [
         "0",

@@ -226,6 +226,8 @@ pub struct Texts {
     one_name: Vec<u8>,
     /// The group's `key`, if it had one.
     one_key: Option<[u64; 2]>,
+    /// The text of the last deadline but its last digits.
+    deadline: resp::Near,
 }
 
 impl Texts {
@@ -454,13 +456,14 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
                 texts.rate = Some((g.limit, g.period));
             }
         }
-        g.request_args(self.clock_offset_ms, |n| {
-            if n == COUNTED {
-                w.put(b"$2\r\n-1\r\n");
-            } else {
-                w.bulk_u64(n);
+        w.bulk_u64(g.costs.len() as u64);
+        for (i, &c) in g.costs.iter().enumerate() {
+            w.bulk_u64(u64::from(c));
+            match redis_deadline(g.deadlines.get(i).copied().unwrap_or(0), self.clock_offset_ms) {
+                COUNTED => w.put(b"$2\r\n-1\r\n"),
+                d => w.bulk_u64_near(d, &mut texts.deadline),
             }
-        });
+        }
     }
 }
 

@@ -129,7 +129,13 @@ thread_local! {
 }
 
 /// The zone's link (made on first use).
+#[inline]
 fn link(zone: usize) -> *mut Link {
+    made(zone).unwrap_or_else(|| make(zone))
+}
+
+#[cold]
+fn make(zone: usize) -> *mut Link {
     LINKS.with(|l| {
         let mut l = l.borrow_mut();
         if l.len() <= zone {
