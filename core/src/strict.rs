@@ -138,9 +138,18 @@ pub fn clock_offset(secs: u64, micros: u64, before_ms: u64, after_ms: u64) -> i6
     redis as i64 - ours as i64
 }
 
+/// One request of a group: its ticket (the caller's: which request waits
+/// for the answer), its cost, and when it stops waiting (this node's
+/// clock: 0 none, `COUNTED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub ticket: u64,
+    pub cost: u32,
+    pub deadline_ms: u64,
+}
+
 /// One key's requests in a call: its two windows (under the call's prefix
-/// and the key's hash `tag`), its limit, and per request its cost and
-/// when it stops waiting (this node's clock: 0 none, `COUNTED`).
+/// and the key's hash `tag`), its limit, and its requests.
 #[derive(Clone, Copy, Debug)]
 pub struct Group<'a> {
     pub tag: &'a [u8],
@@ -152,8 +161,7 @@ pub struct Group<'a> {
     pub period: u32,
     pub window: u64,
     pub limit: u32,
-    pub costs: &'a [u32],
-    pub deadlines: &'a [u64],
+    pub requests: &'a [Request],
 }
 
 impl Group<'_> {
@@ -161,7 +169,7 @@ impl Group<'_> {
     /// `TIME`, when Redis's clock is known).
     #[inline(always)]
     fn has_deadline(&self) -> bool {
-        self.deadlines.iter().any(|&d| d > 0 && d != COUNTED)
+        self.requests.iter().any(|r| r.deadline_ms > 0 && r.deadline_ms != COUNTED)
     }
 
     /// When its current window and the one before start (s).
@@ -189,10 +197,10 @@ impl Group<'_> {
     /// request its cost and its deadline in Redis's clock.
     #[inline(always)]
     fn request_args(&self, offset_ms: Option<i64>, mut f: impl FnMut(u64)) {
-        f(self.costs.len() as u64);
-        for (i, &c) in self.costs.iter().enumerate() {
-            f(u64::from(c));
-            f(redis_deadline(self.deadlines.get(i).copied().unwrap_or(0), offset_ms));
+        f(self.requests.len() as u64);
+        for r in self.requests {
+            f(u64::from(r.cost));
+            f(redis_deadline(r.deadline_ms, offset_ms));
         }
     }
 
@@ -349,8 +357,8 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             return;
         };
         let timed = self.clock_offset_ms.is_some() && g.has_deadline();
-        let shape = (g.period, g.window, g.costs.len(), timed);
-        let room = 28 * (5 + 2 * g.costs.len());
+        let shape = (g.period, g.window, g.requests.len(), timed);
+        let room = 28 * (5 + 2 * g.requests.len());
         if texts.one_shape == Some(shape) && texts.one_names(self.prefix, &g) {
             out.reserve(texts.one.len() + room);
             out.extend_from_slice(&texts.one);
@@ -386,10 +394,11 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         let mut timed = false;
         for (g, same) in self.same_as_before() {
             groups += 1;
-            words += if same { 4 } else { 7 } + 2 * g.costs.len();
+            words += if same { 4 } else { 7 } + 2 * g.requests.len();
             // keys (a period of at most 10 digits), then numbers of at
             // most 20 digits
-            room += 2 * (self.prefix.len() + g.tag.len() + 14 + 28) + (5 + 2 * g.costs.len()) * 27;
+            room +=
+                2 * (self.prefix.len() + g.tag.len() + 14 + 28) + (5 + 2 * g.requests.len()) * 27;
             timed = timed || g.has_deadline();
         }
         let timed = timed && self.clock_offset_ms.is_some();
@@ -456,10 +465,10 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
                 texts.rate = Some((g.limit, g.period));
             }
         }
-        w.bulk_u64(g.costs.len() as u64);
-        for (i, &c) in g.costs.iter().enumerate() {
-            w.bulk_u64(u64::from(c));
-            match redis_deadline(g.deadlines.get(i).copied().unwrap_or(0), self.clock_offset_ms) {
+        w.bulk_u64(g.requests.len() as u64);
+        for r in g.requests {
+            w.bulk_u64(u64::from(r.cost));
+            match redis_deadline(r.deadline_ms, self.clock_offset_ms) {
                 COUNTED => w.put(b"$2\r\n-1\r\n"),
                 d => w.bulk_u64_near(d, &mut texts.deadline),
             }

@@ -37,8 +37,26 @@ fn costs_and_rejected_requests_are_not_counted() {
     assert_eq!(flags, [false]);
 }
 
-fn group<'a>(costs: &'a [u32], deadlines: &'a [u64]) -> Group<'a> {
-    Group { tag: b"z:k", key: None, period: 60, window: 100, limit: 100, costs, deadlines }
+/// Requests of these costs and deadlines (0 where there are fewer), with
+/// tickets 1, 2, ... (a test's: leaked).
+fn reqs(costs: &[u32], deadlines: &[u64]) -> &'static [Request] {
+    let r = costs.iter().enumerate().map(|(i, &cost)| Request {
+        ticket: i as u64 + 1,
+        cost,
+        deadline_ms: deadlines.get(i).copied().unwrap_or(0),
+    });
+    r.collect::<Vec<_>>().leak()
+}
+
+fn group(costs: &[u32], deadlines: &[u64]) -> Group<'static> {
+    Group {
+        tag: b"z:k",
+        key: None,
+        period: 60,
+        window: 100,
+        limit: 100,
+        requests: reqs(costs, deadlines),
+    }
 }
 
 fn collect(g: &Group, now_ms: u64, offset: Option<i64>) -> Vec<u64> {
@@ -152,7 +170,7 @@ fn a_call_names_both_windows_and_the_time_into_the_current_one() {
     c.write(&mut out, &mut Texts::default());
     resp::command(&mut want, &words);
     assert_eq!(out, want);
-    let first = [Group { window: 0, costs: &[], deadlines: &[], ..groups[0] }];
+    let first = [Group { window: 0, requests: &[], ..groups[0] }];
     let first = Call { now_ms: 5, groups: first.iter().copied(), ..c };
     assert_eq!(first.words()[4], b"rl:{z:k}:60:0");
     // written as the words say, also where the two windows' starts
@@ -226,7 +244,7 @@ fn a_call_of_several_groups_has_their_keys_then_their_arguments() {
     }
     // a deadline in one group reads TIME for the call; none without the
     // clock's offset
-    let timed = [groups[0], Group { deadlines: &[9], ..groups[2] }];
+    let timed = [groups[0], Group { requests: reqs(&[1], &[9]), ..groups[2] }];
     assert_eq!(text(&Call { groups: timed.iter().copied(), ..c }.words())[7], "1");
     let unknown = Call { groups: timed.iter().copied(), clock_offset_ms: None, ..c };
     assert_eq!(text(&unknown.words())[7], "0");
@@ -264,12 +282,12 @@ fn text_kept_from_one_call_is_written_as_it_would_be_again() {
     // start has a digit more than its previous one's
     let first = Group { window: 0, tag: b"z:f", ..a };
     let longer = Group { period: 10, window: 1000, ..a };
-    let costly = Group { costs: &[9], ..a };
-    let counted = Group { costs: &[10], deadlines: &[COUNTED], ..a };
+    let costly = Group { requests: reqs(&[9], &[0]), ..a };
+    let counted = Group { requests: reqs(&[10], &[COUNTED]), ..a };
     // calls of one group copy their text up to the arguments from the
     // last such call when nothing of it changed
-    let timed = Group { deadlines: &[9], ..a };
-    let two = Group { costs: &[1, 2], deadlines: &[0, 0], ..a };
+    let timed = Group { requests: reqs(&[1], &[9]), ..a };
+    let two = Group { requests: reqs(&[1, 2], &[0, 0]), ..a };
     let same_length = Group { tag: b"z:j", ..a };
     // groups whose key names their tag: found by it
     let (ka, kj) = (Group { key: Some([1, 2]), ..a }, Group { key: Some([1, 3]), ..same_length });
@@ -288,7 +306,7 @@ fn text_kept_from_one_call_is_written_as_it_would_be_again() {
         &[longer, first],
         &[longer],
         &[costly, counted],
-        &[Group { deadlines: &[COUNTED], ..costly }],
+        &[Group { requests: reqs(&[9], &[COUNTED]), ..costly }],
         &[a],
         &[timed],
         &[a],

@@ -11,7 +11,7 @@ use ratelimit_core::counter::Confirmation;
 use ratelimit_core::key::Tag;
 use ratelimit_core::params::Sentinel;
 use ratelimit_core::stats::Stats;
-use ratelimit_core::strict::{self, Answer};
+use ratelimit_core::strict::{self, Answer, Request};
 use smallvec::SmallVec;
 
 /// Items per pipeline.
@@ -103,9 +103,7 @@ pub struct StrictGroup {
     pub tag: Tag,
     pub period: u32,
     pub limit: u32,
-    pub tickets: Each<u64>,
-    pub costs: Each<u32>,
-    pub deadlines: Each<u64>,
+    pub requests: Each<Request>,
 }
 
 /// One value per request of a group: a group mostly holds one request (a
@@ -121,9 +119,7 @@ impl StrictGroup {
             tag: a.tag,
             period: a.period,
             limit: a.limit,
-            tickets: SmallVec::new(),
-            costs: SmallVec::new(),
-            deadlines: SmallVec::new(),
+            requests: SmallVec::new(),
         }
     }
 
@@ -139,9 +135,7 @@ impl StrictGroup {
         self.tag.extend_from_slice(&a.tag);
         self.period = a.period;
         self.limit = a.limit;
-        self.tickets.clear();
-        self.costs.clear();
-        self.deadlines.clear();
+        self.requests.clear();
     }
 
     /// `call_group`, named by its entry: for a writer whose calls all
@@ -158,8 +152,7 @@ impl StrictGroup {
             period: self.period,
             window: self.id.window,
             limit: self.limit,
-            costs: &self.costs,
-            deadlines: &self.deadlines,
+            requests: &self.requests,
         }
     }
 
@@ -169,9 +162,12 @@ impl StrictGroup {
 
     /// Adds a request: its ticket, cost and deadline.
     pub fn push(&mut self, ticket: u64, cost: u32, deadline_ms: u64) {
-        self.tickets.push(ticket);
-        self.costs.push(cost);
-        self.deadlines.push(deadline_ms);
+        self.requests.push(Request { ticket, cost, deadline_ms });
+    }
+
+    /// Its requests' tickets, in order.
+    pub fn tickets(&self) -> impl Iterator<Item = u64> + Clone + '_ {
+        self.requests.iter().map(|r| r.ticket)
     }
 
     /// Asks grouped per key and limit, in the order they came.
@@ -190,33 +186,32 @@ impl StrictGroup {
 
     /// Back to one ask per request (to be sent another way).
     pub fn into_asks(self) -> impl Iterator<Item = StrictAsk> {
-        let StrictGroup { id, tag, period, limit, tickets, costs, deadlines } = self;
-        tickets.into_iter().zip(costs).zip(deadlines).map(move |((ticket, cost), deadline_ms)| {
-            StrictAsk { ticket, id, tag: tag.clone(), period, limit, cost, deadline_ms }
+        let StrictGroup { id, tag, period, limit, requests } = self;
+        requests.into_iter().map(move |r| StrictAsk {
+            ticket: r.ticket,
+            id,
+            tag: tag.clone(),
+            period,
+            limit,
+            cost: r.cost,
+            deadline_ms: r.deadline_ms,
         })
     }
 
     /// What its requests that happened already weigh (`strict::COUNTED`:
     /// counts after the response, which no request waits for).
     pub fn counted(&self) -> u32 {
-        self.costs
+        self.requests
             .iter()
-            .zip(&self.deadlines)
-            .filter(|(_, &d)| d == strict::COUNTED)
-            .fold(0u32, |n, (&c, _)| n.saturating_add(c))
+            .filter(|r| r.deadline_ms == strict::COUNTED)
+            .fold(0u32, |n, r| n.saturating_add(r.cost))
     }
 
     /// Its requests as asks, taken out: `into_asks` of what it held, for a
     /// caller that holds it in place (it is left with its key and limit,
     /// and no request).
     pub fn take_asks(&mut self) -> impl Iterator<Item = StrictAsk> {
-        let empty = StrictGroup {
-            tag: self.tag.clone(),
-            tickets: SmallVec::new(),
-            costs: SmallVec::new(),
-            deadlines: SmallVec::new(),
-            ..*self
-        };
+        let empty = StrictGroup { tag: self.tag.clone(), requests: SmallVec::new(), ..*self };
         std::mem::replace(self, empty).into_asks()
     }
 
@@ -227,7 +222,7 @@ impl StrictGroup {
             period: self.period,
             limit: self.limit,
             counted: self.counted(),
-            tickets: self.tickets,
+            tickets: self.tickets().collect(),
             answer,
         }
     }

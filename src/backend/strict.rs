@@ -194,7 +194,7 @@ impl Backend {
         for g in groups {
             let answer = match replies.next().unwrap_or(Reply::NotSent) {
                 Reply::Value(v) => {
-                    let a = read_answer(&v, g.tickets.len());
+                    let a = read_answer(&v, g.requests.len());
                     if a.is_none() {
                         let key = self.cur_key(&g);
                         self.refused(&key, "the script's answer is not what it should be", events);

@@ -275,7 +275,7 @@ fn apply(log: *mut ngx_log_t) {
                     log,
                     id,
                     Rate { limit, period },
-                    &tickets,
+                    tickets.iter().copied(),
                     counted,
                     answer.as_ref(),
                 );

@@ -41,7 +41,7 @@ pub(super) fn strict_answered(
     log: *mut ngx_log_t,
     id: ItemId,
     rate: Rate,
-    tickets: &[u64],
+    tickets: impl Iterator<Item = u64> + Clone,
     counted: u32,
     answer: Option<&impl Verdicts>,
 ) {
@@ -65,7 +65,7 @@ pub(super) fn strict_answered(
         // the requests of one limit decided on the entry as it is now,
         // under the same lock
         waits::resolve(
-            tickets,
+            tickets.clone(),
             |i| a.allowed(i),
             |lone, allowed| {
                 Some((lone.decide)(mcf, id.zone as usize, e, rate, lone.cost, allowed, now))

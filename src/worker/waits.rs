@@ -101,13 +101,13 @@ pub(crate) unsafe extern "C" fn forget(data: *mut c_void) {
 /// request of one limit (`Wait::lone`) that Redis decided. Worker thread
 /// only.
 pub fn resolve(
-    tickets: &[u64],
+    tickets: impl Iterator<Item = u64>,
     allowed: impl Fn(usize) -> Option<bool>,
     mut decide: impl FnMut(&Lone, bool) -> Option<Decision>,
 ) {
     WAITS.with(|m| {
         let mut m = m.borrow_mut();
-        for (i, &t) in tickets.iter().enumerate() {
+        for (i, t) in tickets.enumerate() {
             let Some(w) = m.get(t) else {
                 continue; // gone (closed, timed out)
             };

@@ -18,7 +18,7 @@ impl Link {
     pub(super) fn answer(&mut self, v: Reply) -> Option<String> {
         // the call's groups and requests (what its answer holds)
         let (n, requests) =
-            self.calls.oldest().fold((0, 0), |(n, r), g| (n + 1, r + g.tickets.len()));
+            self.calls.oldest().fold((0, 0), |(n, r), g| (n + 1, r + g.requests.len()));
         let (ch, log, zone) = (self.channel(), self.log(), self.zone);
         let Some(mcf) = main_conf() else {
             // not a worker of a loaded configuration (cannot happen while
@@ -54,7 +54,7 @@ impl Link {
         let mut answers = Answers::new(ints, n, requests);
         let (mut alone, mut bad) = (Vec::new(), false);
         let sent_at = self.calls.answered(|g| {
-            let answer = match answers.next(g.tickets.len()) {
+            let answer = match answers.next(g.requests.len()) {
                 Outcome::Answer(a) => {
                     if let Some(st) = stats {
                         st.synced(now_ms());
@@ -76,7 +76,7 @@ impl Link {
                 }
             };
             let rate = Rate { limit: g.limit, period: g.period };
-            strict_answered(mcf, log, g.id, rate, &g.tickets, g.counted(), answer.as_ref());
+            strict_answered(mcf, log, g.id, rate, g.tickets(), g.counted(), answer.as_ref());
         })?;
         self.answered_at(mcf, sent_at);
         if bad {

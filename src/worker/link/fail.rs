@@ -59,7 +59,7 @@ impl Link {
         }
         let Some(mcf) = main_conf().filter(|_| ch.is_some()) else {
             for g in flight {
-                crate::worker::waits::resolve(&g.tickets, |_| None, |_, _| None);
+                crate::worker::waits::resolve(g.tickets(), |_| None, |_, _| None);
             }
             return;
         };
@@ -80,7 +80,7 @@ impl Link {
                 log,
                 g.id,
                 Rate { limit: g.limit, period: g.period },
-                &g.tickets,
+                g.tickets(),
                 g.counted(),
                 None::<&Answer>,
             );

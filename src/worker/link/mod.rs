@@ -292,9 +292,7 @@ impl Ask<'_> {
         g.id = self.id;
         g.period = self.period;
         g.limit = self.limit;
-        g.tickets.clear();
-        g.costs.clear();
-        g.deadlines.clear();
+        g.requests.clear();
     }
 }
 
@@ -417,7 +415,7 @@ impl Link {
             return;
         };
         let now = now_ms();
-        let weight = |g: &StrictGroup| 2 + g.tickets.len();
+        let weight = |g: &StrictGroup| 2 + g.requests.len();
         let calls = self.calls.write(mono_us(), strict::MAX_GROUPS, strict::MAX_ANSWER, weight);
         for call in calls {
             let call = strict::Call {
