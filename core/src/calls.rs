@@ -6,7 +6,7 @@
 //! several keys' groups, and is answered once for all of them.
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash};
 
 use crate::batch::ItemHasher;
@@ -40,9 +40,11 @@ pub struct Calls<K, G> {
     /// are answered (dropped when all are, or when they are the most).
     flight: Vec<u32>,
     head: usize,
-    /// Per call out, oldest first: how many of `flight`'s groups it holds,
-    /// and when it was written (the caller's clock).
-    calls: VecDeque<(usize, u64)>,
+    /// Per call written, oldest first: how many of `flight`'s groups it
+    /// holds, and when it was written (the caller's clock); those before
+    /// `calls_done` are answered (dropped as `flight`'s are).
+    calls: Vec<(usize, u64)>,
+    calls_done: usize,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -68,7 +70,8 @@ impl<K: Hash + Eq + Copy, G> Default for Calls<K, G> {
             waiting: 0,
             flight: Vec::new(),
             head: 0,
-            calls: VecDeque::new(),
+            calls: Vec::new(),
+            calls_done: 0,
         }
     }
 }
@@ -157,7 +160,7 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         for &i in &self.ready {
             let w = weight(&self.groups[i as usize].1);
             if size > 0 && (size >= max || sum + w > max_weight) {
-                self.calls.push_back((size, at));
+                self.calls.push((size, at));
                 (size, sum) = (0, 0);
             }
             size += 1;
@@ -166,12 +169,12 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         }
         self.ready.clear();
         if size > 0 {
-            self.calls.push_back((size, at));
+            self.calls.push((size, at));
         }
         self.round += 1;
         let (flight, groups) = (&self.flight, &self.groups);
         let mut from = start;
-        self.calls.range(first..).map(move |&(n, _)| {
+        self.calls[first..].iter().map(move |&(n, _)| {
             let call = flight[from..from + n].iter().map(|&i| &groups[i as usize].1);
             from += n;
             call
@@ -182,12 +185,12 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// far (a reset's `DEL`): its reply comes in its turn, and
     /// `answered` takes it out with no group.
     pub fn other(&mut self, at: u64) {
-        self.calls.push_back((0, at));
+        self.calls.push((0, at));
     }
 
     /// The groups of the oldest call out (none when no call is out).
     pub fn oldest(&self) -> impl Iterator<Item = &G> + Clone {
-        let n = self.calls.front().map_or(0, |c| c.0);
+        let n = self.calls.get(self.calls_done).map_or(0, |c| c.0);
         let groups = &self.groups;
         self.flight[self.head..self.head + n].iter().map(move |&i| &groups[i as usize].1)
     }
@@ -196,7 +199,8 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// each of its groups handed to `f` in order, its place then free;
     /// when it was written.
     pub fn answered(&mut self, mut f: impl FnMut(&mut G)) -> Option<u64> {
-        let (n, at) = self.calls.pop_front()?;
+        let &(n, at) = self.calls.get(self.calls_done)?;
+        self.calls_done += 1;
         let round = self.round;
         for &i in &self.flight[self.head..self.head + n] {
             let (k, g) = &mut self.groups[i as usize];
@@ -224,6 +228,13 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
             self.flight.drain(..self.head);
             self.head = 0;
         }
+        if self.calls_done == self.calls.len() {
+            self.calls.clear();
+            self.calls_done = 0;
+        } else if self.calls_done > 64 && self.calls_done * 2 > self.calls.len() {
+            self.calls.drain(..self.calls_done);
+            self.calls_done = 0;
+        }
         Some(at)
     }
 
@@ -234,19 +245,19 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
 
     /// When the oldest call out was written (none out: `None`).
     pub fn oldest_at(&self) -> Option<u64> {
-        self.calls.front().map(|c| c.1)
+        self.calls.get(self.calls_done).map(|c| c.1)
     }
 
     /// Whether what waits is to be written now rather than at the end of
     /// the turn: `early` groups can be written (their keys have no call
     /// out) and fewer than `max_out` calls are out.
     pub fn write_early(&self, early: usize, max_out: usize) -> bool {
-        self.ready.len() >= early && self.calls.len() < max_out
+        self.ready.len() >= early && self.calls.len() - self.calls_done < max_out
     }
 
     /// Some call is out.
     pub fn in_flight(&self) -> bool {
-        !self.calls.is_empty()
+        self.calls_done < self.calls.len()
     }
 
     /// Everything, taken out: the groups of the calls out (in order), then
@@ -255,6 +266,7 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         self.waiting = 0;
         self.idle = 0;
         self.calls.clear();
+        self.calls_done = 0;
         self.round += 1;
         self.free.clear();
         let mut groups: Vec<Option<G>> = self.groups.drain(..).map(|(_, g)| Some(g)).collect();
