@@ -28,11 +28,14 @@
 
 use crate::key::write_key_for_tag;
 use crate::rate::Rate;
-use crate::resp::{self, Digits};
+use crate::resp;
 
 #[path = "strict_answer.rs"]
 mod answer;
+#[path = "strict_texts.rs"]
+mod texts;
 pub use answer::{parse_answer, Answer, Answers, Outcome, Part, Verdicts};
+pub use texts::Texts;
 
 /// The most requests a period a limit may allow to be decided in Redis
 /// without `strict` (`small`).
@@ -208,67 +211,6 @@ impl Group<'_> {
     #[inline(always)]
     fn same_limit(&self, other: &Group) -> bool {
         self.limit == other.limit && self.period == other.period && self.window == other.window
-    }
-}
-
-/// Text a writer keeps from call to call: a link's calls mostly have one
-/// rate and one window, whose numbers are written once and copied after.
-#[derive(Debug, Default)]
-pub struct Texts {
-    /// The rate (limit, period) of `rate_text`; `None`: none yet.
-    rate: Option<(u32, u32)>,
-    /// A rate's three arguments (limit, period, TTL: the last three of
-    /// `Group::limit_args`).
-    rate_text: smallvec::SmallVec<[u8; 64]>,
-    /// The window (period, index) of the tails; `None`: none yet.
-    window: Option<(u32, u64)>,
-    /// How a key's name ends after its tag: `}:<period>:<start>` and CRLF,
-    /// for the window's counter, then for the one before.
-    tails: [smallvec::SmallVec<[u8; 40]>; 2],
-    /// The last call of one group: its text up to its arguments, of the
-    /// shape (period, window, requests, whether `TIME` is read) and for
-    /// the prefix and tag (`one_name`: `<prefix>{<tag>`) it was written
-    /// for.
-    one: Vec<u8>,
-    one_shape: Option<(u32, u64, usize, bool)>,
-    one_name: Vec<u8>,
-    /// The group's `key`, if it had one.
-    one_key: Option<[u64; 2]>,
-    /// The text of the last deadline but its last digits.
-    deadline: resp::Near,
-}
-
-impl Texts {
-    /// The tails of a group's two keys.
-    #[inline(always)]
-    fn tails(&mut self, g: &Group) -> (&[u8], &[u8]) {
-        if self.window != Some((g.period, g.window)) {
-            let (cur, prev) = g.starts();
-            let p = Digits::of(g.period.into());
-            for (tail, start) in self.tails.iter_mut().zip([cur, prev]) {
-                tail.clear();
-                tail.extend_from_slice(b"}:");
-                tail.extend_from_slice(p.as_bytes());
-                tail.push(b':');
-                tail.extend_from_slice(Digits::of(start).as_bytes());
-                tail.extend_from_slice(b"\r\n");
-            }
-            self.window = Some((g.period, g.window));
-        }
-        (&self.tails[0], &self.tails[1])
-    }
-
-    /// Whether `one` was written for this prefix and group's tag: by the
-    /// group's key if both have one, else by their bytes.
-    #[inline(always)]
-    fn one_names(&self, prefix: &[u8], g: &Group) -> bool {
-        if let (Some(a), Some(b)) = (g.key, self.one_key) {
-            return a == b;
-        }
-        let (n, tag) = (&self.one_name, g.tag);
-        n.len() == prefix.len() + 1 + tag.len()
-            && n[..prefix.len()] == *prefix
-            && n[prefix.len() + 1..] == *tag
     }
 }
 

@@ -128,16 +128,6 @@ impl StrictGroup {
         StrictGroup::from(StrictAsk { tag: a.tag.clone(), ..*a })
     }
 
-    /// Made `of(a)` again, in place (its vectors keep their room).
-    pub fn renew(&mut self, a: &StrictAsk) {
-        self.id = a.id;
-        self.tag.clear();
-        self.tag.extend_from_slice(&a.tag);
-        self.period = a.period;
-        self.limit = a.limit;
-        self.requests.clear();
-    }
-
     /// `call_group`, named by its entry: for a writer whose calls all
     /// have one prefix and one zone (a worker's strict link).
     pub fn keyed_group(&self) -> strict::Group<'_> {

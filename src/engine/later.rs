@@ -9,15 +9,13 @@
 //! key's last request through twice.
 
 use ratelimit_core::batch::ItemId;
-use ratelimit_core::key::redis_tag_inline;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::strict;
 use ratelimit_core::window::window_index;
 
 use super::{Ask, Strict};
-use crate::backend::StrictAsk;
 use crate::conf::MainConf;
-use crate::worker::waits;
+use crate::worker::{link, waits};
 
 /// Whether Redis decides a limit of `rate` in `zone` for the directive
 /// although it is not `strict`: a small limit (`strict::small`) on a zone
@@ -41,7 +39,6 @@ pub(super) fn send(asks: &[Ask<'_>], ids: &[[u64; 2]], now: u64) {
         return;
     };
     let entry = |i: usize| (asks[i].zone, ids[i]);
-    let mut sends = Vec::new();
     for (i, a) in asks.iter().enumerate() {
         // the first limit of the entry sends, if Redis decides it
         if a.strict != Strict::Later || (0..i).any(|j| entry(j) == entry(i)) {
@@ -55,21 +52,20 @@ pub(super) fn send(asks: &[Ask<'_>], ids: &[[u64; 2]], now: u64) {
         if cost == 0 {
             continue;
         }
-        sends.push(StrictAsk {
+        let count = link::Ask {
             ticket: waits::NO_TICKET,
             id: ItemId {
                 zone: a.zone as u32,
                 entry: ids[i],
                 window: window_index(now, a.rate.period_ms()),
             },
-            tag: redis_tag_inline(a.namespace, a.key),
+            namespace: a.namespace,
+            key: a.key,
             period: a.rate.period,
             limit: a.rate.limit,
             cost,
             deadline_ms: strict::COUNTED,
-        });
-    }
-    if !sends.is_empty() {
-        crate::worker::link::send(ch, sends.drain(..));
+        };
+        link::send_one(ch, &count);
     }
 }

@@ -183,12 +183,12 @@ pub(super) fn limit(
     let base = waits::register(wait);
     let deadline_ms = now + timeout.max(1);
     let mut k = 0;
-    for i in 0..asks.len() {
+    for (i, a) in asks.iter().enumerate() {
         if !wants.get(i).is_some_and(|w| *w) {
             continue;
         }
         k += 1;
-        let (a, Some(&entry)) = (&asks[i], ids.get(i)) else {
+        let Some(&entry) = ids.get(i) else {
             continue;
         };
         if verdicts.get(k - 1) != Some(&Verdict::Waiting) {

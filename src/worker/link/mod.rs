@@ -36,10 +36,16 @@
 mod answer;
 mod fail;
 mod handover;
+mod read;
 mod reset;
+mod send;
 
 pub use handover::thread_answered;
 pub use reset::reset;
+pub use send::{send_one, Ask};
+
+use read::Reply;
+use send::Key;
 
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -51,15 +57,12 @@ use nginx_sys::{
     ngx_handle_read_event, ngx_handle_write_event, ngx_int_t, ngx_log_t, ngx_post_event,
     ngx_posted_events, NGX_OK,
 };
-use ratelimit_core::batch::ItemId;
 use ratelimit_core::calls::{Calls, Handed};
-use ratelimit_core::key::redis_tag_inline;
-use ratelimit_core::resp;
 use ratelimit_core::strict;
 
 use crate::backend::{Channel, StrictAsk, StrictGroup};
 use crate::worker::reply::main_conf;
-use crate::worker::time::{mono_ms, mono_us, now_ms};
+use crate::worker::time::{mono_us, now_ms};
 
 /// Bytes read per `recv()`.
 const READ_CHUNK: usize = 16 << 10;
@@ -69,26 +72,6 @@ const MAX_INPUT: usize = 4 << 20;
 /// Error replies saying the server does not serve the key (any more): the
 /// link is dropped after them.
 const LOST: [&str; 6] = ["READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "LOADING", "MOVED"];
-
-/// A group's key: the key's entry and window, and the limit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Key(ItemId, u32);
-
-/// One word hashed: the entry's first word is a keyed hash of the key
-/// already, and a link is one zone's (equal keys still compare whole).
-impl std::hash::Hash for Key {
-    #[inline]
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u64(self.0.entry[0] ^ self.0.window.rotate_left(32) ^ u64::from(self.1));
-    }
-}
-
-/// A reply as the link reads it: the script's array of integers, read
-/// straight into integers, or any other reply.
-enum Reply<'a> {
-    Ints(&'a [i64]),
-    Other(resp::Value),
-}
 
 /// A zone's link. It lives as long as the worker (its flush event may be
 /// posted); its connection comes and goes.
@@ -224,103 +207,6 @@ fn take(zone: usize, fd: OwnedFd, clock_offset_ms: Option<i64>, log: *mut ngx_lo
     true
 }
 
-/// Sends strict requests' limits: down the zone's link when it has one,
-/// else through the thread.
-pub fn send(ch: &Channel, asks: impl IntoIterator<Item = StrictAsk>) {
-    let mut rest = Vec::new();
-    for a in asks {
-        // SAFETY: as in `take`.
-        let link = unsafe { &mut *link(a.id.zone as usize) };
-        if link.c.is_null() || link.thread_first() {
-            if !link.asked {
-                link.asked = true;
-                ch.want_link(a.id.zone as usize);
-            }
-            link.handed.note(1, mono_ms());
-            rest.push(a);
-            continue;
-        }
-        let (ticket, cost, deadline_ms) = (a.ticket, a.cost, a.deadline_ms);
-        let group = link.calls.waiting(Key(a.id, a.limit), || StrictGroup::of(&a), |g| g.renew(&a));
-        group.push(ticket, cost, deadline_ms);
-        if link.calls.write_early(strict::EARLY_GROUPS, strict::EARLY_MAX_OUT) {
-            link.write_waiting();
-        } else {
-            link.post_flush();
-        }
-    }
-    if !rest.is_empty() {
-        ch.push_strict(rest);
-    }
-}
-
-/// A strict request's limit, as its handler has it: `StrictAsk`'s parts,
-/// the key's hash tag still to be made (`redis_tag_inline`), made where
-/// its group is.
-pub struct Ask<'a> {
-    pub ticket: u64,
-    pub id: ItemId,
-    pub namespace: &'a [u8],
-    pub key: &'a [u8],
-    pub period: u32,
-    pub limit: u32,
-    pub cost: u32,
-    pub deadline_ms: u64,
-}
-
-impl Ask<'_> {
-    fn to_strict(&self) -> StrictAsk {
-        StrictAsk {
-            ticket: self.ticket,
-            id: self.id,
-            tag: redis_tag_inline(self.namespace, self.key),
-            period: self.period,
-            limit: self.limit,
-            cost: self.cost,
-            deadline_ms: self.deadline_ms,
-        }
-    }
-
-    /// A group of this key and limit with none of its requests, made new
-    /// in place. A place last used by the same key keeps its tag: the
-    /// entry names the namespace, the key and the period (as the zone's
-    /// table does).
-    fn renew(&self, g: &mut StrictGroup) {
-        if g.id.zone != self.id.zone || g.id.entry != self.id.entry || g.tag.is_empty() {
-            g.tag = redis_tag_inline(self.namespace, self.key);
-        }
-        g.id = self.id;
-        g.period = self.period;
-        g.limit = self.limit;
-        g.requests.clear();
-    }
-}
-
-/// `send` of one limit of a request, from its parts.
-pub fn send_one(ch: &Channel, a: &Ask<'_>) {
-    // SAFETY: as in `take`.
-    let link = unsafe { &mut *link(a.id.zone as usize) };
-    if link.c.is_null() || link.thread_first() {
-        if !link.asked {
-            // a zone without a `strict` limit, first decided by Redis
-            // (a small limit): its link is made now
-            link.asked = true;
-            ch.want_link(a.id.zone as usize);
-        }
-        link.handed.note(1, mono_ms());
-        ch.push_strict([a.to_strict()]);
-        return;
-    }
-    let group =
-        link.calls.waiting(Key(a.id, a.limit), || StrictGroup::from(a.to_strict()), |g| a.renew(g));
-    group.push(a.ticket, a.cost, a.deadline_ms);
-    if link.calls.write_early(strict::EARLY_GROUPS, strict::EARLY_MAX_OUT) {
-        link.write_waiting();
-    } else {
-        link.post_flush();
-    }
-}
-
 /// Closes the links (worker exit).
 pub fn close_all() {
     let all: Vec<*mut Link> = LINKS.with(|l| l.borrow().iter().flatten().copied().collect());
@@ -373,13 +259,6 @@ fn sys_send(fd: libc::c_int, buf: &[u8]) -> libc::c_long {
     let (null, flags) = (ptr::null::<libc::sockaddr>(), libc::MSG_NOSIGNAL);
     // SAFETY: sendto(2) reads `buf.len()` bytes of a live slice.
     unsafe { libc::syscall(libc::SYS_sendto, fd, buf.as_ptr(), buf.len(), flags, null, 0) }
-}
-
-/// recv(2) from `fd` into `room`; the bytes it returns are initialised.
-fn sys_recv(fd: libc::c_int, room: &mut [std::mem::MaybeUninit<u8>]) -> libc::c_long {
-    let (addr, len) = (ptr::null_mut::<libc::sockaddr>(), ptr::null_mut::<libc::socklen_t>());
-    // SAFETY: recvfrom(2) writes at most `room.len()` bytes into it.
-    unsafe { libc::syscall(libc::SYS_recvfrom, fd, room.as_mut_ptr(), room.len(), 0, addr, len) }
 }
 
 impl Link {
@@ -460,108 +339,6 @@ impl Link {
         }
         self.out.clear();
         self.written = 0;
-    }
-
-    /// Reads what came and applies every whole answer.
-    fn read(&mut self) {
-        loop {
-            if self.c.is_null() {
-                return;
-            }
-            self.input.reserve(READ_CHUNK);
-            let room = self.input.spare_capacity_mut();
-            // SAFETY: our connection, on this thread.
-            let n = sys_recv(unsafe { (*self.c).fd }, room);
-            if n > 0 {
-                let short = (n as usize) < room.len();
-                // SAFETY: recv() initialised `n` bytes after the length.
-                unsafe { self.input.set_len(self.input.len() + n as usize) };
-                if self.input.len() > MAX_INPUT {
-                    self.fail("replies too large", false);
-                    return;
-                }
-                // a short read drained the socket (as nginx's own recv
-                // reads it with epoll): more data is a new event
-                if short {
-                    break;
-                }
-                continue;
-            }
-            if n == 0 {
-                if !self.calls.in_flight() && self.input.is_empty() {
-                    // Redis's own `timeout` closing a link that had
-                    // nothing out: not a failure, a new link is made
-                    self.closed_idle();
-                } else {
-                    self.fail("connection closed by Redis", false);
-                }
-                return;
-            }
-            let e = std::io::Error::last_os_error();
-            match e.kind() {
-                std::io::ErrorKind::WouldBlock => break,
-                std::io::ErrorKind::Interrupted => continue,
-                _ => {
-                    self.fail(&format!("recv failed: {e}"), false);
-                    return;
-                }
-            }
-        }
-        // SAFETY: our connection's read event: drained, wait for the next.
-        let ok = unsafe {
-            let rev = (*self.c).read;
-            (*rev).set_ready(0);
-            ngx_handle_read_event(rev, 0) == NGX_OK as ngx_int_t
-        };
-        let mut at = 0;
-        let mut lost: Option<String> = None;
-        let mut ints = std::mem::take(&mut self.ints);
-        while at < self.input.len() {
-            let rest = &self.input[at..];
-            let reply = match resp::read_ints(rest, &mut ints) {
-                Ok(resp::Ints::Read(n)) => Ok(Some((Reply::Ints(&ints), n))),
-                Ok(resp::Ints::Partial) => Ok(None),
-                Ok(resp::Ints::Other) => {
-                    resp::parse(rest).map(|r| r.map(|(v, n)| (Reply::Other(v), n)))
-                }
-                Err(e) => Err(e),
-            };
-            match reply {
-                Ok(Some((v, n))) => {
-                    at += n;
-                    if !self.calls.in_flight() {
-                        self.fail("a reply nobody asked for", false);
-                        return;
-                    }
-                    if let Some(why) = self.answer(v) {
-                        lost.get_or_insert(why);
-                    }
-                }
-                Ok(None) => break,
-                Err(_) => {
-                    self.fail("not a Redis reply", false);
-                    return;
-                }
-            }
-        }
-        self.ints = ints;
-        if at == self.input.len() {
-            self.input.clear(); // as a rule: whole replies
-        } else {
-            self.input.drain(..at);
-        }
-        if !ok {
-            self.fail("cannot wait to read", false);
-            return;
-        }
-        if let Some(why) = lost {
-            self.fail(&format!("the server does not serve the key ({why})"), false);
-            return;
-        }
-        self.arm();
-        if self.calls.has_waiting() {
-            self.write_waiting();
-        }
     }
 
     /// The read timer runs while calls are out: `timeout=` without an
