@@ -80,7 +80,7 @@ impl StatsRef {
 }
 
 /// One limit of a strict request, for the thread to decide in Redis.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct StrictAsk {
     /// Names the waiting request (and which of its limits) in the answer.
     pub ticket: u64,

@@ -96,10 +96,10 @@ pub(crate) unsafe extern "C" fn forget(data: *mut c_void) {
     }
 }
 
-/// Redis's answer for some tickets (`allowed(i)` for `tickets[i]`: `None`,
-/// no decision); a request with all its verdicts is woken. `decide(lone, allowed)` makes the decision of a
-/// request of one limit (`Wait::lone`) that Redis decided. Worker thread
-/// only.
+/// Redis's answer for some tickets (`allowed(i)` for the `i`-th: `None`,
+/// no decision); a request with all its verdicts is woken.
+/// `decide(lone, allowed)` makes the decision of a request of one limit
+/// (`Wait::lone`) that Redis decided. Worker thread only.
 pub fn resolve(
     tickets: impl Iterator<Item = u64>,
     allowed: impl Fn(usize) -> Option<bool>,
