@@ -100,6 +100,19 @@ fn place<K, G>(
     }
 }
 
+/// Drops the first `done` of `v` (those dealt with) when they are all of
+/// it, or when they are the most.
+#[inline(always)]
+fn drop_done<T>(v: &mut Vec<T>, done: &mut usize) {
+    if *done == v.len() {
+        v.clear();
+        *done = 0;
+    } else if *done > 64 && *done * 2 > v.len() {
+        v.drain(..*done);
+        *done = 0;
+    }
+}
+
 impl<K: Hash + Eq + Copy, G> Calls<K, G> {
     /// The group waiting for `key`; if there is none, a new one: `make`'s,
     /// or a free place's group made new by `renew` (which makes it what
@@ -221,20 +234,8 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
             self.idle = 0;
         }
         self.head += n;
-        if self.head == self.flight.len() {
-            self.flight.clear();
-            self.head = 0;
-        } else if self.head > 64 && self.head * 2 > self.flight.len() {
-            self.flight.drain(..self.head);
-            self.head = 0;
-        }
-        if self.calls_done == self.calls.len() {
-            self.calls.clear();
-            self.calls_done = 0;
-        } else if self.calls_done > 64 && self.calls_done * 2 > self.calls.len() {
-            self.calls.drain(..self.calls_done);
-            self.calls_done = 0;
-        }
+        drop_done(&mut self.flight, &mut self.head);
+        drop_done(&mut self.calls, &mut self.calls_done);
         Some(at)
     }
 

@@ -283,3 +283,24 @@ fn keys_answered_stay_idle_for_their_next_request_and_are_forgotten_when_the_mos
     }
     assert!(c.keys.len() == c.idle && !c.has_waiting() && !c.in_flight());
 }
+
+#[test]
+fn calls_answered_are_dropped_once_they_are_the_most_and_the_rest_keep_their_order() {
+    let mut c = C::default();
+    for k in 0..100 {
+        c.waiting(k, Vec::new, Vec::clear).push(k);
+    }
+    assert_eq!(write(&mut c, 1).len(), 100, "a call a key");
+    for k in 0..70 {
+        assert_eq!(answer(&mut c), Some(vec![vec![k]]));
+    }
+    assert!(c.calls.len() < 100 && c.flight.len() < 100, "answered ones dropped");
+    // more written behind those still out
+    c.waiting(200, Vec::new, Vec::clear).push(200);
+    assert_eq!(write(&mut c, 1).len(), 1);
+    for k in (70..100).chain([200]) {
+        assert_eq!(answer(&mut c), Some(vec![vec![k]]));
+    }
+    assert_eq!(answer(&mut c), None);
+    assert!(!c.in_flight() && c.calls.is_empty() && c.flight.is_empty());
+}
