@@ -14,6 +14,8 @@
 #   CALLGRIND_MODULE=/path/to/module.so bash bench/callgrind.sh   (another build)
 #   CALLGRIND_ONLY='strict lrk' bash bench/callgrind.sh   (only these rows, by
 #       location name without its slash; the baseline is always run)
+#   CALLGRIND_KEYS=100000 CALLGRIND_ONLY='lrk redis-10k' bash bench/callgrind.sh
+#       (the many-key rows over 100 000 keys, 16m zones: about two minutes)
 #   CALLGRIND_OUT=dir bash bench/callgrind.sh   (keeps each run's profile,
 #       with per-instruction counts, as dir/<conf>-<location>-<requests>.out: for
 #       bench/callgrind_instr.py, or callgrind_annotate on two of them)
@@ -187,15 +189,18 @@ if command -v redis-server >/dev/null; then
     # default 5 s hold, how many keys a flush finds depends on how fast
     # valgrind runs: 12 000 to 18 000 instructions on this machine; what
     # the thread spends per key is in make bench's Redis figures)
-    sed -e "s|^    server {|    limit_req_zone \$http_x_key zone=lrk:10m rate=100r/s;\n    redis_ratelimit_zone \$http_x_key zone=km:10m redis=redis://127.0.0.1:$rport hold=60s;\n    server {|" \
+    # CALLGRIND_KEYS=100000: make bench's 100 000-key cases (16m zones)
+    keys=${CALLGRIND_KEYS:-10000}
+    size=10m
+    [ "$keys" -le 20000 ] || size=16m
+    sed -e "s|^    server {|    limit_req_zone \$http_x_key zone=lrk:$size rate=100r/s;\n    redis_ratelimit_zone \$http_x_key zone=km:$size redis=redis://127.0.0.1:$rport hold=60s;\n    server {|" \
         -e 's|^    }$|        location = /lrk { root html; try_files /b =404; limit_req zone=lrk burst=1000000 nodelay; }\n        location = /redis-10k { root html; try_files /b =404; redis_ratelimit km 6000r/m; }\n    }|' \
         "$work/conf/nginx.conf" > "$work/conf/keys.conf"
-    keys=${CALLGRIND_KEYS:-10000}
     if want lrk || want redis-10k; then
         lrk=$(many_per_request /lrk keys.conf "$keys" 3)
         rk=$(many_per_request /redis-10k keys.conf "$keys" 3)
-        echo "| /lrk (limit_req, $keys keys by X-Key; keys.conf) | $lrk | $(( lrk - base )) |"
-        echo "| /redis-10k ($keys keys by X-Key through Redis, 6000r/m, hold=60s, all threads; keys.conf) | $rk | $(( rk - base )) |"
+        echo "| /lrk (limit_req, $keys keys by X-Key, $size; keys.conf) | $lrk | $(( lrk - base )) |"
+        echo "| /redis-10k ($keys keys by X-Key through Redis, 6000r/m, hold=60s, $size, all threads; keys.conf) | $rk | $(( rk - base )) |"
         echo
         echo "many keys: /redis-10k ÷ /lrk = $(( rk * 1000 / lrk )) per mille (X-Key's header adds to both and to neither baseline)"
     fi
