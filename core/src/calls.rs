@@ -5,7 +5,6 @@
 //! every request of the key that waited meanwhile). A call decides
 //! several keys' groups, and is answered once for all of them.
 
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash};
 
@@ -124,34 +123,30 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         renew: impl FnOnce(&mut G),
     ) -> &mut G {
         let round = self.round;
-        let (groups, free) = (&mut self.groups, &mut self.free);
-        let i = match self.keys.entry(key) {
-            Entry::Vacant(e) => {
+        let (groups, free, idle) = (&mut self.groups, &mut self.free, &mut self.idle);
+        // a key not seen lately is as one answered: idle
+        let slot = self.keys.entry(key).or_insert_with(|| {
+            *idle += 1;
+            Slot::Idle
+        });
+        let i = match *slot {
+            Slot::Ready { round: r, at } if r == round => at,
+            Slot::Behind(i) => i,
+            Slot::Idle => {
                 let i = place(groups, free, key, make, renew);
-                e.insert(Slot::Ready { round, at: i });
+                *slot = Slot::Ready { round, at: i };
+                *idle -= 1;
                 self.ready.push(i);
                 self.waiting += 1;
                 i
             }
-            Entry::Occupied(mut e) => match *e.get() {
-                Slot::Idle => {
-                    let i = place(groups, free, key, make, renew);
-                    *e.get_mut() = Slot::Ready { round, at: i };
-                    self.ready.push(i);
-                    self.waiting += 1;
-                    self.idle -= 1;
-                    i
-                }
-                Slot::Ready { round: r, at } if r == round => at,
-                Slot::Ready { .. } => {
-                    // its call is out: the group waits behind it
-                    let i = place(groups, free, key, make, renew);
-                    *e.get_mut() = Slot::Behind(i);
-                    self.waiting += 1;
-                    i
-                }
-                Slot::Behind(i) => i,
-            },
+            Slot::Ready { .. } => {
+                // its call is out: the group waits behind it
+                let i = place(groups, free, key, make, renew);
+                *slot = Slot::Behind(i);
+                self.waiting += 1;
+                i
+            }
         };
         &mut groups[i as usize].1
     }
