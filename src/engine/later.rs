@@ -2,11 +2,10 @@
 //! waited for: a `count_if=` count after the response, a Lua caller's
 //! request (Lua never waits). The engine counts them here in flight
 //! (`Strict::Later`) and, once it counted them, sends them down the zone's
-//! strict link, the
-//! connection this worker's strict checks take: there they reach Redis
-//! before the worker's next check of the key, which could otherwise run
-//! ahead of an increment still queued for the Redis thread and let the
-//! key's last request through twice.
+//! strict link, the connection this worker's strict checks take: there
+//! they reach Redis before the worker's next check of the key, which could
+//! otherwise run ahead of an increment still queued for the Redis thread
+//! and let the key's last request through twice.
 
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::rate::Rate;
