@@ -419,6 +419,21 @@ pub fn keep_local(e: &mut Entry, window: u64, sent: u32) {
     }
 }
 
+/// A sender that held some of this node's unconfirmed increments is gone
+/// without saying what became of them (its worker was killed): which of
+/// the entry's requests in flight it held is not known, so all of them
+/// become this node's final local counts, and the node waits for no
+/// answer. Returns how many there were. Answers still to come for the
+/// ones a live sender holds find nothing left in flight and keep the
+/// larger of the counts (`confirm`): the key errs on the side of its
+/// limit until they are in, never by more than these requests.
+pub fn orphan(e: &mut Entry) -> u32 {
+    let n = std::mem::take(&mut e.inflight);
+    e.cur = e.cur.saturating_add(n);
+    e.waiting = 0;
+    n
+}
+
 #[cfg(test)]
 #[path = "counter_tests.rs"]
 pub(crate) mod tests;

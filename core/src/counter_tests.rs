@@ -471,3 +471,37 @@ fn the_usual_round_trip_is_the_shortest_of_the_last_seconds() {
     fast.add(0, 5);
     assert_eq!(fast.usual_us(), 1);
 }
+
+#[test]
+fn requests_a_lost_sender_held_become_local_counts_and_end_the_wait() {
+    let r = Rate { limit: 100, period: 3600 };
+    let mut e = fresh();
+    for i in 0..30 {
+        assert!(check(&mut e, r, T0 + i).allowed);
+        count(&mut e, true);
+        wait(&mut e, true, T0 + i);
+    }
+    // seconds later, no answer will come: the stale view caps the key far
+    // below its limit (30 in flight against an eighth of the headroom)
+    let later = T0 + 8_000;
+    let mut c = check(&mut e, r, later);
+    crate::share::cap_to_share(&e, r, later, 1, 100, STALE_MIN_MS, &mut c);
+    assert!(!c.allowed, "stranded requests in flight hold the key back");
+    assert_eq!(orphan(&mut e), 30);
+    assert_eq!((e.cur, e.inflight, waited_ms(&e, later)), (30, 0, 0));
+    let mut c = check(&mut e, r, later);
+    crate::share::cap_to_share(&e, r, later, 1, 100, STALE_MIN_MS, &mut c);
+    assert!(c.allowed, "the key has the rest of its limit");
+    assert_eq!(c.cur, 30, "the requests stay counted on this node");
+    // an answer for 10 of them a live sender held: nothing counted twice
+    count(&mut e, true);
+    let idx = window_index(later, r.period_ms());
+    confirm(
+        &mut e,
+        &Confirmation { window: idx, sent: 10, carried: 0, cur: 10, prev: None },
+        r,
+        later,
+    );
+    assert_eq!((e.cur, e.inflight), (30, 0));
+    assert_eq!(orphan(&mut e), 0, "nothing left to orphan");
+}

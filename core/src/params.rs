@@ -68,6 +68,10 @@ pub struct ZoneParams {
     /// `hold=`: the longest a key far from its limit keeps its increments
     /// on this node before they go to Redis (0: the next flush). See `sync`.
     pub hold_ms: u64,
+    /// `nodes=`: how many nodes `on_error=share` assumes at least (a node
+    /// that has not heard how many count through Redis: started while it
+    /// is down). 1 when not given.
+    pub nodes: u32,
     /// `password_file=` as written (the module reads it, relative to
     /// nginx's configuration prefix, and `with_password_file` puts what it
     /// holds into the URLs).
@@ -83,6 +87,8 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 500;
 pub const DEFAULT_HOLD_MS: u64 = 5_000;
 /// The longest `hold=`.
 pub const MAX_HOLD_MS: u64 = 60_000;
+/// The most nodes `nodes=` may name.
+pub const MAX_NODES: u32 = 100_000;
 /// The longest `timeout=`: a strict request waits at most this long, and
 /// so does a worker that shuts down while Redis is silent.
 pub const MAX_TIMEOUT_MS: u64 = 60_000;
@@ -179,6 +185,7 @@ pub fn parse_zone_params(
     let mut timeout_ms: Option<u64> = None;
     let mut on_error: Option<OnError> = None;
     let mut hold_ms: Option<u64> = None;
+    let mut nodes: Option<u32> = None;
     let mut password_file: Option<Vec<u8>> = None;
     let mut ssl = SslParams::default();
 
@@ -197,11 +204,12 @@ pub fn parse_zone_params(
                     format!("invalid zone \"{}\": expected zone=name:size", show(arg))
                 })?;
                 let (n, sz) = (&v[..colon], &v[colon + 1..]);
-                if n.is_empty()
-                    || !n.iter().all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+                // a colon would make two zones' Redis keys meet: zone `a:b`
+                // key `c` and zone `a` key `b:c`
+                if n.is_empty() || !n.iter().all(|&b| b.is_ascii_graphic() && !b"{}:".contains(&b))
                 {
                     return Err(format!(
-                        "invalid zone name \"{}\": printable ASCII without braces expected",
+                        "invalid zone name \"{}\": printable ASCII without braces or colons expected",
                         show(n)
                     ));
                 }
@@ -323,6 +331,23 @@ pub fn parse_zone_params(
                     }
                 }
             }
+            (b"nodes", Some(v)) => {
+                if nodes.is_some() {
+                    return Err(dup());
+                }
+                match std::str::from_utf8(v).ok().and_then(|t| t.parse::<u32>().ok()) {
+                    Some(n) if (1..=MAX_NODES).contains(&n) && v[0].is_ascii_digit() => {
+                        nodes = Some(n)
+                    }
+                    _ => {
+                        return Err(format!(
+                            "invalid nodes \"{}\": a number of nodes from 1 to {} expected",
+                            show(v),
+                            MAX_NODES
+                        ))
+                    }
+                }
+            }
             (b"on_error", Some(v)) => {
                 if on_error.is_some() {
                     return Err(dup());
@@ -387,6 +412,7 @@ pub fn parse_zone_params(
                 (on_error.is_some(), "on_error="),
                 (prefix.is_some(), "prefix="),
                 (hold_ms.is_some(), "hold="),
+                (nodes.is_some(), "nodes="),
                 (password_file.is_some(), "password_file="),
             ] {
                 if set {
@@ -396,6 +422,9 @@ pub fn parse_zone_params(
             None
         }
     };
+    if nodes.is_some() && on_error != Some(OnError::Share) {
+        return Err("\"nodes=\" needs \"on_error=share\"".to_string());
+    }
     Ok(ZoneParams {
         name,
         size,
@@ -404,6 +433,7 @@ pub fn parse_zone_params(
         timeout_ms: timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
         on_error: on_error.unwrap_or(OnError::Local),
         hold_ms: hold_ms.unwrap_or(DEFAULT_HOLD_MS),
+        nodes: nodes.unwrap_or(1),
         password_file,
         ssl,
     })

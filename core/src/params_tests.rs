@@ -86,6 +86,9 @@ fn redis_zone_with_everything() {
     assert_eq!(p.timeout_ms, 100);
     assert_eq!(p.hold_ms, DEFAULT_HOLD_MS);
     assert_eq!(parse("zone=a:1m redis=redis://h:1 hold=0").map(|p| p.hold_ms), Ok(0));
+    assert_eq!(p.nodes, 1, "no floor");
+    let share = "zone=a:1m redis=redis://h:1 on_error=share nodes=12";
+    assert_eq!(parse(share).map(|p| p.nodes), Ok(12));
     assert_eq!(parse("zone=a:1m redis=redis://h:1 hold=250ms").map(|p| p.hold_ms), Ok(250));
     assert_eq!(p.prefix, b"app:");
     assert!(parse("zone=a:1m redis=rediss://u:p@h:6380/2").is_ok());
@@ -138,6 +141,15 @@ fn refusals_name_the_value() {
         ("zone=a:1m redis=redis://h:1 hold=61s", "invalid hold \"61s\""),
         ("zone=a:1m redis=redis://h:1 hold=1s hold=2s", "hold"),
         ("zone=a:1m hold=1s", "\"hold=\" needs"),
+        ("zone=a:1m redis=redis://h:1 on_error=share nodes=0", "invalid nodes \"0\""),
+        ("zone=a:1m redis=redis://h:1 on_error=share nodes=-2", "invalid nodes \"-2\""),
+        ("zone=a:1m redis=redis://h:1 on_error=share nodes=+2", "invalid nodes \"+2\""),
+        ("zone=a:1m redis=redis://h:1 on_error=share nodes=100001", "from 1 to 100000"),
+        ("zone=a:1m redis=redis://h:1 on_error=share nodes=2 nodes=3", "duplicate"),
+        ("zone=a:1m redis=redis://h:1 nodes=4", "\"nodes=\" needs \"on_error=share\""),
+        ("zone=a:1m redis=redis://h:1 on_error=local nodes=4", "needs \"on_error=share\""),
+        ("zone=a:1m nodes=4", "\"nodes=\" needs \"redis=URL\""),
+        ("zone=a:b:1m", "invalid zone name \"a:b\""),
         ("zone=a{b}:1m", "a{b}"),
         ("zone=a:1m sentinel=m", "\"sentinel=\" needs"),
         ("zone=a:1m redis=redis://h:1 sentinel=", "invalid sentinel \"\""),

@@ -39,7 +39,7 @@ impl Default for Shares {
 impl Shares {
     /// Publishes `n` for process `pid` at `now_ms`, in the slot it holds
     /// (`slot`), else in one it claims: free, or held by a process that
-    /// `alive` says is gone.
+    /// `alive` says is gone. Returns such a process (see `hold`).
     pub fn set(
         &self,
         slot: &mut Option<usize>,
@@ -47,17 +47,17 @@ impl Shares {
         n: u64,
         now_ms: u64,
         alive: impl Fn(u64) -> bool,
-    ) {
+    ) -> Option<u64> {
         let held = slot.filter(|&i| self.0[i].pid.load(Ordering::Acquire) == pid);
+        let mut gone = None;
         let i = match held {
             Some(i) => i,
             None => {
                 if n == 0 {
-                    return;
+                    return None;
                 }
-                let Some(i) = self.claim(pid, alive) else {
-                    return;
-                };
+                let (i, dead) = self.claim(pid, alive)?;
+                gone = dead;
                 i
             }
         };
@@ -69,20 +69,56 @@ impl Shares {
         } else if was == 0 || s.since.load(Ordering::Acquire) == 0 {
             s.since.store(now_ms.max(1), Ordering::Release);
         }
+        gone
     }
 
-    fn claim(&self, pid: u64, alive: impl Fn(u64) -> bool) -> Option<usize> {
+    /// Claims a slot for process `pid`'s thread before it holds anything,
+    /// so that its death is seen whenever it comes (`reap`). Returns a
+    /// process whose slot it took because that process is gone without
+    /// giving it back: it died holding what it had not sent.
+    pub fn hold(
+        &self,
+        slot: &mut Option<usize>,
+        pid: u64,
+        alive: impl Fn(u64) -> bool,
+    ) -> Option<u64> {
+        let (i, gone) = self.claim(pid, alive)?;
+        *slot = Some(i);
+        gone
+    }
+
+    /// Frees the slots of processes that are gone without giving them
+    /// back (killed, or their thread never stopped), and returns them.
+    pub fn reap(&self, alive: impl Fn(u64) -> bool) -> Vec<u64> {
+        let mut gone = Vec::new();
+        for s in &self.0 {
+            let old = s.pid.load(Ordering::Acquire);
+            if old != 0
+                && !alive(old)
+                && s.pid.compare_exchange(old, 0, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            {
+                s.n.store(0, Ordering::Release);
+                s.since.store(0, Ordering::Release);
+                gone.push(old);
+            }
+        }
+        gone
+    }
+
+    /// A slot for `pid`: the one it has, else a free one, else one of a
+    /// process that is gone (returned with it).
+    fn claim(&self, pid: u64, alive: impl Fn(u64) -> bool) -> Option<(usize, Option<u64>)> {
         for (i, s) in self.0.iter().enumerate() {
             let old = s.pid.load(Ordering::Acquire);
             if old == pid {
-                return Some(i);
+                return Some((i, None));
             }
             if (old == 0 || !alive(old))
                 && s.pid.compare_exchange(old, pid, Ordering::AcqRel, Ordering::Acquire).is_ok()
             {
                 s.n.store(0, Ordering::Release);
                 s.since.store(0, Ordering::Release);
-                return Some(i);
+                return Some((i, (old != 0).then_some(old)));
             }
         }
         None
@@ -163,6 +199,10 @@ pub struct Stats {
     /// them whose wait ended without it (then decided by `on_error`).
     pub strict_waits: AtomicU64,
     pub strict_timeouts: AtomicU64,
+    /// The nodes that counted through the zone's Redis lately, as a Redis
+    /// thread last read it (0: never read): `on_error=share` divides by it,
+    /// and it outlives reloads and workers.
+    pub fleet_nodes: AtomicU64,
 }
 
 impl Stats {
@@ -303,5 +343,33 @@ mod tests {
         w.set(&mut a, 1, 2, 6000, |_| true);
         assert_eq!(w.sum(|_| true), (5, 3000));
         assert_eq!(w.sum(|p| p != 2), (2, 6000), "a dead thread's time goes with it");
+    }
+
+    #[test]
+    fn a_process_gone_without_giving_its_slot_back_is_told_once() {
+        let w = Shares::default();
+        let (mut a, mut b, mut c) = (None, None, None);
+        assert_eq!(w.hold(&mut a, 100, |_| true), None);
+        assert_eq!(w.hold(&mut b, 200, |_| true), None);
+        assert!(a.is_some() && b.is_some() && a != b);
+        // 200 gives its slot back (a clean exit): never reported
+        w.release(&mut b, 200);
+        let alive = |pid: u64| pid != 100 && pid != 200;
+        assert_eq!(w.reap(alive), vec![100], "100 died holding its slot");
+        assert_eq!(w.reap(alive), Vec::<u64>::new(), "once");
+        // a slot taken over from a dead holder names it
+        w.hold(&mut c, 300, |_| true);
+        let mut d = None;
+        assert_eq!(w.hold(&mut d, 400, |p| p != 300), Some(300));
+        let full = Shares::default();
+        let mut slots = Vec::new();
+        for pid in 1..=WAITING_SLOTS as u64 {
+            let mut s = None;
+            full.hold(&mut s, pid, |_| true);
+            slots.push(s);
+        }
+        let mut e = None;
+        assert_eq!(full.hold(&mut e, 9999, |p| p != 7), Some(7));
+        assert_eq!(e, slots[6]);
     }
 }

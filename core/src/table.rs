@@ -13,7 +13,7 @@ pub const MAGIC: u64 = 0x5252_4c54_4142_4c45;
 /// Bumped whenever `Header` or `Entry` change layout, or entry ids change
 /// meaning (`key::IdHasher`): a region written by another version is
 /// formatted anew instead of being misread.
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
 
 use crate::stats::Stats;
 
@@ -282,6 +282,11 @@ impl<'a> Table<'a> {
         self.lru_push_front(i);
         self.hdr.len += 1;
         (i, true)
+    }
+
+    /// Every entry, in use or free (a free one is all zeros but its links).
+    pub fn entries_mut(&mut self) -> impl Iterator<Item = &mut Entry> {
+        self.entries.iter_mut()
     }
 
     /// Forgets `id`; returns whether it was present.

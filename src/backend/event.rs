@@ -226,6 +226,9 @@ pub enum Level {
     /// at (an operator who sees the one sees the other), never held back
     /// by the once-a-second gate.
     Recovery,
+    /// Counts that will never reach Redis: at `error`, never held back by
+    /// the gate (rare, and each line says how many).
+    Loss,
 }
 
 #[derive(Debug)]
@@ -243,6 +246,12 @@ pub enum Event {
     KeepLocal {
         id: ItemId,
         sent: u32,
+    },
+    /// Process `pid` held the zone's slot of a Redis thread and is gone
+    /// without giving it back (killed): what it held for Redis is lost.
+    Orphaned {
+        zone: u32,
+        pid: u64,
     },
     /// Redis's decision for strict requests of one key (`None`: no answer:
     /// an error reply, the connection, the backend down), one ticket per

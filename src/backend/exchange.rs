@@ -63,7 +63,7 @@ impl Backend {
         let (cmds, slots) = self.plan(items, now_ms, again);
         let Some((replies, broken, at)) = self.transmit(&cmds, items, &slots, node, deadline)
         else {
-            self.keep_for_retry(items);
+            self.keep_for_retry(items, events);
             return;
         };
         let read = Replies { all: &replies, at: Stamp { at, ms: now_ms } };
@@ -191,7 +191,7 @@ impl Backend {
             },
             r @ Reply::Refused { .. } if self.master_lost(r) => {
                 out.cluster_down = Some(r.to_string());
-                self.keep_for_retry(std::slice::from_ref(&(*id, item.clone())));
+                self.keep_for_retry(std::slice::from_ref(&(*id, item.clone())), events);
             }
             Reply::Refused { text, .. } => {
                 let key = self.key_name(id, item);
@@ -205,7 +205,9 @@ impl Backend {
                 }
                 keep_local(*id, item, events);
             }
-            Reply::NotSent => self.keep_for_retry(std::slice::from_ref(&(*id, item.clone()))),
+            Reply::NotSent => {
+                self.keep_for_retry(std::slice::from_ref(&(*id, item.clone())), events)
+            }
         }
     }
 
@@ -222,7 +224,7 @@ impl Backend {
         events: &mut Vec<Event>,
     ) {
         if let Some(e) = broken {
-            self.keep_for_retry(&out.existed);
+            self.keep_for_retry(&out.existed, events);
             self.link_failed(node, &e, events);
             for (id, tag, period) in out.created {
                 if self.ttl_fix.len() < TTL_FIX_MAX {
@@ -232,7 +234,7 @@ impl Backend {
             return;
         }
         if let Some(why) = out.cluster_down {
-            self.keep_for_retry(&out.existed);
+            self.keep_for_retry(&out.existed, events);
             let e = redis::RedisError::from((redis::ErrorKind::Io, self.not_serving(), why));
             self.link_failed(node, &e, events);
             return;

@@ -2,7 +2,8 @@
 //! while Redis is up each node says every `EVERY` that it counts (its id
 //! in a sorted set under the zone's prefix, scored by its clock) and reads
 //! how many said so within `LIVE_MS`. While Redis is down a key this node
-//! has no share of gets one node's part of its limit (`1/N`). One small
+//! has no share of gets one node's part of its limit (`1/N`). N lives in
+//! the zone's shared memory, so reloads and new workers keep it. One small
 //! pipeline per node and zone every few seconds; no node list to
 //! configure.
 
@@ -56,7 +57,9 @@ impl Backend {
             st.pipeline(cmds.len(), now.elapsed().as_micros() as u64);
         }
         if let Some(Reply::Value(Value::Int(n))) = replies.get(2) {
-            self.fleet.nodes = u32::try_from(*n).unwrap_or(0);
+            if let Some(st) = self.stats() {
+                st.fleet_nodes.store((*n).max(0) as u64, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         match broken {
             Some(e) => self.link_failed(node.as_deref(), &e, events),

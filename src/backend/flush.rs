@@ -68,7 +68,7 @@ impl Backend {
             // down: what came waits with the rest, without walking all of
             // it again (taking every kept increment out and putting it back
             // at each flush of an outage would spend a worker's CPU there)
-            self.keep_for_retry(&items);
+            self.keep_for_retry(&items, events);
             return;
         }
         let items = self.with_retry(items);
@@ -80,7 +80,7 @@ impl Backend {
                     || !self.node_may_send(node.as_deref(), now)
                     || !self.ensure_conn(events)
                 {
-                    self.keep_for_retry(chunk);
+                    self.keep_for_retry(chunk, events);
                     continue;
                 }
                 self.send_chunk(chunk, node.as_deref(), deadline, events);

@@ -76,9 +76,6 @@ pub struct Channel {
     /// answer before the node's view of the key counts as stale
     /// (`counter::stale_after_ms` of the zone's usual round trip).
     stale_ms: Vec<AtomicU32>,
-    /// Per zone index: the nodes that counted through its Redis lately
-    /// (`on_error=share`; 0: not known).
-    nodes: Vec<AtomicU32>,
     /// Increments dropped because the batch was full.
     pub dropped: AtomicU64,
     /// An increment of a key near its limit is waiting: flush now.
@@ -109,7 +106,6 @@ impl Channel {
             notify_fd,
             up: (0..zones).map(|_| AtomicBool::new(true)).collect(),
             stale_ms: (0..zones).map(|_| AtomicU32::new(counter::STALE_MIN_MS as u32)).collect(),
-            nodes: (0..zones).map(|_| AtomicU32::new(0)).collect(),
             dropped: AtomicU64::new(0),
             urgent: AtomicBool::new(false),
             done: Mutex::new(false),
@@ -212,12 +208,6 @@ impl Channel {
         self.wake.notify_one();
     }
 
-    /// See `nodes` (the field).
-    #[inline]
-    pub fn nodes(&self, zone: usize) -> u32 {
-        self.nodes.get(zone).map_or(0, |n| n.load(Ordering::Relaxed))
-    }
-
     /// See `stale_ms` (the field).
     #[inline]
     pub fn stale_ms(&self, zone: usize) -> u64 {
@@ -308,9 +298,6 @@ pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<Joi
 pub(super) fn show_health(ch: &Channel, b: &Backend) {
     if let Some(up) = ch.up.get(b.zone() as usize) {
         up.store(b.is_up(), Ordering::Relaxed);
-    }
-    if let Some(n) = ch.nodes.get(b.zone() as usize) {
-        n.store(b.fleet.nodes, Ordering::Relaxed);
     }
     if let Some(s) = ch.stale_ms.get(b.zone() as usize) {
         let ms = counter::stale_after_ms(b.rtt.usual_us());

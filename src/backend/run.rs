@@ -47,8 +47,13 @@ struct Thread {
 
 pub(super) fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
     let now = Instant::now();
-    let backends: Vec<Backend> = zones.into_iter().map(|z| Backend::new(z, now)).collect();
+    let mut backends: Vec<Backend> = zones.into_iter().map(|z| Backend::new(z, now)).collect();
     let any_zone = backends.first().map_or(0, Backend::zone);
+    let orphans: Vec<Event> = backends
+        .iter_mut()
+        .filter_map(|b| Some(Event::Orphaned { zone: b.zone(), pid: b.hold_waiting_slot()? }))
+        .collect();
+    ch.publish(orphans);
     let mut t = Thread {
         backends,
         last_flush: None,
@@ -68,6 +73,11 @@ pub(super) fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
         t.report_drops(ch, &mut events);
         ch.publish(events);
         if work.stopping {
+            let mut events = Vec::new();
+            for b in t.backends.iter_mut() {
+                b.abandon(&mut events);
+            }
+            ch.publish(events);
             for b in t.backends.iter_mut() {
                 b.unpublish_waiting();
             }
@@ -266,8 +276,12 @@ impl Thread {
             let batch = ch.batch.lock();
             self.backends.iter().map(|b| batch.pending(b.zone())).collect()
         };
+        let mut orphans = Vec::new();
         for (b, q) in self.backends.iter_mut().zip(queued) {
-            b.publish_waiting(q);
+            if let Some(pid) = b.publish_waiting(q) {
+                orphans.push(Event::Orphaned { zone: b.zone(), pid });
+            }
         }
+        ch.publish(orphans);
     }
 }

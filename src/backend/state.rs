@@ -79,6 +79,10 @@ pub struct Backend {
     /// Increments known not to have run, sent with the next flush.
     pub(super) retry: ItemMap<Item>,
     pub(super) retry_bytes: usize,
+    /// Increments that will never reach Redis, not logged yet, and the
+    /// gate of that line.
+    pub(super) unsent: u64,
+    pub(super) drops: LogGate,
     /// Keys near their limit, to be read again (by entry, window 0).
     pub(super) watch: ItemMap<Watch>,
     pub(super) budget: Budget,
@@ -147,6 +151,8 @@ impl Backend {
             secrets,
             retry: ItemMap::default(),
             retry_bytes: 0,
+            unsent: 0,
+            drops: LogGate::new(super::DROP_LOG_INTERVAL),
             watch: ItemMap::default(),
             budget: Budget::new(REFRESH_BUDGET, now),
             ttl_fix: ItemMap::default(),
@@ -173,12 +179,20 @@ impl Backend {
 
     /// Publishes how many increments of this zone wait in this thread
     /// (`queued` in the worker's queue, plus those kept to send again).
-    pub(super) fn publish_waiting(&mut self, queued: u64) {
+    /// Returns a process found gone with its slot (`Shares::hold`).
+    pub(super) fn publish_waiting(&mut self, queued: u64) -> Option<u64> {
         let now = queued + self.retry.values().map(|i| u64::from(i.n)).sum::<u64>();
-        if let Some(st) = self.spec.stats.as_ref().map(StatsRef::get) {
-            let at = super::clock::unix_ms();
-            st.waiting.set(&mut self.waiting_slot, own_pid(), now, at, process_alive);
-        }
+        let st = self.spec.stats.as_ref().map(StatsRef::get)?;
+        let at = super::clock::unix_ms();
+        st.waiting.set(&mut self.waiting_slot, own_pid(), now, at, process_alive)
+    }
+
+    /// Takes this thread's slot in the zone's waiting gauge before it holds
+    /// any increment, so that the worker's death is seen whenever it
+    /// comes. Returns a process found gone with its slot.
+    pub(super) fn hold_waiting_slot(&mut self) -> Option<u64> {
+        let st = self.spec.stats.as_ref().map(StatsRef::get)?;
+        st.waiting.hold(&mut self.waiting_slot, own_pid(), process_alive)
     }
 
     /// Takes this thread's share back from the waiting gauge (it exits).
@@ -223,8 +237,6 @@ pub fn process_alive(pid: u64) -> bool {
 
 /// What the thread knows of the zone's nodes.
 pub(super) struct Fleet {
-    /// How many counted lately (0: not known yet).
-    pub(super) nodes: u32,
     /// When this node says it counts next.
     pub(super) due: Instant,
     /// This node: its host name and nginx master's pid (its workers are
@@ -234,7 +246,7 @@ pub(super) struct Fleet {
 
 impl Fleet {
     pub(super) fn new(now: Instant) -> Fleet {
-        Fleet { nodes: 0, due: now, id: node_id() }
+        Fleet { due: now, id: node_id() }
     }
 }
 

@@ -15,7 +15,7 @@ use redis::Cmd;
 
 use super::clock::unix_ms;
 use super::event::{Event, Level};
-use super::flush::{cmds_key, held_note};
+use super::flush::{cmds_key, held_note, keep_local};
 use super::io::{self, Conn};
 use super::state::{Backend, RETRY_BYTES};
 
@@ -188,8 +188,9 @@ impl Backend {
     }
 
     /// Keeps increments known not to have run for the next flush (bounded
-    /// in bytes; beyond it they stay counted on this node only).
-    pub(super) fn keep_for_retry(&mut self, items: &[(ItemId, Item)]) {
+    /// in bytes; beyond it they stay counted on this node only, as
+    /// dropped).
+    pub(super) fn keep_for_retry(&mut self, items: &[(ItemId, Item)], events: &mut Vec<Event>) {
         for (id, item) in items.iter().filter(|(_, i)| i.total() > 0) {
             if let Some(r) = self.retry.get_mut(id) {
                 r.n = r.n.saturating_add(item.n);
@@ -198,7 +199,59 @@ impl Backend {
             } else if self.retry_bytes + item.bytes() <= RETRY_BYTES {
                 self.retry_bytes += item.bytes();
                 self.retry.insert(*id, item.clone());
+            } else {
+                self.undelivered(*id, item, events);
             }
+        }
+        if self.unsent > 0 {
+            let text = format!(
+                "redis_ratelimit: zone \"{}\": {} increments could not wait for Redis (more than {} MiB held for it); counted on this node only",
+                self.spec.name,
+                self.unsent,
+                RETRY_BYTES >> 20
+            );
+            if self.drops.pass(Instant::now(), false).is_some() {
+                self.unsent = 0;
+                events.push(Event::Log {
+                    zone: self.spec.index,
+                    level: Level::Loss,
+                    message: text,
+                });
+            }
+        }
+    }
+
+    /// Increments that will never reach Redis: the worker counts them on
+    /// this node alone (no answer is waited for), and they are counted as
+    /// dropped.
+    pub(super) fn undelivered(&mut self, id: ItemId, item: &Item, events: &mut Vec<Event>) {
+        keep_local(id, item, events);
+        self.unsent += u64::from(item.n);
+        if let Some(st) = self.stats() {
+            st.dropped.fetch_add(u64::from(item.n), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The thread stops (the worker exits) with increments Redis has not
+    /// taken: they stay counted on this node, and the line says so.
+    pub(super) fn abandon(&mut self, events: &mut Vec<Event>) {
+        let kept: Vec<(ItemId, Item)> = self.retry.drain().collect();
+        self.retry_bytes = 0;
+        for (id, item) in &kept {
+            self.undelivered(*id, item, events);
+        }
+        if self.unsent > 0 {
+            events.push(Event::Log {
+                zone: self.spec.index,
+                level: Level::Loss,
+                message: format!(
+                    "redis_ratelimit: zone \"{}\": {} increments not sent before the worker exited (Redis {} not answering); counted on this node only",
+                    self.spec.name,
+                    self.unsent,
+                    self.describe()
+                ),
+            });
+            self.unsent = 0;
         }
     }
 

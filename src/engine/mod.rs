@@ -311,7 +311,13 @@ fn limit_of(
     // (`on_error` decides then)
     let stale_ms = if up { ch.stale_ms(index) } else { u64::MAX };
     let hold_ms = zone.params.as_ref().map_or(0, |p| p.hold_ms);
-    let nodes = if mode == Mode::Share { ch.nodes(index) } else { 0 };
+    let nodes = match zone.params.as_ref() {
+        Some(p) if mode == Mode::Share => {
+            let seen = zone.shared.as_ref().map_or(0, |s| Stats::get(&s.stats().fleet_nodes));
+            u32::try_from(seen).unwrap_or(u32::MAX).max(p.nodes)
+        }
+        _ => 0,
+    };
     Limit { entry, rate, cost, mode, strict, stale_ms, hold_ms, nodes }
 }
 
@@ -365,8 +371,14 @@ fn queue(mcf: &MainConf, ch: &Channel, a: &Ask<'_>, id: [u64; 2], p: &Push) {
         fresh: p.fresh,
     };
     if !ch.push(item, inc, p.due) {
+        // the queue is full: the count stays on this node, waiting for no
+        // answer
         if let Some(s) = mcf.zones[a.zone].shared.as_ref() {
             Stats::bump(&s.stats().dropped);
+            let mut locked = s.lock();
+            if let Some(i) = locked.table.find(id) {
+                ratelimit_core::counter::keep_local(locked.table.entry_mut(i), p.window, p.n);
+            }
         }
     }
 }

@@ -39,8 +39,7 @@ pub extern "C" fn cmd_metrics(
 /// Every zone's figures, read from its shared memory at `now_ms`.
 fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
     let mut out = Vec::with_capacity(mcf.zones.len());
-    let channel = crate::worker::channel::channel();
-    for (i, z) in mcf.zones.iter().enumerate() {
+    for z in &mcf.zones {
         let Some(shared) = z.shared.as_ref() else {
             continue;
         };
@@ -78,7 +77,7 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
                 rtt_sum_us: get(&st.rtt_sum_us),
                 strict_waits: get(&st.strict_waits),
                 strict_timeouts: get(&st.strict_timeouts),
-                nodes: channel.map_or(0, |ch| u64::from(ch.nodes(i))),
+                nodes: get(&st.fleet_nodes),
             }
         });
         out.push(Zone {

@@ -164,6 +164,19 @@ unsafe fn start_thread(cycle: *mut ngx_cycle_t) {
         }
     }
 
+    // a worker killed before this one started left counts in flight that
+    // no thread will answer
+    for (i, z) in mcf.zones.iter().enumerate() {
+        let Some(shared) =
+            z.shared.as_ref().filter(|_| specs.iter().any(|s| s.index as usize == i))
+        else {
+            continue;
+        };
+        for pid in shared.stats().waiting.reap(backend::process_alive) {
+            reply::orphaned(mcf, log, i as u32, pid);
+        }
+    }
+
     // held counts may take as much memory as the Redis zones
     let zone_bytes = mcf
         .zones
@@ -283,6 +296,7 @@ fn apply(log: *mut ngx_log_t) {
             Event::KeepLocal { id, sent } => with_entry(mcf, id, |e| {
                 counter::keep_local(e, id.window, sent);
             }),
+            Event::Orphaned { zone, pid } => reply::orphaned(mcf, log, zone, pid),
             Event::Log { zone, level, message } => zone_log(mcf, log, zone, level, &message),
             Event::Link { zone, fd, clock_offset_ms } => {
                 crate::worker::link::attach(zone as usize, fd, clock_offset_ms, log)

@@ -103,6 +103,7 @@ pub(super) fn zone_log(
         Level::Error => (NGX_LOG_ERR, shared.lock().table.claim_log(true, now_ms() / 1000)),
         Level::Info => (NGX_LOG_INFO, shared.lock().table.claim_log(false, now_ms() / 1000)),
         Level::Recovery => (NGX_LOG_ERR, failure_shown(zone, false)),
+        Level::Loss => (NGX_LOG_ERR, true),
     };
     if claimed {
         if level == Level::Error {
@@ -192,6 +193,37 @@ pub(super) fn confirmed(
 }
 
 /// Runs `f` on the zone entry an item was for, if it is still there.
+/// A process that held a Redis thread's slot of `zone` is gone without
+/// giving it back (killed, or its thread never stopped): what it held for
+/// Redis will never be sent, and which of the zone's requests in flight
+/// were its own is not known. All of them become this node's final local
+/// counts (`counter::orphan`), so that no key waits for an answer that
+/// will not come; they are counted as dropped, and a line says so.
+pub(super) fn orphaned(mcf: &MainConf, log: *mut ngx_log_t, zone: u32, pid: u64) {
+    let Some(z) = mcf.zones.get(zone as usize) else {
+        return;
+    };
+    let Some(shared) = z.shared.as_ref() else {
+        return;
+    };
+    let mut n = 0u64;
+    {
+        let mut locked = shared.lock();
+        for e in locked.table.entries_mut() {
+            n += u64::from(counter::orphan(e));
+        }
+    }
+    shared.stats().dropped.fetch_add(n, Ordering::Relaxed);
+    ngx_log_error!(
+        NGX_LOG_ERR,
+        log,
+        "redis_ratelimit: zone \"{}\": worker process {} exited without sending its counts to Redis; the {} requests in flight are counted on this node only",
+        z.name,
+        pid,
+        n
+    );
+}
+
 pub(super) fn with_entry(mcf: &MainConf, id: ItemId, f: impl FnOnce(&mut Entry)) {
     let Some(shared) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref()) else {
         return;

@@ -11,6 +11,7 @@ counted lands in it, once. Lua callers, deciding through the same
 engine, get the same."""
 
 import json
+import os
 import signal
 import time
 
@@ -116,6 +117,38 @@ def test_with_on_error_local_each_node_passes_its_own_limit(h):
     against: a key first seen during the outage gets L on every node."""
     even, _, _, _ = outage(h, "local")
     h.check(sum(even) == 4 * L, "a fresh key: L on each node, 4 L in all (%d)" % sum(even))
+
+
+def test_the_fleet_size_outlives_reloads_killed_workers_and_restarts(h):
+    """Three nodes learn N = 3, Redis is killed; then one node reloads, one
+    has its worker killed, and a fourth starts during the outage with
+    `nodes=3`: a key first seen after that gets at most its share of L
+    (ceil(L/3)) on each of them, not L: N is kept in the zone's shared
+    memory, and a node that never heard it assumes the configured floor."""
+    r = h.redis()
+    share = HTTP % (r.url, "share")
+    nodes = [h.nginx(share, SERVER, files={"a": "ok\n"}) for _ in range(3)]
+    h.check(wait_for(lambda: all(figures(n)["nodes"] == 3 for n in nodes), 10.0),
+            "each node knows N = 3: %s" % [figures(n)["nodes"] for n in nodes])
+    r.stop(sig=signal.SIGKILL, quick=True)
+    h.check(wait_for(lambda: all(not figures(n)["up"] for n in nodes), 10.0),
+            "every node sees Redis down")
+    nodes[0].reload()
+    for pid in nodes[1].worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    h.check(wait_for(lambda: len(nodes[1].worker_pids()) == 1
+                     and nodes[1].get("/metrics")[0] == 200, 5.0, 0.1),
+            "the killed worker was replaced")
+    late = h.nginx(share.replace("on_error=share", "on_error=share nodes=3"), SERVER,
+                   files={"a": "ok\n"})
+    h.check(wait_for(lambda: not figures(late)["up"], 10.0), "the new node sees Redis down")
+    cap = -(-L // 3)
+    for name, n in (("reloaded", nodes[0]), ("worker killed", nodes[1]), ("started with nodes=3", late)):
+        got = send([n], h.key("fresh-" + name.split()[0]), [L])[0]
+        h.note("%s: N read %d, a fresh key gets %d of %d" % (name, figures(n)["nodes"], got, L))
+        h.expect(1 <= got <= cap, "%s: a fresh key gets its share (at most %d), got %d" % (name, cap, got))
+    h.expect(figures(nodes[0])["nodes"] == 3 and figures(nodes[1])["nodes"] == 3,
+             "the metric keeps N after a reload and a killed worker")
 
 
 LUA_CONF = """load_module %s;
