@@ -34,6 +34,11 @@ pub struct Header {
     /// Key for the keyed hash; random per zone, kept across reloads.
     pub seed: [u64; 2],
     pub evictions: u64,
+    /// Evictions of entries that still held counts, and how many of them
+    /// the last line about it covered, when (`claim_pressure_note`).
+    pub evictions_counting: u64,
+    pub evictions_counting_noted: u64,
+    pub pressure_logged_sec: u64,
     /// Total size in bytes of the region the table was formatted in.
     pub region_len: u64,
     /// Second (since the epoch) of the last backend error / recovery line
@@ -153,6 +158,9 @@ impl<'a> Table<'a> {
             _pad: 0,
             seed,
             evictions: 0,
+            evictions_counting: 0,
+            evictions_counting_noted: 0,
+            pressure_logged_sec: 0,
             region_len,
             error_logged_sec: 0,
             notice_logged_sec: 0,
@@ -250,10 +258,10 @@ impl<'a> Table<'a> {
     }
 
     /// The entry for `id`, marked most recently used; a new zeroed one if
-    /// absent (reusing the least recently used entry when the table is full).
-    /// Returns the index and whether it was created.
+    /// absent (reusing one of the least recently used entries when the table
+    /// is full: `victim`). Returns the index and whether it was created.
     #[inline(always)]
-    pub fn get_or_insert(&mut self, id: [u64; 2]) -> (u32, bool) {
+    pub fn get_or_insert(&mut self, id: [u64; 2], now_ms: u64) -> (u32, bool) {
         if let Some(i) = self.find(id) {
             // a hot key is already the most recent one
             if self.hdr.lru_head != i {
@@ -265,8 +273,12 @@ impl<'a> Table<'a> {
         let i = match self.free_pop() {
             Some(i) => i,
             None => {
-                let victim = self.hdr.lru_tail;
-                let old = self.entries[victim as usize].id;
+                let victim = self.victim(now_ms);
+                let e = &self.entries[victim as usize];
+                let old = e.id;
+                if weight(e, now_ms) > 0 {
+                    self.hdr.evictions_counting += 1;
+                }
                 self.remove_at(victim, old);
                 self.hdr.evictions += 1;
                 match self.free_pop() {
@@ -287,6 +299,49 @@ impl<'a> Table<'a> {
     /// Every entry, in use or free (a free one is all zeros but its links).
     pub fn entries_mut(&mut self) -> impl Iterator<Item = &mut Entry> {
         self.entries.iter_mut()
+    }
+
+    /// The entry to evict from a full table: of the `VICTIMS` least
+    /// recently used, the one whose loss matters least (`weight`), the
+    /// oldest of equals. A flood of new keys then evicts its own keys, each
+    /// counted once, and not a key that has counted towards its limit and
+    /// comes back less often than the flood turns the table over: that key
+    /// would pass blind each time (until Redis answers, or for good in a
+    /// zone without Redis). To evict it, a flood must give every key it
+    /// sends as many requests.
+    fn victim(&self, now_ms: u64) -> u32 {
+        let mut best = self.hdr.lru_tail;
+        let mut least = weight(&self.entries[best as usize], now_ms);
+        let mut i = self.entries[best as usize].lru_prev;
+        for _ in 1..VICTIMS {
+            if least == 0 || i == NIL {
+                break;
+            }
+            let w = weight(&self.entries[i as usize], now_ms);
+            if w < least {
+                (best, least) = (i, w);
+            }
+            i = self.entries[i as usize].lru_prev;
+        }
+        best
+    }
+
+    /// Evictions so far of entries that still held counts.
+    pub fn evictions_counting(&self) -> u64 {
+        self.hdr.evictions_counting
+    }
+
+    /// Claims the line that says the zone evicts keys still counting: once
+    /// a `every_sec` across the workers, when such evictions happened since
+    /// the last. Returns how many.
+    pub fn claim_pressure_note(&mut self, now_sec: u64, every_sec: u64) -> Option<u64> {
+        let n = self.hdr.evictions_counting - self.hdr.evictions_counting_noted;
+        if n == 0 || now_sec < self.hdr.pressure_logged_sec.saturating_add(every_sec) {
+            return None;
+        }
+        self.hdr.pressure_logged_sec = now_sec;
+        self.hdr.evictions_counting_noted = self.hdr.evictions_counting;
+        Some(n)
     }
 
     /// Forgets `id`; returns whether it was present.
@@ -372,6 +427,18 @@ impl<'a> Table<'a> {
             self.hdr.lru_tail = i;
         }
     }
+}
+
+/// How many of the least recently used entries a full table weighs
+/// before it evicts one (`Table::victim`).
+pub const VICTIMS: usize = 8;
+
+/// What losing an entry costs: the counts it holds (they decide its key's
+/// next requests), and above any count an open breaker.
+#[inline]
+fn weight(e: &Entry, now_ms: u64) -> u64 {
+    let counts = u64::from(e.cur) + u64::from(e.inflight) + u64::from(e.prev);
+    counts + (u64::from(e.blocked_until_ms > now_ms) << 33)
 }
 
 /// A full table always has an LRU tail, and evicting it frees an entry; a

@@ -142,14 +142,51 @@ fn decide_one(
     let (shared, id) = identify(mcf, a)?;
     let l = limit(mcf, a, 0, channel);
     let mut locked = shared.lock();
-    let (entry, _) = locked.table.get_or_insert(id);
+    let (entry, created) = locked.table.get_or_insert(id, now);
     let (d, push) = decide::one(locked.table.entry_mut(entry), &l, now, take, channel.is_some());
+    let full = if created {
+        let t = &mut locked.table;
+        t.claim_pressure_note(now / 1000, PRESSURE_EVERY_S).map(|n| (n, t.capacity()))
+    } else {
+        None
+    };
     drop(locked);
+    if let Some((n, capacity)) = full {
+        say_full(mcf, a.zone, n, capacity, log);
+    }
     trace(log, mcf, a, id, l.mode, &d.checked);
     if let (Some(ch), Some(p)) = (channel, push) {
         queue(mcf, ch, a, id, &p);
     }
     Ok((d, id))
+}
+
+/// How often a zone says it is full (evicts keys that still count).
+const PRESSURE_EVERY_S: u64 = 60;
+
+/// A full zone evicted `n` keys that still held counts since it last said
+/// so: each such key that comes back starts afresh on this node (until
+/// Redis answers for it, in a zone with Redis).
+#[cold]
+fn say_full(mcf: &MainConf, zone: usize, n: u64, capacity: usize, log: *mut ngx_log_t) {
+    let z = &mcf.zones[zone];
+    // the callers' log is there for debug lines only (null without them)
+    let log = if log.is_null() {
+        // SAFETY: `ngx_cycle` is the running cycle, set before any request
+        // or Lua call is decided, on this (the worker's) thread.
+        unsafe { (*nginx_sys::ngx_cycle).log }
+    } else {
+        log
+    };
+    ngx::ngx_log_error!(
+        nginx_sys::NGX_LOG_WARN,
+        log,
+        "redis_ratelimit: zone \"{}\" is full: {} keys that still counted were evicted; such a key starts afresh on this node when it comes back{}; the zone holds {} keys, make it larger",
+        z.name,
+        n,
+        if z.params.as_ref().is_some_and(|p| p.backend.is_some()) { " (until Redis answers for it)" } else { "" },
+        capacity
+    );
 }
 
 /// Where an ask's entry is: which lock, which entry of that zone's table.
@@ -204,7 +241,13 @@ fn decide_many(
     let mut limits: SmallVec<[Limit; INLINE]> = SmallVec::new();
     for (a, &id) in asks.iter().zip(&ids) {
         let guard = zones.iter().position(|&z| z == a.zone).unwrap_or(0);
-        let (entry, _) = guards[guard].table.get_or_insert(id);
+        let (entry, created) = guards[guard].table.get_or_insert(id, now);
+        if created {
+            let t = &mut guards[guard].table;
+            if let Some(n) = t.claim_pressure_note(now / 1000, PRESSURE_EVERY_S) {
+                say_full(mcf, a.zone, n, t.capacity(), log);
+            }
+        }
         let place = Place { guard, entry };
         let index = places.iter().position(|&p| p == place).unwrap_or_else(|| {
             places.push(place);
