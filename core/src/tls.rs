@@ -168,6 +168,23 @@ pub fn validity(der: &[u8]) -> Option<(i64, i64)> {
     Some((from, until))
 }
 
+/// A certificate's X.509 version (1, 2 or 3) from its DER encoding: the
+/// `[0] version` of its body, 1 when absent; `None` when the encoding is
+/// not an X.509 certificate's. TLS libraries refuse a v1 certificate in a
+/// client's chain (no extensions: nothing says what it may be used for).
+pub fn version(der: &[u8]) -> Option<u8> {
+    let (cert, _) = element(der, 0x30)?;
+    let (tbs, _) = element(cert, 0x30)?;
+    if tbs.first() != Some(&0xa0) {
+        return Some(1);
+    }
+    let (explicit, _) = element(tbs, 0xa0)?;
+    match element(explicit, 0x02)?.0 {
+        [v @ 0..=2] => Some(v + 1),
+        _ => None,
+    }
+}
+
 /// The contents of the DER element at the start of `b` if its tag is
 /// `tag`, and what follows it.
 fn element(b: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {

@@ -46,6 +46,8 @@ fn generalized_times_and_version_one_certificates() {
     let mut cert = vec![0x30, tbs.len() as u8];
     cert.extend(&tbs);
     let (from, until) = validity(&cert).unwrap();
+    assert_eq!(version(&cert), Some(1));
+    assert_eq!(version(&cert()), Some(3), "openssl req -x509 makes v3");
     assert_eq!(utc(from), "1999-12-31 23:59:59 UTC");
     assert_eq!(utc(until), "2050-01-01 00:00:00 UTC");
 }
@@ -54,6 +56,8 @@ fn generalized_times_and_version_one_certificates() {
 fn what_is_not_a_certificate_gives_none() {
     let c = cert();
     assert_eq!(validity(&[]), None);
+    assert_eq!(version(&[]), None);
+    assert_eq!(version(&c[..40]), None);
     assert_eq!(validity(b"-----BEGIN CERTIFICATE-----"), None);
     for cut in [1, 10, 40, 60, 80] {
         assert_eq!(validity(&c[..cut]), None, "cut at {cut}");

@@ -91,8 +91,7 @@ pub unsafe fn load(cf: *mut ngx_conf_t, p: &mut ZoneParams) -> Result<(), Refusa
             Some(format!("ssl_certificate_key \"{}\": a key type TLS cannot sign with", k.shown))
         })?;
         // the key's public half against the certificate's; a key that
-        // cannot tell its public half, or a certificate TLS would not parse
-        // here (X.509 v1), is left to the handshake
+        // cannot tell its public half is left to the handshake
         if let Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) =
             rustls::sign::CertifiedKey::new(chain, signing).keys_match()
         {
@@ -141,6 +140,15 @@ fn certificates(
         let Some((from, until)) = tls::validity(c) else {
             return Err(Some(format!("{param} \"{}\"{which}: not an X.509 certificate", f.shown)));
         };
+        if chain && tls::version(c) != Some(3) {
+            return Err(Some(format!(
+                "{param} \"{}\"{which} is an X.509 v{} certificate, which TLS refuses in a \
+                 client's chain: make it v3 (openssl x509 -req ... -extfile with a line \
+                 \"basicConstraints=CA:FALSE\")",
+                f.shown,
+                tls::version(c).unwrap_or(1)
+            )));
+        }
         let why = if until < now {
             format!("{param} \"{}\"{which} expired on {}", f.shown, tls::utc(until))
         } else if from > now {

@@ -144,6 +144,15 @@ class Pki:
         self.run(*argv)
         return self.path(name + ".pem"), key
 
+    def issue_v1(self, name, ca):
+        """An X.509 v1 certificate (`openssl x509 -req` without extensions)
+        signed by CA `ca`. (cert, key)."""
+        key = self.key(name)
+        self.run("req", "-new", "-key", key, "-out", name + ".csr", "-subj", "/CN=" + name)
+        self.run("x509", "-req", "-in", name + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
+                 "-set_serial", "7", "-days", "2", "-out", name + ".pem")
+        return self.path(name + ".pem"), key
+
 
 def tls_redis(h, pki, extra=()):
     """A Redis with a plain port (for the test to read counts) and a TLS
@@ -279,7 +288,8 @@ def test_ssl_files_that_cannot_work_fail_nginx_t(h):
     """Each file that cannot work fails nginx -t with [emerg] naming the
     directive and the file, never what it holds: a missing file, a file
     that is not PEM, a key that is not the certificate's, an expired
-    certificate, one not valid yet, a CA bundle of expired certificates.
+    certificate, one not valid yet, a CA bundle of expired certificates,
+    an X.509 v1 client certificate (TLS refuses it at every handshake).
     A PKCS#1 RSA key and a CA bundle holding one expired CA beside a valid
     one pass."""
     pki = Pki(h.tmp)
@@ -289,6 +299,7 @@ def test_ssl_files_that_cannot_work_fail_nginx_t(h):
     old, old_key = pki.issue("old", "ca", dates=("20200101000000Z", "20210101000000Z"))
     late, late_key = pki.issue("late", "ca", dates=("20990101000000Z", "21000101000000Z"))
     rsa, rsa_key = pki.issue("rsa", "ca", rsa=True)
+    v1, v1_key = pki.issue_v1("v1", "ca")
     junk = pki.path("junk.pem")
     with open(junk, "w") as f:
         f.write("not a certificate\n")
@@ -312,6 +323,8 @@ def test_ssl_files_that_cannot_work_fail_nginx_t(h):
         ("ssl_certificate=%s ssl_certificate_key=%s" % (late, late_key), "late.pem", "not valid before 2099-01-01"),
         ("ssl_trusted_certificate=%s" % old, "old.pem", "expired on"),
         ("ssl_certificate=%s ssl_certificate_key=%s" % (cert, junk), "junk.pem", "no unencrypted private key"),
+        ("ssl_certificate=%s ssl_certificate_key=%s" % (v1, v1_key), "v1.pem",
+         "is an X.509 v1 certificate, which TLS refuses in a client's chain: make it v3"),
     ]
     for params, name, why in refused:
         rc, err = nginx_t(params)
