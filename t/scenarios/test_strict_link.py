@@ -575,3 +575,24 @@ def test_a_slow_link_with_calls_always_out_is_kept(h):
 
 
 test_a_slow_link_with_calls_always_out_is_kept.timeout = 40
+
+
+def test_the_link_s_timer_does_not_hold_a_graceful_exit(h):
+    """timeout=15s, one strict request answered at once, then `nginx -s
+    quit` and a reload: the old worker exits in about a second, not after
+    the link's read timer (15 s)."""
+    r = h.redis()
+    slow = HTTP.replace("timeout=1s", "timeout=15s") % (r.url, r.url)
+    n = h.nginx(slow, SERVER, files=FILES)
+    h.check(wait_for(lambda: len(links(r)) == 1, 3.0), "the worker's link: %s" % links(r))
+    h.check(n.get("/strict?k=" + h.key("q"))[0] == 200, "a strict request")
+    res = n.reload(timeout=20.0, check=False)
+    h.check(n.get("/strict?k=" + h.key("q2"))[0] == 200, "a strict request on the new worker")
+    secs = n.quit(grace=20.0)
+    h.note("old worker gone %.1f s after the reload; quit took %.1f s" % (res["old_gone_after"] or -1, secs))
+    h.expect(res["old_gone_after"] is not None and res["old_gone_after"] < 4.0,
+             "the reload's old worker exits at once: %s" % res["old_gone_after"])
+    h.expect(secs < 4.0, "quit takes about a second, not timeout=: %.1f s" % secs)
+
+
+test_the_link_s_timer_does_not_hold_a_graceful_exit.timeout = 90

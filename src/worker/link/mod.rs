@@ -191,6 +191,9 @@ fn take(zone: usize, fd: OwnedFd, clock_offset_ms: Option<i64>, log: *mut ngx_lo
         let (rev, wev) = ((*c).read, (*c).write);
         (*rev).handler = Some(on_read);
         (*rev).log = log;
+        // its timer (`arm`) must not hold a graceful exit: the requests
+        // that wait for the link have timers of their own
+        (*rev).set_cancelable(1);
         (*wev).handler = Some(on_write);
         (*wev).log = log;
         if ngx_handle_read_event(rev, 0) != NGX_OK as ngx_int_t {
