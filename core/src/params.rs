@@ -149,12 +149,29 @@ fn check_url(url: &str) -> Result<(), String> {
             "invalid Redis URL \"{shown}\": expected redis://[user:pass@]host:port[/db], rediss://... or redis+unix:///path"
         ));
     }
+    // the Redis client takes a bad escape as the three characters, and the
+    // server then refuses the password at every connection
+    if let Some((start, at)) = userinfo(url) {
+        if !percent_escapes_ok(url[start..at].as_bytes()) {
+            return Err(format!(
+                "invalid Redis URL \"{shown}\": the user or password holds a \"%\" that is not \
+                 followed by two hex digits (write \"%\" as %25)"
+            ));
+        }
+    }
     match url.into_connection_info() {
         Ok(_) => Ok(()),
         Err(_) => Err(format!(
             "invalid Redis URL \"{shown}\": expected redis://[user:pass@]host:port[/db], rediss://... or redis+unix:///path"
         )),
     }
+}
+
+/// Whether every `%` in `b` starts an escape of two hex digits.
+fn percent_escapes_ok(b: &[u8]) -> bool {
+    b.iter().enumerate().all(|(i, &c)| {
+        c != b'%' || b.get(i + 1..i + 3).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    })
 }
 
 /// An unknown parameter whose value is not shown in the message: its name

@@ -202,6 +202,14 @@ fn passwords_never_shown() {
     }
     // percent-encoded passwords are decoded by the URL parser
     assert!(parse("zone=a:1m redis=redis://:p%2Fss@127.0.0.1:6379").is_ok());
+    // a "%" that starts no escape is refused, the password not shown
+    for url in ["redis://:pa%zzss@h:1", "redis://u%:pw@h:1", "redis://:pw%4@h:1", "redis://:%@h:1"]
+    {
+        let err = parse(&format!("zone=a:1m redis={url}")).unwrap_err();
+        assert!(err.contains("not followed by two hex digits"), "{url}: {err}");
+        assert!(!err.contains("pa%zz") && !err.contains("pw%4"), "{err}");
+    }
+    assert!(parse("zone=a:1m redis=redis://:100%25@h:1").is_ok());
 }
 
 #[test]

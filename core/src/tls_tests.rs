@@ -47,7 +47,7 @@ fn generalized_times_and_version_one_certificates() {
     cert.extend(&tbs);
     let (from, until) = validity(&cert).unwrap();
     assert_eq!(version(&cert), Some(1));
-    assert_eq!(version(&cert()), Some(3), "openssl req -x509 makes v3");
+    assert_eq!(version(&self::cert()), Some(3), "openssl req -x509 makes v3");
     assert_eq!(utc(from), "1999-12-31 23:59:59 UTC");
     assert_eq!(utc(until), "2050-01-01 00:00:00 UTC");
 }

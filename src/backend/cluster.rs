@@ -97,7 +97,7 @@ impl Backend {
             self.spec.name,
             n,
             self.describe(),
-            super::zone::error_text(err)
+            super::zone::error_text(err, self.spec.timeout)
         );
         self.log_error(false, first, text, events);
     }

@@ -88,7 +88,7 @@ impl Backend {
 /// `timeout=`), and learns Redis's clock (`TIME`) for the deadlines.
 fn open(spec: &ZoneSpec) -> Result<(OwnedFd, Option<i64>), String> {
     let info = io::master_info(&spec.urls, spec.sentinel.as_ref(), &spec.tls, spec.timeout)
-        .map_err(|e| super::zone::error_text(&e))?;
+        .map_err(|e| super::zone::error_text(&e, spec.timeout))?;
     let settings = info.redis_settings();
     let mut hello = Vec::new();
     let mut expect = Vec::new();

@@ -346,7 +346,7 @@ impl Backend {
             self.spec.name,
             what,
             self.describe(),
-            error_text(err)
+            error_text(err, self.spec.timeout)
         );
         self.log_error(false, first, text, events);
     }
@@ -403,7 +403,11 @@ impl Backend {
 /// run over several lines (its parser reports every unexpected byte on a
 /// line of its own); the log line is made one line in any case when it is
 /// written (`zone_log`).
-pub(super) fn error_text(err: &redis::RedisError) -> String {
+pub(super) fn error_text(err: &redis::RedisError, timeout: Duration) -> String {
+    // a socket timeout reads as EAGAIN ("Resource temporarily unavailable")
+    if err.is_timeout() {
+        return format!("no answer within timeout={}ms", timeout.as_millis());
+    }
     match err.kind() {
         redis::ErrorKind::Parse => {
             "the server's answer is not the Redis protocol (is it a Redis server?)".to_string()

@@ -13,6 +13,7 @@ use nginx_sys::{
 };
 use ngx::http::Request;
 use ngx::ngx_log_error;
+use ratelimit_core::params::OnError;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Outcome;
 use ratelimit_core::window::{quota_back_at, seconds_until, Estimate};
@@ -274,14 +275,25 @@ fn log_rejection(
     d: &Decision,
 ) {
     let zone = &mcf.zones[tightest.zone];
+    // a refusal made by on_error says so: its estimate is not Redis's
+    let down = crate::worker::channel::channel().is_some_and(|ch| !ch.is_up(tightest.zone));
+    let policy = match zone.params.as_ref().filter(|p| down && p.backend.is_some()) {
+        Some(p) if p.on_error == OnError::Deny => ", Redis down (on_error=deny)",
+        Some(p) if p.on_error == OnError::Share => {
+            ", Redis down (on_error=share: this node's share)"
+        }
+        Some(_) => ", Redis down (on_error=local: this node's counts)",
+        None => "",
+    };
     ngx_log_error!(
         lcf.log_level as ngx_uint_t,
         request_log(r),
-        "limiting requests{}, estimate: {:.3} of {} by zone \"{}\"",
+        "limiting requests{}, estimate: {:.3} of {} by zone \"{}\"{}",
         if lcf.dry_run == 1 { ", dry run" } else { "" },
         d.checked.check.estimate.value(),
         tightest.rate,
-        zone.name
+        zone.name,
+        policy
     );
 }
 

@@ -83,3 +83,23 @@ def test_a_server_answering_garbage_gives_one_line_in_our_words(h):
     h.check(not odd, "every error log line is one line with its time stamp: %s" % odd[:5])
     h.check(all("Unexpected" not in l for l in lines), "no parser report in the log")
     h.check("forged" not in text, "no byte of the server's answer in the log")
+
+
+def test_a_silent_server_and_an_on_error_refusal_say_what_happened(h):
+    """A "Redis" that accepts and never answers, timeout=200ms and
+    on_error=deny: the failure says there was no answer within the
+    timeout (not the socket's EAGAIN text), and a refusal that on_error
+    made says Redis is down and which policy refused."""
+    fake = NotRedis(b"")
+    h.procs.append(fake)
+    n = h.nginx("redis_ratelimit_zone $arg_k zone=q:1m redis=redis://%s:%d timeout=200ms on_error=deny;\n"
+                % (HOST, fake.port), "location = /t { redis_ratelimit q 1000r/m; }\n")
+    said = wait_for(lambda: n.get("/t?k=" + h.key("silent"))[0] == 429
+                    and "no answer within timeout=200ms" in n.error_log_text(), 5.0, 0.1)
+    ours = [l[l.find("[error]"):] for l in n.error_log_text().splitlines() if "[error]" in l]
+    h.note("lines: %s" % ours[:4])
+    h.check(said, "the failure says: no answer within timeout=200ms")
+    h.check(not any("temporarily unavailable" in l or "os error 11" in l for l in ours),
+            "no EAGAIN text in the log")
+    h.check(any("limiting requests" in l and "Redis down (on_error=deny)" in l for l in ours),
+            "the refusal says Redis is down and on_error=deny refused")

@@ -191,7 +191,7 @@ def test_a_link_killed_under_traffic_loses_and_doubles_nothing(h):
     h.check(bool(on_link), "the new link carries the calls")
     # killed between requests, with nothing out: no request was affected,
     # so it is an info line, not an error
-    h.check("Redis closed the idle strict link" in log, "the lost link is logged")
+    h.check("Redis closed the strict link" in log, "the lost link is logged")
     h.check("strict link to Redis failed" not in log, "not as an error: nothing was out")
     h.check("[alert]" not in log and "panicked" not in log, "no worker crashed")
 
@@ -219,7 +219,7 @@ def test_redis_idle_timeout_closing_the_link_is_not_an_error(h):
            "figures %s" % (closed, then, back, m))
     h.check(closed, "Redis closed the idle link within 6 s")
     h.check(first + then == [200] * 5 + [429] * 2, "5r/m decided exactly: %s" % (first + then))
-    h.check("Redis closed the idle strict link" in log, "the close is logged at info")
+    h.check("Redis closed the strict link" in log, "the close is logged at info")
     errors = [l for l in log.splitlines() if "[error]" in l and "redis_ratelimit:" in l]
     h.check(not errors, "no error line about Redis: %s" % errors)
     h.check(m["errors"]["transport"] == 0, "no transport error counted: %s" % m["errors"])

@@ -66,7 +66,7 @@ impl Link {
         let name = mcf.zones.get(self.zone).map_or("", |z| z.name.as_str());
         let Drop::Failed { why, .. } = how else {
             let message = format!(
-                "redis_ratelimit: zone \"{name}\": Redis closed the idle strict link (its timeout setting); a new one is made"
+                "redis_ratelimit: zone \"{name}\": Redis closed the strict link (its idle timeout, a restart or CLIENT KILL); a new one is made"
             );
             zone_log(mcf, log, self.zone as u32, Level::Info, &message);
             return;
