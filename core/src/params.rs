@@ -152,7 +152,7 @@ fn check_url(url: &str) -> Result<(), String> {
     // the Redis client takes a bad escape as the three characters, and the
     // server then refuses the password at every connection
     if let Some((start, at)) = userinfo(url) {
-        if !percent_escapes_ok(url[start..at].as_bytes()) {
+        if !percent_escapes_ok(&url.as_bytes()[start..at]) {
             return Err(format!(
                 "invalid Redis URL \"{shown}\": the user or password holds a \"%\" that is not \
                  followed by two hex digits (write \"%\" as %25)"
