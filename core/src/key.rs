@@ -124,30 +124,77 @@ impl IdHasher {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Namespace([u64; 2]);
 
-/// The key bytes as they appear inside a Redis key name: as given, or
-/// `sha256:<hex>` when longer than `MAX_KEY_BYTES`.
+/// What marks a key part made of a digest (`redis_key_part`).
+const DIGEST: &[u8] = b"sha256:";
+
+/// The key bytes as they appear inside a Redis key name: as given, but
+/// for `%` and `}` (`%25`, `%7D`: no byte of a key can end the hash tag,
+/// which would put every key that begins with `}` on one cluster slot)
+/// and the `:` of a key that begins `sha256:` (`%3A`: no key can name a
+/// digest's counter); `sha256:<hex>` of the key when that is longer than
+/// `MAX_KEY_BYTES`. Keys without those bytes are written as they are.
 pub fn redis_key_part(key: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    if key.len() <= MAX_KEY_BYTES {
+    let digest_like = key.starts_with(DIGEST);
+    let plain = !digest_like && !key.iter().any(|&b| b == b'%' || b == b'}');
+    if plain && key.len() <= MAX_KEY_BYTES {
         return std::borrow::Cow::Borrowed(key);
     }
+    if !plain {
+        let mut out = Vec::with_capacity(key.len() + 8);
+        for (i, &b) in key.iter().enumerate() {
+            match b {
+                b'%' => out.extend_from_slice(b"%25"),
+                b'}' => out.extend_from_slice(b"%7D"),
+                b':' if digest_like && i + 1 == DIGEST.len() => out.extend_from_slice(b"%3A"),
+                _ => out.push(b),
+            }
+        }
+        if out.len() <= MAX_KEY_BYTES {
+            return std::borrow::Cow::Owned(out);
+        }
+    }
     let digest = Sha256::digest(key);
-    let mut out = Vec::with_capacity(7 + 64);
-    out.extend_from_slice(b"sha256:");
+    let mut out = Vec::with_capacity(DIGEST.len() + 64);
+    out.extend_from_slice(DIGEST);
     for b in digest {
         out.extend_from_slice(format!("{b:02x}").as_bytes());
     }
     std::borrow::Cow::Owned(out)
 }
 
+/// A namespace (the zone's name, or a Lua caller's) as it appears in a
+/// hash tag: `%`, `}` and `:` escaped as in `redis_key_part`, so that the
+/// first `:` of a tag ends the namespace (namespace `a:b` with key `c`
+/// and namespace `a` with key `b:c` are two counters). A zone's name
+/// holds none of them.
+fn namespace_part(namespace: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if !namespace.iter().any(|b| b"%}:".contains(b)) {
+        return std::borrow::Cow::Borrowed(namespace);
+    }
+    let mut out = Vec::with_capacity(namespace.len() + 8);
+    for &b in namespace {
+        match b {
+            b'%' => out.extend_from_slice(b"%25"),
+            b'}' => out.extend_from_slice(b"%7D"),
+            b':' => out.extend_from_slice(b"%3A"),
+            _ => out.push(b),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Most bytes of a namespace (the zone name, or a Lua caller's): with the
-/// key part (at most 71 bytes once digested) it bounds a Redis key's hash
-/// tag, and so what the background thread holds per pending key.
+/// key part (at most `MAX_KEY_BYTES`) it bounds a Redis key's hash tag
+/// (three times as many once escaped), and so what the background thread
+/// holds per pending key.
 pub const MAX_NAMESPACE_BYTES: usize = 128;
 
-/// The hash tag of a key's Redis counters: `<namespace>:<key part>`. This is
-/// what the background thread keeps per pending key (at most
-/// `MAX_NAMESPACE_BYTES + 1 + MAX_KEY_BYTES` bytes), never the raw key.
+/// The hash tag of a key's Redis counters: `<namespace>:<key part>`, both
+/// escaped (`namespace_part`, `redis_key_part`). This is what the
+/// background thread keeps per pending key (at most
+/// `3 × MAX_NAMESPACE_BYTES + 1 + MAX_KEY_BYTES` bytes), never the raw key.
 pub fn redis_tag(namespace: &[u8], key: &[u8]) -> Box<[u8]> {
+    let namespace = &namespace_part(namespace)[..];
     let part = redis_key_part(key);
     let mut out = Vec::with_capacity(namespace.len() + 1 + part.len());
     for p in [namespace, &b":"[..], &part[..]] {
@@ -162,12 +209,14 @@ pub fn redis_tag(namespace: &[u8], key: &[u8]) -> Box<[u8]> {
 pub type Tag = smallvec::SmallVec<[u8; 48]>;
 
 /// `redis_tag` as a `Tag`.
-pub fn redis_tag_inline(namespace: &[u8], key: &[u8]) -> Tag {
+pub fn redis_tag_inline(raw_namespace: &[u8], key: &[u8]) -> Tag {
+    let ns = namespace_part(raw_namespace);
+    let namespace = &ns[..];
     let part = redis_key_part(key);
     let len = namespace.len() + 1 + part.len();
     let mut buf = [0u8; 48];
     if len > buf.len() {
-        return Tag::from_vec(redis_tag(namespace, key).into_vec());
+        return Tag::from_vec(redis_tag(raw_namespace, key).into_vec());
     }
     buf[..namespace.len()].copy_from_slice(namespace);
     buf[namespace.len()] = b':';
@@ -341,6 +390,41 @@ mod tests {
         );
         assert_eq!(show_key(b"a\x00b"), "a\\x00b");
         assert!(show_key(&huge).ends_with("..."));
+    }
+
+    #[test]
+    fn no_key_ends_the_tag_names_a_digest_or_crosses_a_namespace() {
+        // a key that begins with `}` keeps its own slot
+        let a = redis_key(b"rl:", b"z", b"}a", 60, 0);
+        let b = redis_key(b"rl:", b"z", b"}b", 60, 0);
+        assert_eq!(a, b"rl:{z:%7Da}:60:0");
+        assert_ne!(hash_tag(&a), hash_tag(&b));
+        for key in [&b"}"[..], b"a}b}", b"%", b"%7D", b"\xff}%"] {
+            let name = redis_key(b"rl:", b"z", key, 60, 0);
+            let tag = hash_tag(&name);
+            assert_eq!(&name[3..name.len() - 5], &[b"{", tag, b"}"].concat()[..], "{key:?}");
+            assert!(!tag.contains(&b'}'));
+        }
+        // escapes are escaped: "%" and "%7D" and "}" are three counters
+        let names: Vec<_> =
+            [&b"}"[..], b"%7D", b"%"].iter().map(|k| redis_key(b"rl:", b"z", k, 60, 0)).collect();
+        assert!(names[0] != names[1] && names[1] != names[2] && names[0] != names[2]);
+        // a key written like a digest is not the digest's counter
+        let long = vec![b'q'; 300];
+        let digest = redis_key_part(&long).into_owned();
+        assert!(digest.starts_with(b"sha256:"));
+        assert_ne!(redis_key_part(&digest).as_ref(), &digest[..]);
+        assert!(redis_key_part(&digest).starts_with(b"sha256%3A"));
+        // namespaces: `a:b` + `c` is not `a` + `b:c`
+        assert_ne!(redis_tag(b"a:b", b"c"), redis_tag(b"a", b"b:c"));
+        assert_eq!(&redis_tag(b"a:b", b"c")[..], b"a%3Ab:c");
+        assert_eq!(&redis_tag_inline(b"a:b%}", b"}")[..], &redis_tag(b"a:b%}", b"}")[..]);
+        // plain keys and names are written as they always were
+        assert_eq!(redis_key(b"rl:", b"login", b"10.0.0.1", 60, 0), b"rl:{login:10.0.0.1}:60:0");
+        // a key that grows past the bound once escaped is digested
+        let braces = vec![b'}'; 100];
+        assert!(redis_key_part(&braces).starts_with(b"sha256:"));
+        assert_eq!(redis_key_part(&vec![b'}'; 85]).len(), 255);
     }
 
     #[test]

@@ -561,3 +561,32 @@ def test_a_one_line_password_file_for_the_default_user(h):
     h.check(before == [200, 200] and landed1, "counts land with the password from the file")
     h.check(after == [200] * 3 and landed2, "counts land with the new password after the reload")
     h.check("old:pw" not in n.error_log_text() and "new:pw" not in n.error_log_text(), "no password in the log")
+
+
+def test_no_key_ends_the_hash_tag_or_names_another_counter(h):
+    """Keys a client controls cannot steer their counters: `}a` and `}b`
+    get tags of their own (two cluster slots, not `{z:}` for every key
+    that begins with `}`); a key written as a long key's digest
+    (`sha256:<hex>`) does not share the long key's counter; `%7Da`, `}a`
+    and `%` are three counters. Each counter holds its one request."""
+    r = h.redis()
+    ng = h.nginx(zone("z", r.url), loc("/t", "redis_ratelimit z 100r/h;"))
+    long_key = "L" * 300
+    digest = "sha256:" + hashlib.sha256(long_key.encode()).hexdigest()
+    # $arg_k is the query's bytes as sent (not percent-decoded)
+    sent = ["}a", "}b", "%7Da", "%", long_key, digest]
+    sts = [ng.get("/t?k=" + q)[0] for q in sent]
+    want = {"rl:{z:%7Da}", "rl:{z:%7Db}", "rl:{z:%257Da}", "rl:{z:%25}", "rl:{z:" + digest + "}",
+            "rl:{z:sha256%3A" + digest[7:] + "}"}
+
+    def names():
+        return {re.sub(r":3600:\d+$", "", k) for k in r.keys("rl:*")}
+
+    landed = wait_for(lambda: names() == want, 8.0, 0.05)
+    h.note("statuses %s; counters %s" % (sts, sorted(names())))
+    h.check(sts == [200] * len(sent), "every key passes: %s" % sts)
+    h.check(landed, "one counter per key, named as the docs say: %s" % sorted(names()))
+    counts = [int(r.cmd("GET", k)) for k in r.keys("rl:*")]
+    h.check(counts == [1] * len(want), "each counter holds its one request: %s" % counts)
+    tags = {k[k.index("{") + 1:k.index("}")] for k in names()}
+    h.check(len(tags) == len(want), "each counter has its own hash tag: %s" % sorted(tags))
