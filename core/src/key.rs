@@ -424,7 +424,7 @@ mod tests {
         // a key that grows past the bound once escaped is digested
         let braces = vec![b'}'; 100];
         assert!(redis_key_part(&braces).starts_with(b"sha256:"));
-        assert_eq!(redis_key_part(&vec![b'}'; 85]).len(), 255);
+        assert_eq!(redis_key_part(&[b'}'; 85]).len(), 255);
     }
 
     #[test]
