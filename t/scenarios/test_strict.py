@@ -7,6 +7,7 @@ and client disconnects while requests wait, and a Redis Cluster.
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
 
@@ -563,3 +564,35 @@ def test_one_script_call_decides_several_keys_and_fails_a_key_alone(h):
                          (w, 3, 60, 0, [(1, 0), (1, 0)])])
     h.check(got == [2, 0, 1, 1, 1, 2, 1, 0], "a window and the next one in one call: %s" % (got,))
     h.check([r.cmd("GET", w + ":%d" % s) for s in (5940, 6000)] == ["2", "1"], "counted 2 and 1")
+
+
+def test_strict_waits_on_http2_streams(h):
+    """HTTP/2: 30 streams of one connection wait for Redis (writes paused
+    0.8 s) and each gets its answer, counted once; then 20 streams waiting
+    are reset by the client (curl gives up after 0.3 s) while Redis is
+    paused: nothing crashes, no alert, and the next streams are answered."""
+    r = h.redis()
+    n = h.nginx(conf(r, timeout="2s"), SERVER + "        http2 on;\n", files=FILES)
+    h.wait_minute_room(10)
+    h.check(n.get("/strict?k=" + h.key("warm"))[0] == 200, "warm-up")
+    r.cmd("CLIENT", "PAUSE", "800", "WRITE")
+    t0 = time.monotonic()
+    many = curl_h2(n.port, ["/strict?k=" + h.key("h2-%d" % i) for i in range(30)])
+    took = time.monotonic() - t0
+    counted = [redis_count(r, h.key("h2-%d" % i), "s") for i in range(30)]
+    h.note("30 streams waiting: %s in %.2f s; counts %s" % (sorted({c for c, _ in many}), took, set(counted)))
+    h.check([c for c, _ in many] == [200] * 30, "every stream answered: %s" % many)
+    h.check(min(t for _, t in many) >= 0.5, "they waited for Redis: %s" % many)
+    h.check(counted == [1] * 30, "each counted once: %s" % counted)
+    r.cmd("CLIENT", "PAUSE", "1000", "WRITE")
+    reset = curl_h2(n.port, ["/strict?k=" + h.key("rst-%d" % i) for i in range(20)], timeout=0.3)
+    time.sleep(1.5)
+    after = curl_h2(n.port, ["/strict?k=" + h.key("after-%d" % i) for i in range(5)])
+    st = json.loads(n.request("/metrics?format=json")[2])["zones"]["s"]
+    log = n.error_log_text()
+    h.note("20 streams reset while waiting: %s; then %s; strict waits %s"
+           % (reset, after, st["redis"]["strict"]))
+    h.check(all(c == 0 for c, _ in reset), "the client gave up on every stream: %s" % reset)
+    h.check([c for c, _ in after] == [200] * 5, "the next streams are answered: %s" % after)
+    h.check("exited on signal" not in log and "[alert]" not in log, "no crash, no alert")
+    h.check(st["redis"]["strict"]["waits"] >= 56, "every strict wait was counted: %s" % st["redis"]["strict"])
