@@ -29,7 +29,9 @@ Chaos (one action at a time, a few seconds apart, shuffled so every kind
 runs early): Redis stop + start (counters lost), CLIENT PAUSE 1500 ALL,
 `SET <counter of this window> notanumber` and MULTI/DEL/LPUSH (WRONGTYPE) on
 a hot key's and a random key's counter, OOM (noeviction + maxmemory 1, then
-maxmemory 0), reload (HUP) of one nginx.  Outages (Redis stopped, paused,
+maxmemory 0), reload (HUP) of one nginx, and Redis killed (SIGKILL) while
+one nginx reloads and a worker of the other is killed (SIGKILL), then
+started again.  Outages (Redis stopped, paused,
 OOM) plus a margin are excluded from the accuracy figures; windows of a hot
 key whose counter was planted are reported apart.
 
@@ -128,7 +130,12 @@ def many_key(i, tag):
 
 
 def counter_name(key, w, period=1, zone=ZONE):
-    return b"rl:{%s:%s}:%d:%d" % (zone.encode(), key, period, w)
+    """The key's Redis counter (docs/reference.md: `%` and `}` escaped;
+    the pool's keys are shorter than the digest's bound or 4k long)."""
+    part = key.replace(b"%", b"%25").replace(b"}", b"%7D")
+    if part.startswith(b"sha256:"):
+        part = b"sha256%3A" + part[7:]
+    return b"rl:{%s:%s}:%d:%d" % (zone.encode(), part, period, w)
 
 
 # --------------------------------------------------------------------------
@@ -380,6 +387,7 @@ class Run:
         self.expected_exit = set()  # worker pids we made exit (reloads)
         self.rss = []             # (t, node, pid, vmrss kB, rssanon kB)
         self.churn = []           # (t, node, what, pid)
+        self.killed = set()       # worker pids the chaos SIGKILLed
         self.redis_rate = []      # (t, commands/s)
         self.redis_err = []
         self.hot_redis = {}       # (k, w) -> value read from Redis (int or str)
@@ -643,7 +651,8 @@ class Run:
     # -- chaos -------------------------------------------------------------
     def chaos(self):
         rng = random.Random(self.a.seed)
-        kinds = ["redis_restart", "client_pause", "plant_garbage", "plant_wrongtype", "oom", "reload"]
+        kinds = ["redis_restart", "client_pause", "plant_garbage", "plant_wrongtype", "oom", "reload",
+                 "outage_reload_kill"]
         end = self.t_end - 6.0
         nxt = self.t_start + 3.0
         nreload = 0
@@ -708,20 +717,54 @@ class Run:
                 elif kind == "reload":
                     node = nreload % 2
                     nreload += 1
-                    ng = self.ngs[node]
                     t0 = time.time()
-                    with self.lock:
-                        self.expected_exit |= set(ng.worker_pids())
-                        self.reloads.append([node, t0, None])
-                        entry = self.reloads[-1]
-                    res = ng.reload(timeout=8.0, check=False)
-                    with self.lock:
-                        entry[2] = time.time()
-                        self.expected_exit |= set(res["old"])
-                    self.event(t0, time.time(), kind, "HUP nginx%d: workers %s -> %s, old gone after %s"
-                               % (node + 1, res["old"], res["new"],
-                                  "%.2fs" % res["old_gone_after"] if res["old_gone_after"] else "NEVER"))
+                    self.event(t0, time.time(), kind, self.reload(node))
+                elif kind == "outage_reload_kill":
+                    # Redis killed; one node reloads and the other loses a
+                    # worker to SIGKILL while it is down: no key may be
+                    # refused below its limit once Redis is back
+                    t0 = time.time()
+                    self.redis.stop(quick=True, sig=signal.SIGKILL)
+                    time.sleep(0.5)
+                    node = nreload % 2
+                    nreload += 1
+                    said = self.reload(node)
+                    other = self.ngs[1 - node]
+                    pids = other.worker_pids()
+                    victim = sorted(pids)[0] if pids else None
+                    if victim:
+                        with self.lock:
+                            self.expected_exit.add(victim)
+                            self.killed.add(victim)
+                            self.reloads.append([1 - node, time.time(), time.time()])
+                        os.kill(victim, signal.SIGKILL)
+                    time.sleep(rng.uniform(1.0, 2.0))
+                    for attempt in range(5):
+                        try:
+                            self.redis.start(timeout=10.0)
+                            break
+                        except RuntimeError as e:
+                            self.thread_errors.append("redis start attempt %d: %s" % (attempt, e))
+                            time.sleep(1.0)
+                    own(1)
+                    self.event(t0, time.time(), kind, "Redis SIGKILLed; %s; SIGKILL worker %s of nginx%d; "
+                               "Redis started again" % (said, victim, 2 - node), True)
                 nxt = time.time() + rng.uniform(2.0, 4.0)
+
+    def reload(self, node):
+        """HUP one nginx; what happened, in words."""
+        ng = self.ngs[node]
+        with self.lock:
+            self.expected_exit |= set(ng.worker_pids())
+            self.reloads.append([node, time.time(), None])
+            entry = self.reloads[-1]
+        res = ng.reload(timeout=8.0, check=False)
+        with self.lock:
+            entry[2] = time.time()
+            self.expected_exit |= set(res["old"])
+        return "HUP nginx%d: workers %s -> %s, old gone after %s" % (
+            node + 1, res["old"], res["new"],
+            "%.2fs" % res["old_gone_after"] if res["old_gone_after"] else "NEVER")
 
     # -- main ----------------------------------------------------------------
     def start(self):
@@ -957,6 +1000,8 @@ def summarize(run, args):
         lines = parse_log(ng.error_log_text())
         logs.append(lines)
         for t, lvl, line in lines:
+            if any("worker process %d exited on signal 9" % pid in line for pid in run.killed):
+                continue   # the chaos's own SIGKILL
             if NASTY_RE.search(line):
                 nasty_lines.append("nginx%d: %s" % (i + 1, line))
                 if "exited on signal" in line:

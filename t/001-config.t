@@ -14,7 +14,7 @@ __DATA__
     redis_ratelimit_zone $arg_token zone=api:1m redis=redis://127.0.0.1:1,redis://127.0.0.1:2 cluster on_error=local timeout=100ms prefix=app:;
     redis_ratelimit_zone $arg_u zone=auth:1m redis=redis://user:secret@127.0.0.1:1/2 on_error=deny timeout=2s;
     redis_ratelimit_zone $arg_x zone=tls:1m redis=rediss://127.0.0.1:1 on_error=allow;
-    redis_ratelimit_zone $arg_s zone=shared:1m redis=redis://127.0.0.1:1 on_error=share;
+    redis_ratelimit_zone $arg_s zone=shared:1m redis=redis://127.0.0.1:1 on_error=share nodes=3;
     redis_ratelimit_zone $arg_y zone=sock:1m redis=redis+unix:///tmp/none.sock;
     redis_ratelimit_zone $arg_v zone=units:1M redis=redis://127.0.0.1:1 timeout=1m hold=250ms;
     redis_ratelimit_zone $arg_w zone=eager:1m redis=redis://127.0.0.1:1 hold=0;
@@ -51,7 +51,7 @@ ok
 GET /t
 --- error_code: 200
 --- response_headers
-RateLimit-Policy: "local";q=10;w=1, "local";q=100;w=60, "local";q=1000;w=3600
+RateLimit-Policy: "local-10r/s";q=10;w=1, "local-100r/m";q=100;w=60, "local-1000r/h";q=1000;w=3600
 --- no_error_log
 [emerg]
 secret
@@ -787,3 +787,59 @@ redis_ratelimit_zone: "ssl_name=" does not apply to "cluster": each node is veri
 --- must_die
 --- error_log
 redis_ratelimit_zone: invalid ssl_name "-bad..name": a host name or IP address expected
+
+
+
+=== TEST 71: nodes= of zero
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:6379 on_error=share nodes=0;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid nodes "0": a number of nodes from 1 to 100000 expected
+
+
+
+=== TEST 72: nodes= without on_error=share
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:6379 nodes=4;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: "nodes=" needs "on_error=share"
+
+
+
+=== TEST 73: nodes= with on_error=share
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:6379 on_error=share nodes=4;
+--- config
+    location = /t { redis_ratelimit z 10r/s; try_files /index.html =404; }
+--- user_files
+>>> index.html
+ok
+--- request
+GET /t?k=a
+--- error_code: 200
+
+
+
+=== TEST 74: a zone name with a colon
+--- http_config
+    redis_ratelimit_zone $arg_k zone=a:b:1m;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid zone name "a:b": printable ASCII without braces or colons expected
+
+
+
+=== TEST 75: a password with a percent sign that starts no escape
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://:pa%zzss@127.0.0.1:6379;
+--- config
+--- must_die
+--- error_log
+redis_ratelimit_zone: invalid Redis URL "redis://:***@127.0.0.1:6379": the user or password holds a "%" that is not followed by two hex digits (write "%" as %25)
+--- no_error_log
+pa%zz

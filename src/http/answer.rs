@@ -330,23 +330,27 @@ fn headers(
         );
         let reset = back.saturating_sub(now).div_ceil(1000);
         if lcf.headers == HEADERS_LEGACY {
+            // GitHub's convention, which the clients of these headers
+            // follow: the Unix time (s) the quota is back
+            let at = if reset == 0 { now / 1000 } else { back.div_ceil(1000) };
             req.add_header_out("X-RateLimit-Limit", &tightest.rate.limit.to_string()).ok_or(())?;
             req.add_header_out("X-RateLimit-Remaining", &remaining.to_string()).ok_or(())?;
-            req.add_header_out("X-RateLimit-Reset", &reset.to_string()).ok_or(())?;
+            req.add_header_out("X-RateLimit-Reset", &at.to_string()).ok_or(())?;
         } else {
+            let name = |i: usize| {
+                let mut s = String::new();
+                policy_name(&mut s, mcf, limits, i);
+                s
+            };
             let mut policy = String::new();
             for (i, l) in limits.iter().enumerate() {
                 if i > 0 {
                     policy.push_str(", ");
                 }
-                let _ = write!(
-                    policy,
-                    "\"{}\";q={};w={}",
-                    mcf.zones[l.zone].name, l.rate.limit, l.rate.period
-                );
+                policy_name(&mut policy, mcf, limits, i);
+                let _ = write!(policy, ";q={};w={}", l.rate.limit, l.rate.period);
             }
-            let state =
-                format!("\"{}\";r={};t={}", mcf.zones[tightest.zone].name, remaining, reset);
+            let state = format!("{};r={};t={}", name(d.tightest), remaining, reset);
             req.add_header_out("RateLimit-Policy", &policy).ok_or(())?;
             req.add_header_out("RateLimit", &state).ok_or(())?;
         }
@@ -358,6 +362,32 @@ fn headers(
         return Ok(lcf.status);
     }
     Ok(NGX_DECLINED as ngx_int_t)
+}
+
+/// The name of the `i`-th limit of a response in `RateLimit-Policy` and
+/// `RateLimit`, as a structured-field string: its zone's name, or, when
+/// another limit of the response has the same zone, the zone's name and
+/// its rate (`"api-10r/m"`), so that a client can tell which policy
+/// `RateLimit` speaks of; the limit's place is added (`"api-10r/m-2"`)
+/// should two of one zone have the same rate too.
+fn policy_name(out: &mut String, mcf: &MainConf, limits: &[Ask<'_>], i: usize) {
+    let l = &limits[i];
+    let zone = mcf.zones[l.zone].name.as_str();
+    let mut name = zone.to_string();
+    if limits.iter().filter(|o| o.zone == l.zone).count() > 1 {
+        let _ = write!(name, "-{}", l.rate);
+        if limits.iter().filter(|o| o.zone == l.zone && o.rate == l.rate).count() > 1 {
+            let _ = write!(name, "-{}", i + 1);
+        }
+    }
+    out.push('"');
+    for c in name.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
 }
 
 /// What the engine is asked for one limit of a request (`line`: its place

@@ -4,9 +4,13 @@ not per node. Requests are 0.2 s apart, so that every reply is in before
 the next request: what each node decides is then fixed by the counts.
 """
 
+import os
+import re
+import subprocess
+import sys
 import time
 
-from harness import http_get, wait_for
+from harness import ROOT, http_get, wait_for
 
 HTTP = """
     redis_ratelimit_zone $arg_k zone=p:1m redis=%s;
@@ -110,9 +114,9 @@ def test_count_if_is_global(h):
 
 
 def test_after_x_ratelimit_reset_the_whole_quota_is_back(h):
-    """X-RateLimit-Reset is when the whole quota is back, as clients of the
-    GitHub convention read it: 3r/s spent, then after waiting Reset seconds
-    a client gets all 3 again (Remaining counts down from 2); waiting only
+    """X-RateLimit-Reset is the Unix time the whole quota is back, as
+    clients of the GitHub convention read it: 3r/s spent, then after
+    waiting until Reset a client gets all 3 again (Remaining counts down from 2); waiting only
     until the end of the window would find the previous window still
     weighing (Retry-After says when a single request may pass)."""
     n = h.nginx("    redis_ratelimit_zone $arg_k zone=hq:1m;\n",
@@ -120,14 +124,68 @@ def test_after_x_ratelimit_reset_the_whole_quota_is_back(h):
                 files={"q": "ok\n"})
     k = h.key("reset")
     first = [http_get(n.port, "/q?k=" + k) for _ in range(4)]
-    reset = int(first[2][1].get("x-ratelimit-reset", ["-1"])[0])
-    time.sleep(reset)
+    reset = int(first[2][1].get("x-ratelimit-reset", ["-1"])[0]) - int(time.time())
+    time.sleep(max(0, reset + 1 - time.time() % 1))
     again = [http_get(n.port, "/q?k=" + k) for _ in range(4)]
     h.note("3r/s: %s, Reset after the third %d s; after waiting it: %s, Remaining %s"
            % ([s for s, _, _, _ in first], reset, [s for s, _, _, _ in again],
               [hd.get("x-ratelimit-remaining", [None])[0] for _, hd, _, _ in again]))
     h.check([s for s, _, _, _ in first] == [200, 200, 200, 429], "3 of 3r/s pass")
-    h.check(1 <= reset <= 2, "the quota is back by the end of the next window: %d s" % reset)
+    h.check(1 <= reset <= 2, "the quota is back by the end of the next window: %d s from now" % reset)
     h.check([s for s, _, _, _ in again] == [200, 200, 200, 429], "the whole quota after Reset")
     h.check([hd.get("x-ratelimit-remaining", [None])[0] for _, hd, _, _ in again[:3]] == ["2", "1", "0"],
             "Remaining counts down from the full limit")
+
+
+def test_a_github_client_reads_the_legacy_headers(h):
+    """PyGithub, a client written for GitHub's X-RateLimit-* headers,
+    against a location that answers as GitHub's API would (3r/s, legacy
+    headers): it reads the limit and what is left, its reset time is a
+    Unix time one or two seconds ahead, the fourth request is refused,
+    and once the reset time has come it gets the whole quota again."""
+    lib = subprocess.run(["bash", os.path.join(ROOT, "scripts", "ensure-pylib")],
+                         capture_output=True, text=True, timeout=300)
+    h.check(lib.returncode == 0, "PyGithub installed into build/pylib: %s" % lib.stderr[-500:])
+    sys.path.insert(0, lib.stdout.strip())
+    import github     # noqa: E402 (from build/pylib)
+    n = h.nginx("    redis_ratelimit_zone $remote_addr zone=gh:1m;\n",
+                "        default_type application/json;\n"
+                "        location /users/ { redis_ratelimit gh 3r/s; redis_ratelimit_headers legacy; }\n",
+                files={"users/octocat": '{"login": "octocat", "id": 1}'})
+    g = github.Github(base_url="http://127.0.0.1:%d" % n.port, retry=None)
+    # the four requests within one second's window
+    time.sleep(1.01 - time.time() % 1)
+    users = [g.get_user("octocat").login for _ in range(3)]
+    remaining, limit = g.rate_limiting
+    reset_at = g.rate_limiting_resettime
+    now = time.time()
+    try:
+        g.get_user("octocat")
+        refused = None
+    except github.GithubException as e:
+        refused = e.status
+    h.note("3 users %s; rate_limiting %s, reset %d (%.1f s ahead); the 4th: %s"
+           % (users, (remaining, limit), reset_at, reset_at - now, refused))
+    h.check(users == ["octocat"] * 3 and (remaining, limit) == (0, 3), "3 of 3 read: %s" % ((remaining, limit),))
+    h.check(now < reset_at <= now + 2.5, "the reset time is a Unix time 1 to 2 s ahead: %s" % reset_at)
+    h.check(refused == 429, "the 4th is refused (429): %s" % refused)
+    time.sleep(max(0.0, reset_at - time.time()) + 0.05)
+    h.check(g.get_user("octocat").login == "octocat" and g.rate_limiting == (2, 3),
+            "at the reset time the quota is back: %s" % (g.rate_limiting,))
+
+
+def test_each_policy_of_a_response_has_its_own_name(h):
+    """The README's /login, two limits on one zone: RateLimit-Policy names
+    them apart ("login-5r/m", "login-100r/h") and RateLimit names one of
+    them (the tightest); a zone with one limit keeps its plain name."""
+    n = h.nginx("    redis_ratelimit_zone $arg_k zone=login:1m;\n    redis_ratelimit_zone $arg_k zone=ip:1m;\n",
+                "        location = /login { redis_ratelimit login 5r/m; redis_ratelimit login 100r/h;\n"
+                "                            redis_ratelimit ip 50r/s; redis_ratelimit_headers on; }\n",
+                files={"login": "ok\n"})
+    st, hd, _, _ = http_get(n.port, "/login?k=" + h.key("names"))
+    policy, state = hd.get("ratelimit-policy", [""])[0], hd.get("ratelimit", [""])[0]
+    names = re.findall(r'"((?:[^"\\]|\\.)*)";q=', policy)
+    h.note("RateLimit-Policy: %s; RateLimit: %s" % (policy, state))
+    h.check(st == 200, "passed")
+    h.check(names == ["login-5r/m", "login-100r/h", "ip"], "one name per policy: %s" % names)
+    h.check(re.match(r'"login-5r/m";r=4;t=\d+$', state), "RateLimit names the tightest: %s" % state)
