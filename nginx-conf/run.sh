@@ -33,11 +33,17 @@ nginx is starting on http://127.0.0.1:$port (Ctrl-C stops it)
   headers:    curl -i http://127.0.0.1:$port/login
   per token:  for i in \$(seq 12); do curl -s -o /dev/null -w '%{http_code} ' 'http://127.0.0.1:$port/api/?token=abc'; done; echo
   no Redis:   for i in \$(seq 5); do curl -s -o /dev/null -w '%{http_code} ' http://127.0.0.1:$port/local/; done; echo
-  in Redis:   redis-cli -p $redis_port --scan --pattern 'rl:*'
+  in Redis:   redis-cli -p $redis_port --no-raw --scan --pattern 'rl:*'
   log:        tail -f $prefix/logs/error.log $prefix/logs/access.log
 
 MSG
 build/sbin/nginx -p "$prefix" -c conf/nginx.conf -g 'daemon off;' &
 nginx_pid=$!
-trap 'kill -QUIT "$nginx_pid" 2>/dev/null; wait "$nginx_pid" 2>/dev/null; kill "$redis_pid" 2>/dev/null; wait "$redis_pid" 2>/dev/null' EXIT INT TERM
+stop() {
+    kill -QUIT "$nginx_pid" 2>/dev/null; wait "$nginx_pid" 2>/dev/null
+    kill "$redis_pid" 2>/dev/null; wait "$redis_pid" 2>/dev/null
+}
+# Ctrl-C is how this ends: a clean stop, not a failure for make
+trap 'stop; exit 0' INT TERM
+trap stop EXIT
 wait "$nginx_pid"
