@@ -34,6 +34,7 @@ an upstream) belongs in the block, marked `main` or `http`. There is no
 import os
 import re
 import shutil
+import signal
 import subprocess
 
 import harness
@@ -395,3 +396,41 @@ def test_readme_is_short(h):
     n = read("README.md").count("\n")
     h.note("README.md: %d lines" % n)
     h.check(n <= README_MAX_LINES, "README.md has %d lines, more than %d: move detail to docs/" % (n, README_MAX_LINES))
+
+
+def test_the_two_node_example_runs_as_written(h):
+    """operations.md's two nodes, run as its shell block says (on this
+    test's Redis and on two free ports in place of 8081 and 8082): 12
+    requests alternating between the nodes, 10 pass in all, then 429.
+    Both masters are stopped by the pids their files hold."""
+    found = blocks("docs/operations.md")
+    i = next(i for i, b in enumerate(found) if b[0] == "nginx" and "pid logs/node1.pid;" in b[3])
+    conf, script = found[i][3], found[i + 1]
+    h.check(script[0] == "sh", "the example's shell block follows it")
+    r = h.redis()
+    base = next(b for b in range(1500, 5500)
+                if harness.servers._bindable(b * 10 + 1) and harness.servers._bindable(b * 10 + 2))
+    ports = "%d" % base
+    work = os.path.join(h.tmp, "nodes")
+    harness.write_file(os.path.join(work, "node1.conf"),
+                       "load_module %s;\n" % harness.MODULE_SO
+                       + conf.replace("6379", str(r.port)).replace("8081", ports + "1"))
+    sh = (script[3].replace("build/sbin/nginx", harness.NGINX_BIN).replace("8081", ports + "1")
+          .replace("808$", ports + "$"))
+    pids = []
+    try:
+        out = subprocess.run(["bash", "-e", "-c", sh], cwd=work, capture_output=True, text=True, timeout=60)
+        for n in (1, 2):
+            path = os.path.join(work, "node%d" % n, "logs", "node%d.pid" % n)
+            if os.path.exists(path):
+                pids.append(int(open(path).read().strip()))
+        codes = out.stdout.split()
+        h.note("nodes on %s1 and %s2: %s %s" % (ports, ports, " ".join(codes), out.stderr[-300:]))
+        h.check(out.returncode == 0 and len(pids) == 2, "the example ran: %s" % out.stderr[-500:])
+        h.check(codes == ["200"] * 10 + ["429"] * 2, "10 pass across the two nodes, then 429: %s" % codes)
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGQUIT)
+        for pid in pids:
+            if not harness.wait_for(lambda: not harness.servers.pid_alive(pid), 5.0):
+                os.kill(pid, signal.SIGKILL)
