@@ -2,7 +2,7 @@
 //! every request allowed for the same (zone, key, period, window) adds to one
 //! pending item, so a hot key costs one `INCRBY` per flush, not per request.
 //! Bounded by items and by bytes: an item holds the key's Redis hash tag
-//! (at most ~400 bytes, whatever the key), and once `max_items` items or
+//! (bounded, whatever the key: `key::redis_tag`), and once `max_items` items or
 //! `max_bytes` bytes wait, new keys are dropped (and counted), never
 //! blocking the worker.
 
@@ -20,9 +20,9 @@ pub const CARRY_BACK: u64 = 8;
 
 /// Hashes an `ItemId` with a multiply and a rotate per word (FxHash's
 /// step): its entry is already a keyed hash of the key (`key::IdHasher`,
-/// seeded per zone), so clients cannot aim keys at one bucket, and SipHash
-/// cost a request about 390 instructions here (callgrind, one hot key
-/// through Redis).
+/// seeded per zone), so clients cannot aim keys at one bucket, and hashing
+/// it again with SipHash would spend on every request what the keyed hash
+/// already did.
 #[derive(Clone, Copy, Default)]
 pub struct ItemHasher(u64);
 
@@ -60,9 +60,9 @@ pub struct ItemId {
     pub window: u64,
 }
 
-/// Four words, one step each: the derived `Hash` hashed the entry array as
-/// a length and 16 bytes, one `ItemHasher` step per byte (about 30
-/// instructions per push of a hot key, callgrind).
+/// Four words, one step each: the derived `Hash` would hash the entry
+/// array as a length and 16 bytes, one `ItemHasher` step per byte, on
+/// every push.
 impl std::hash::Hash for ItemId {
     #[inline]
     fn hash<H: Hasher>(&self, state: &mut H) {

@@ -466,7 +466,7 @@ fn the_usual_round_trip_is_the_shortest_of_the_last_seconds() {
     }
     assert_eq!(slow.usual_us(), 20_000);
     assert_eq!(stale_after_ms(slow.usual_us()), 40, "two round trips");
-    // a round trip under 1 µs counts as one (0 is none)
+    // a round trip below the clock's unit counts as one (0 is none)
     let mut fast = RoundTrip::default();
     fast.add(0, 5);
     assert_eq!(fast.usual_us(), 1);

@@ -14,9 +14,9 @@ pub const MAX_KEY_BYTES: usize = 256;
 /// length, the key's bytes, a final mix per lane (`id_in`). The secrets
 /// come from the zone's random seed, so clients can neither see nor aim at
 /// hash values (one bucket), and two keys share a counter only if both
-/// 64-bit lanes collide. It runs on every request: two aHash runs cost
-/// ~124 instructions for a 4-byte key with a 1-byte zone name, this ~40
-/// with the name, ~30 without (callgrind, `bench/callgrind.sh`).
+/// 64-bit lanes collide. It runs on every request, so it hashes the zone's
+/// name once (`namespace`) and each key in one pass of two lanes, where two
+/// aHash runs would hash both every time (docs/performance.md).
 #[derive(Clone)]
 pub struct IdHasher([u64; 4]);
 

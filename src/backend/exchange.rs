@@ -159,9 +159,9 @@ impl Backend {
                     keep_local(*id, item, events);
                     return;
                 }
-                // a user allowed INCRBY but not SET (an ACL written for the
-                // counting commands of older versions): the count goes as
-                // INCRBY, and so do all from now on
+                // a user allowed INCRBY but not SET (an ACL that names the
+                // counting commands without SET): the count goes as INCRBY,
+                // and so do all from now on
                 Reply::Refused { code, .. } if code == "NOPERM" => {
                     self.set_refused = true;
                     out.existed.push((*id, Item { fresh: Fresh::No, ..item.clone() }));

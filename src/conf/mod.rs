@@ -29,9 +29,9 @@ pub struct ZoneConf {
     pub used_at: String,
     /// The parsed parameters; the Redis backend reads them.
     pub params: Option<ZoneParams>,
-    /// The key: one variable read by its index (`$binary_remote_addr`:
-    /// about 170 instructions a request less than a complex value, which
-    /// copies it into the pool), or text with variables.
+    /// The key: one variable read by its index (`$binary_remote_addr`: a
+    /// complex value would copy it into the pool on every request), or text
+    /// with variables.
     pub key: Source,
     /// The cycle being configured (its log is the one `error_log` set up
     /// by the time the zone's memory is initialised).

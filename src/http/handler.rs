@@ -224,8 +224,8 @@ fn variable<'r>(r: &mut ngx_http_request_t, index: ngx_uint_t) -> &'r [u8] {
 }
 
 /// A variable value's `len:28` and `not_found:1` bit fields. The generated
-/// accessors take them apart a bit at a time (about 25 instructions on
-/// every request); on a little-endian target the C compiler packs them from
+/// accessors take them apart a bit at a time, on every request; on a
+/// little-endian target the C compiler packs them from
 /// the lowest bit of the first 32-bit word (`len`, `valid`, `no_cacheable`,
 /// `not_found`, `escape`), so one load and two masks read them.
 #[inline(always)]

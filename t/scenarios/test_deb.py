@@ -96,9 +96,14 @@ def test_the_package_is_laid_out_as_debians_module_packages(h):
 
     rc, listing = run(["dpkg-deb", "-c", deb])
     files = set(re.findall(r"\s\.(/\S+)$", listing, re.M))
-    for path in (MODULE, AVAILABLE, LUA, DOC + "/copyright", DOC + "/README.md.gz",
-                 DOC + "/rust-crates.txt", DOC + "/examples/prometheus-alerts.yml"):
+    examples = [l.strip().split("/")[-1] for l in open(os.path.join(ROOT, "debian", PKG + ".examples"))]
+    for path in (MODULE, AVAILABLE, LUA, DOC + "/copyright", DOC + "/README.md",
+                 DOC + "/docs/operations.md", DOC + "/rust-crates.txt"):
         h.expect(path in files, "the package lacks %s" % path)
+    for conf in sorted(os.listdir(os.path.join(ROOT, "nginx-conf"))):
+        if conf.endswith((".conf", ".yml", ".json")):
+            h.expect(conf in examples and DOC + "/examples/" + conf in files,
+                     "the package's examples lack nginx-conf/%s" % conf)
     h.expect(not [p for p in files if p.startswith("/etc/")],
              "files under /etc: the modules-enabled link is the maintainer scripts' (as dh_nginx writes)")
 
@@ -263,8 +268,17 @@ def test_installed_with_dpkg_it_limits_in_debians_nginx_and_removes_cleanly(h):
                 % (lua, ng.error_log_tail()))
         ng.stop()
 
-        rc, out = dpkg(h, "-r", PKG)
+        # a file under /etc/nginx that still uses the module (not included
+        # by the stock configuration): the prerm names it
+        stale = "/etc/nginx/sites-available/zz-redis-ratelimit-test"
+        write_file(stale, "redis_ratelimit_zone $binary_remote_addr zone=t:1m;\n")
+        try:
+            rc, out = dpkg(h, "-r", PKG)
+        finally:
+            os.remove(stale)
         h.check(rc == 0, "dpkg -r failed:\n%s" % out)
+        h.expect("still has redis_ratelimit directives" in out and stale in out,
+                 "dpkg -r warns of the directives left in /etc/nginx:\n%s" % out)
         h.expect(not reloaded(out), "dpkg -r reloaded an nginx service:\n%s" % out)
         h.check(not os.path.lexists(LINK) and os.path.islink(LINK + ".removed"),
                 "after dpkg -r, %s should be set aside as .removed (dh_nginx's prerm)" % LINK)
