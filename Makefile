@@ -6,7 +6,8 @@
 #   make rust    checks that cargo is there and new enough (make build and
 #                every target calling cargo run it first)
 #   make check   cargo fmt --check + clippy -D warnings + layout rules (no import cycles)
-#   make bench   throughput, Redis cost and accuracy against nginx's limit_req
+#   make bench   throughput, Redis cost and accuracy against nginx's limit_req;
+#                Redis cost with 1, 2, 4 and 8 workers (bench/workers.py)
 #   make soak    ~5 min of traffic on 2 nginx + Redis under chaos (not in `make test`)
 #   make build-debian  the module for Debian's nginx, through ./configure
 #                      --add-dynamic-module=. on its nginx-dev source
@@ -142,6 +143,7 @@ test: build build-debian deb
 
 bench: build
 	python3 bench/run.py --with-trace
+	python3 bench/workers.py
 
 soak: build
 	python3 bench/soak.py

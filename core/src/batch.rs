@@ -110,6 +110,21 @@ pub struct Item {
     pub fresh: Fresh,
     /// When it is to be sent (ms; 0: at once). See `sync`.
     pub due: u64,
+    /// The least room its pushes had to carry held counts of the key's
+    /// earlier windows into it (`sync::Due::Hold`; 0 when none had):
+    /// what the node's sender carries by when the item is forwarded
+    /// (`ring`).
+    pub room: u32,
+}
+
+/// The counts `Batch::put` adds to an item.
+#[derive(Clone, Copy)]
+struct Put {
+    period: u32,
+    limit: u32,
+    n: u32,
+    carried: u32,
+    fresh: Fresh,
 }
 
 /// What one pending item costs in memory, beyond its tag: the map slot,
@@ -298,11 +313,43 @@ impl Batch {
     #[inline]
     pub fn add(&mut self, id: ItemId, inc: &Increment<'_>, send: Due) -> Option<u64> {
         let Increment { namespace, key, period, limit, n, fresh } = *inc;
+        let put = Put { period, limit, n, carried: 0, fresh };
+        self.put(id, put, send, || redis_tag(namespace, key))
+    }
+
+    /// Adds an item another thread of the node forwarded (`ring`), as `add`
+    /// adds a push: coalesced with what is pending for it, due at the
+    /// earlier time, and (held far from the limit) carrying what the key
+    /// still holds of earlier windows while its room allows.
+    pub fn merge(&mut self, id: ItemId, item: Item) -> Option<u64> {
+        let send = if item.due == 0 {
+            Due::Now
+        } else if item.quiet {
+            Due::Hold(item.due, item.room)
+        } else {
+            Due::By(item.due)
+        };
+        let Item { tag, period, limit, n, carried, fresh, .. } = item;
+        self.put(id, Put { period, limit, n, carried, fresh }, send, move || tag)
+    }
+
+    #[inline(always)]
+    fn put(
+        &mut self,
+        id: ItemId,
+        p: Put,
+        send: Due,
+        make_tag: impl FnOnce() -> Box<[u8]>,
+    ) -> Option<u64> {
+        let Put { period, limit, n, fresh, .. } = p;
         let mut due = send.due();
+        let room = send.room().unwrap_or(0);
         if let Some(item) = self.items.get_mut(&id) {
             item.n = item.n.saturating_add(n);
+            item.carried = item.carried.saturating_add(p.carried);
             item.limit = item.limit.min(limit);
             item.quiet &= send.room().is_some();
+            item.room = item.room.min(room);
             item.fresh = item.fresh.min(fresh);
             if item.carried > 0 && !may_carry(item.carried, send) {
                 // what it carries no longer fits: with the next flush
@@ -312,7 +359,7 @@ impl Batch {
                 item.due = due;
                 self.schedule(id, due);
             }
-            self.pend(id.zone, n);
+            self.pend(id.zone, n.saturating_add(p.carried));
             return Some(due);
         }
         let (mut carried, mut tag) = (0, None);
@@ -340,19 +387,20 @@ impl Batch {
                 }
             }
         }
-        let tag = tag.unwrap_or_else(|| redis_tag(namespace, key));
+        let tag = tag.unwrap_or_else(make_tag);
         let quiet = send.room().is_some();
-        let item = Item { tag, period, limit, n, carried, quiet, fresh, due };
+        let carried = carried.saturating_add(p.carried);
+        let item = Item { tag, period, limit, n, carried, quiet, fresh, due, room };
         if self.full(item.bytes()) {
             self.dropped += 1;
             // what it took over is dropped with it
-            self.unpend(id.zone, carried);
+            self.unpend(id.zone, carried.saturating_sub(p.carried));
             return None;
         }
         self.bytes += item.bytes();
         self.items.insert(id, item);
         self.schedule(id, due);
-        self.pend(id.zone, n);
+        self.pend(id.zone, n.saturating_add(p.carried));
         Some(earliest.min(due))
     }
 
@@ -469,6 +517,35 @@ impl Batch {
             self.bytes = self.items.values().map(Item::bytes).sum();
         }
         deletes
+    }
+
+    /// Takes every pending item of `zone` (and its deletes), whatever its
+    /// due time: a thread that does not send the zone forwards them to the
+    /// node's sender (`ring`), which holds them until they are due.
+    pub fn drain_zone(&mut self, zone: u32) -> (Vec<(ItemId, Item)>, Vec<Delete>) {
+        let ids: Vec<ItemId> = self.items.keys().filter(|id| id.zone == zone).copied().collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(item) = self.items.remove(&id) {
+                self.bytes -= item.bytes();
+                out.push((id, item));
+            }
+        }
+        if let Some(p) = self.pending.get_mut(zone as usize) {
+            *p = 0;
+        }
+        let (deletes, keep): (Vec<Delete>, Vec<Delete>) =
+            std::mem::take(&mut self.deletes).into_iter().partition(|d| d.zone == zone);
+        self.deletes = keep;
+        for d in &deletes {
+            self.bytes -= ITEM_OVERHEAD + d.tag.len();
+        }
+        (out, deletes)
+    }
+
+    /// Whether items or deletes of `zone` wait.
+    pub fn has_zone(&self, zone: u32) -> bool {
+        self.pending(zone) > 0 || self.deletes.iter().any(|d| d.zone == zone)
     }
 
     /// Takes every pending item, leaving the batch empty.

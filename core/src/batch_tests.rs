@@ -343,3 +343,59 @@ fn an_item_is_far_from_its_limit_until_a_push_is_near_it() {
     assert!(!got(2).expect("near item").far(), "a push near the limit: INCRBY");
     assert_eq!(got(3).expect("mixed item").fresh, Fresh::Maybe, "the least sure push decides");
 }
+
+#[test]
+fn forwarded_items_coalesce_with_the_senders_own_and_keep_their_times() {
+    // two workers' batches and the node's sender: each worker forwards
+    // everything of the zone it holds, the sender merges
+    let held = |room| Due::Hold(5_000, room);
+    let mut a = Batch::new(100, 1 << 20);
+    let mut b = Batch::new(100, 1 << 20);
+    let mut sender = Batch::new(100, 1 << 20);
+    for _ in 0..3 {
+        a.add(id(0, 1, 7), &inc(b"z", b"k", 60, 100, 1, Fresh::Maybe), held(10));
+    }
+    b.add(id(0, 1, 7), &inc(b"z", b"k", 60, 80, 2, Fresh::No), held(4));
+    b.add(id(1, 9, 7), &inc(b"y", b"other", 60, 80, 1, Fresh::No), held(4));
+    sender.add(id(0, 1, 7), &inc(b"z", b"k", 60, 100, 1, Fresh::Maybe), Due::By(9_000));
+    let (from_a, _) = a.drain_zone(0);
+    let (from_b, _) = b.drain_zone(0);
+    assert!(a.is_empty() && b.len() == 1 && b.has_zone(1) && !b.has_zone(0), "zone 1 stays");
+    for (fid, item) in from_a.into_iter().chain(from_b) {
+        assert!(sender.merge(fid, item).is_some());
+    }
+    assert_eq!(sender.pending(0), 6);
+    assert_eq!(sender.next_due(), Some(5_000), "the earliest time of the three");
+    assert!(sender.drain_due(4_999, 10, 1 << 20).0.is_empty(), "held until due");
+    let out = sender.drain_due(5_000, 10, 1 << 20).0;
+    assert_eq!(out.len(), 1);
+    let item = &out[0].1;
+    assert_eq!((item.n, item.limit, item.fresh, &*item.tag), (6, 80, Fresh::No, &b"z:k"[..]));
+    assert!(!item.quiet, "one push was not held");
+}
+
+#[test]
+fn a_forwarded_quiet_item_carries_what_the_sender_holds_of_the_window_before() {
+    let mut sender = Batch::new(100, 1 << 20);
+    sender.add(id(0, 1, 7), &inc(b"z", b"k", 1, 100, 2, Fresh::No), Due::Hold(5_000, 10));
+    let mut w = Batch::new(100, 1 << 20);
+    w.add(id(0, 1, 8), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Hold(6_000, 10));
+    let (fwd, _) = w.drain_zone(0);
+    for (fid, item) in fwd {
+        assert_eq!(item.room, 10, "the room of its push goes with it");
+        sender.merge(fid, item);
+    }
+    let (out, _) = sender.drain();
+    assert_eq!(out.len(), 1, "carried into the later window: one item");
+    assert_eq!((out[0].0.window, out[0].1.n, out[0].1.carried), (8, 1, 2));
+    // no room: the held one goes with the next flush instead
+    let mut sender = Batch::new(100, 1 << 20);
+    sender.add(id(0, 1, 7), &inc(b"z", b"k", 1, 100, 5, Fresh::No), Due::Hold(5_000, 10));
+    let mut w = Batch::new(100, 1 << 20);
+    w.add(id(0, 1, 8), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Hold(6_000, 2));
+    for (fid, item) in w.drain_zone(0).0 {
+        sender.merge(fid, item);
+    }
+    assert_eq!(sender.len(), 2);
+    assert_eq!(sender.next_due(), Some(1));
+}

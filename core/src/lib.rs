@@ -12,6 +12,7 @@
 //! | `table` | the shared-memory table: layout, buckets, LRU, ids |
 //! | `key` | key hashing, Redis key format, hash tags |
 //! | `batch` | the coalescing batch a worker hands its Redis thread |
+//! | `ring` | the queue in a zone's shared memory from every worker's thread to the node's sender, and the sender's lease |
 //! | `sync` | when a counted request goes to Redis: at once near the limit, later far from it |
 //! | `metrics` | the metrics page: Prometheus text and JSON |
 //! | `params` | `redis_ratelimit_zone` parameters |
@@ -37,6 +38,7 @@ pub mod metrics;
 pub mod params;
 pub mod rate;
 pub mod resp;
+pub mod ring;
 pub mod sha1;
 pub mod share;
 pub mod slots;

@@ -51,6 +51,9 @@ pub struct Redis {
     /// The nodes counting the zone through its Redis lately, as this
     /// worker's thread last read them (`on_error=share`; 0: not known).
     pub nodes: u64,
+    /// The process id of the worker that sends the node's counts of the
+    /// zone (0: none now). JSON only: a process id is no metric.
+    pub sender: u64,
 }
 
 /// A label value as the exposition format wants it: `\`, `"` and newlines
@@ -326,7 +329,7 @@ pub fn json(zones: &[Zone]) -> String {
                      \"errors\":{{\"transport\":{},\"reply\":{}}},\"connects\":{},\"waiting\":{},\
                      \"last_sync_age_seconds\":{age},\"roundtrip_buckets_us\":{:?},\
                      \"roundtrip_counts\":[{}],\"roundtrip_sum_seconds\":{},\
-                     \"strict\":{{\"waits\":{},\"timeouts\":{}}},\"nodes\":{}}}}}",
+                     \"strict\":{{\"waits\":{},\"timeouts\":{}}},\"nodes\":{},\"sender\":{}}}}}",
                     r.up,
                     r.on_error,
                     r.commands,
@@ -341,6 +344,7 @@ pub fn json(zones: &[Zone]) -> String {
                     r.strict_waits,
                     r.strict_timeouts,
                     r.nodes,
+                    r.sender,
                 );
             }
         }

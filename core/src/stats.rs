@@ -203,6 +203,10 @@ pub struct Stats {
     /// thread last read it (0: never read): `on_error=share` divides by it,
     /// and it outlives reloads and workers.
     pub fleet_nodes: AtomicU64,
+    /// How long (ms) a key's increments may wait for an answer before the
+    /// node's view of it counts as stale, as the zone's sender last worked
+    /// it out from its round trips (0: not yet).
+    pub stale_ms: AtomicU64,
 }
 
 impl Stats {

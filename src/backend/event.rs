@@ -42,6 +42,9 @@ pub struct ZoneSpec {
     pub bytes: usize,
     /// The zone's figures in shared memory (`None`: not mapped here).
     pub stats: Option<StatsRef>,
+    /// The zone's ring to the node's sender and its lease (`None`: not
+    /// mapped here; the thread then sends the zone's counts itself).
+    pub ring: Option<super::RingRef>,
 }
 
 impl ZoneSpec {
@@ -229,6 +232,9 @@ pub enum Level {
     /// Counts that will never reach Redis: at `error`, never held back by
     /// the gate (rare, and each line says how many).
     Loss,
+    /// The node's sender of a zone changed hands: at `info`, never held
+    /// back (rare).
+    Handover,
 }
 
 #[derive(Debug)]

@@ -19,6 +19,7 @@ mod flush;
 mod io;
 mod link;
 mod refresh;
+mod ring;
 mod run;
 mod signals;
 mod state;
@@ -40,11 +41,15 @@ use ratelimit_core::sync::Due;
 
 pub use event::{Event, Level, StatsRef, StrictAsk, StrictGroup, ZoneSpec};
 pub use io::Tls;
+pub use ring::{RingHeader, RingRef};
 pub use state::{process_alive, Backend};
 
 /// Increments wait at least this long after a flush, so that a hot key
 /// costs one pipeline per interval however many requests it gets.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(2);
+/// How often a worker that does not send a zone forwards the counts its
+/// worker made to the node's sender (a count near its limit goes at once).
+pub const FORWARD_EVERY: Duration = Duration::from_millis(10);
 /// Items due this soon after the first one go with it (fewer, fuller
 /// pipelines; a little early is harmless).
 pub const DUE_SLACK_MS: u64 = 10;
@@ -93,6 +98,8 @@ pub struct Channel {
     link_lost: Vec<AtomicU8>,
     /// One of the two above is set.
     link_pending: AtomicBool,
+    /// The ring the thread sleeps on now, if any (`wake_thread`).
+    sleeps_on: Mutex<Option<RingRef>>,
 }
 
 impl Channel {
@@ -115,6 +122,7 @@ impl Channel {
             link_want: (0..zones).map(|_| AtomicBool::new(false)).collect(),
             link_lost: (0..zones).map(|_| AtomicU8::new(0)).collect(),
             link_pending: AtomicBool::new(false),
+            sleeps_on: Mutex::new(None),
         }
     }
 
@@ -144,7 +152,7 @@ impl Channel {
         }
         drop(b);
         if wake {
-            self.wake.notify_one();
+            self.wake_thread();
         }
         ok
     }
@@ -159,7 +167,7 @@ impl Channel {
         }
         drop(b);
         if wake {
-            self.wake.notify_one();
+            self.wake_thread();
         }
         ok
     }
@@ -172,7 +180,7 @@ impl Channel {
         // under the batch lock: the thread is either waiting (and woken) or
         // about to look at `strict_pending`
         let _b = self.batch.lock();
-        self.wake.notify_one();
+        self.wake_thread();
     }
 
     /// Asks the thread for a strict link for a zone again (the worker could
@@ -205,7 +213,16 @@ impl Channel {
     fn wake_for_links(&self) {
         self.link_pending.store(true, Ordering::Release);
         let _b = self.batch.lock();
+        self.wake_thread();
+    }
+
+    /// Wakes the thread, on its condition variable or, while it sleeps on
+    /// a zone's ring (it sends the zone: `run.rs`), there.
+    fn wake_thread(&self) {
         self.wake.notify_one();
+        if let Some(ring) = *self.sleeps_on.lock() {
+            ring.wake();
+        }
     }
 
     /// See `stale_ms` (the field).
@@ -232,6 +249,7 @@ impl Channel {
         {
             let _b = self.batch.lock();
             self.wake.notify_all();
+            self.wake_thread();
         }
         let deadline = Instant::now() + wait;
         let mut done = self.done.lock();
@@ -294,16 +312,28 @@ pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<Joi
 }
 
 /// Whether a backend is up, for the worker (strict requests, `on_error`)
-/// and the metrics.
+/// and the metrics, and how long a view may wait for an answer: the
+/// zone's sender works them out and puts them in shared memory; a thread
+/// that does not send reads them there (and is down as well when its own
+/// strict calls found Redis down).
 pub(super) fn show_health(ch: &Channel, b: &Backend) {
-    if let Some(up) = ch.up.get(b.zone() as usize) {
-        up.store(b.is_up(), Ordering::Relaxed);
+    let st = b.stats();
+    let (up, ms) = if b.sends() {
+        let ms = counter::stale_after_ms(b.rtt.usual_us());
+        if let Some(st) = st {
+            st.backend_up.store(u64::from(b.is_up()), Ordering::Relaxed);
+            st.stale_ms.store(ms, Ordering::Relaxed);
+        }
+        (b.is_up(), ms)
+    } else {
+        let shared_up = st.is_none_or(|s| s.backend_up.load(Ordering::Relaxed) == 1);
+        let ms = st.map_or(0, |s| s.stale_ms.load(Ordering::Relaxed));
+        (shared_up && b.health.is_up(), if ms == 0 { counter::STALE_MIN_MS } else { ms })
+    };
+    if let Some(u) = ch.up.get(b.zone() as usize) {
+        u.store(up, Ordering::Relaxed);
     }
     if let Some(s) = ch.stale_ms.get(b.zone() as usize) {
-        let ms = counter::stale_after_ms(b.rtt.usual_us());
         s.store(u32::try_from(ms).unwrap_or(u32::MAX), Ordering::Relaxed);
-    }
-    if let Some(st) = b.stats() {
-        st.backend_up.store(u64::from(b.is_up()), Ordering::Relaxed);
     }
 }

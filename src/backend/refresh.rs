@@ -53,6 +53,7 @@ impl Backend {
                     quiet: false,
                     fresh: Fresh::No,
                     due: 0,
+                    room: 0,
                 },
             ));
         }

@@ -10,15 +10,22 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use parking_lot::MutexGuard;
 use ratelimit_core::batch::{Delete, Item, ItemId};
 use ratelimit_core::health;
 use ratelimit_core::params;
 
+use super::state::{own_pid, process_alive};
 use super::{
     clock, show_health, strict, Backend, Channel, Event, Level, ZoneSpec, DROP_LOG_INTERVAL,
-    DUE_CHUNK, DUE_SLACK_MS, FLUSH_INTERVAL, LINK_CLOSED, LINK_TIMED_OUT, STOP_FLUSH,
-    WAITING_EVERY,
+    DUE_CHUNK, DUE_SLACK_MS, FLUSH_INTERVAL, FORWARD_EVERY, LINK_CLOSED, LINK_TIMED_OUT,
+    STOP_FLUSH, WAITING_EVERY,
 };
+
+/// A sender whose ring has had nothing forwarded for this long looks at it
+/// every `SENDER_IDLE_POLL`; else every flush interval.
+const FORWARDS_LATELY_MS: u64 = 10_000;
+const SENDER_IDLE_POLL: Duration = Duration::from_millis(20);
 
 /// What the thread is woken for.
 struct Work {
@@ -43,6 +50,11 @@ struct Thread {
     /// The zone drops are reported under (any: they are the worker's).
     any_zone: u32,
     waiting_at: Instant,
+    /// When this thread last forwarded its counts to the node's senders.
+    forwarded_at: Instant,
+    /// Events of the turn made while waiting (forwarded counts the batch
+    /// had no room for).
+    events: Vec<Event>,
 }
 
 pub(super) fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
@@ -61,11 +73,17 @@ pub(super) fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
         drops_logged: None,
         any_zone,
         waiting_at: now,
+        forwarded_at: now,
+        events: Vec::new(),
     };
     loop {
+        let mut events = std::mem::take(&mut t.events);
+        for b in t.backends.iter_mut() {
+            b.lease(&mut events);
+        }
         let work = t.wait(ch);
+        events.append(&mut t.events);
         let deadline = work.stopping.then(|| Instant::now() + STOP_FLUSH);
-        let mut events = Vec::new();
         t.strict(ch, &mut events);
         t.flush(work.items, work.deletes, deadline, &mut events);
         t.timers(ch, work.stopping, deadline, &mut events);
@@ -76,6 +94,7 @@ pub(super) fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
             let mut events = Vec::new();
             for b in t.backends.iter_mut() {
                 b.abandon(&mut events);
+                b.release_lease();
             }
             ch.publish(events);
             for b in t.backends.iter_mut() {
@@ -94,12 +113,47 @@ impl Thread {
         let mut b = ch.batch.lock();
         loop {
             if ch.stop.load(Ordering::Acquire) {
+                // a sender that stops sends what was forwarded to it too
+                for be in self.backends.iter_mut() {
+                    be.take_forwarded(&mut b, &mut self.events);
+                }
                 let (items, deletes) = b.drain();
                 return Work { items, deletes, stopping: true };
             }
             if ch.strict_pending.load(Ordering::Acquire) || ch.link_pending.load(Ordering::Acquire)
             {
                 return Work::none();
+            }
+            // what the other workers forwarded, for the zones this thread
+            // sends
+            let mut forwarded_now = false;
+            for be in self.backends.iter_mut() {
+                forwarded_now |= be.take_forwarded(&mut b, &mut self.events);
+            }
+            // the counts of the zones another worker sends go to it
+            // promptly (it holds them until they are due)
+            let forwarded: Vec<u32> = self
+                .backends
+                .iter()
+                .filter(|be| !be.sends() && b.has_zone(be.zone()))
+                .map(Backend::zone)
+                .collect();
+            let forward_at = (!forwarded.is_empty()).then(|| self.forwarded_at + FORWARD_EVERY);
+            if forward_at.is_some_and(|at| Instant::now() >= at) {
+                self.forwarded_at = Instant::now();
+                // what is taken now includes what was urgent: the next
+                // urgent push must wake the thread again
+                ch.urgent.store(false, Ordering::Release);
+                let now_ms = clock::unix_ms();
+                let (mut items, mut deletes) =
+                    b.drain_due(now_ms + DUE_SLACK_MS, DUE_CHUNK, ch.bounds.hold);
+                for z in forwarded {
+                    let (i, d) = b.drain_zone(z);
+                    items.extend(i);
+                    deletes.extend(d);
+                }
+                b.wake_at = 0;
+                return Work { items, deletes, stopping: false };
             }
             // what is due now (within the slack), or everything when what
             // waits holds too many bytes
@@ -111,7 +165,7 @@ impl Thread {
             if over || due.is_some_and(|d| d <= now_ms) {
                 b.wake_at = 0;
                 let ready = self.last_flush.map_or(Duration::MAX, |t| t.elapsed());
-                let urgent = ch.urgent.swap(false, Ordering::AcqRel);
+                let urgent = ch.urgent.swap(false, Ordering::AcqRel) | forwarded_now;
                 if over || urgent || ready >= FLUSH_INTERVAL {
                     let (items, deletes) = if stepped {
                         b.drain()
@@ -139,9 +193,44 @@ impl Thread {
             if let Some(d) = due {
                 next = next.min(now + Duration::from_millis(d - now_ms));
             }
+            if let Some(at) = forward_at {
+                next = next.min(at);
+            }
+            // the lease is renewed (or taken over) every turn
+            let mut rings = Vec::new();
+            for be in &self.backends {
+                if let Some(ring) = be.spec.ring {
+                    next = next.min(now + Duration::from_millis(ratelimit_core::ring::RENEW_MS));
+                    if be.sender {
+                        rings.push(ring);
+                    }
+                }
+            }
+            // a sender sleeps on its zone's ring, where the other workers
+            // wake it; one that sends several zones wakes on the first and
+            // looks at the others often while workers forward into them
+            if rings.len() > 1 {
+                for ring in &rings[1..] {
+                    let quiet = now_ms.saturating_sub(ring.forwarded_ms()) > FORWARDS_LATELY_MS;
+                    next = next.min(now + if quiet { SENDER_IDLE_POLL } else { FLUSH_INTERVAL });
+                }
+            }
             let next = next.max(now);
             b.wake_at = now_ms.saturating_add(next.duration_since(now).as_millis() as u64).max(1);
-            let timed_out = ch.wake.wait_until(&mut b, next).timed_out();
+            let timed_out = match rings.first() {
+                Some(&ring) => {
+                    *ch.sleeps_on.lock() = Some(ring);
+                    let seen = ring.seq().load(Ordering::Acquire);
+                    // forwarded before `seen` was read: not slept over
+                    if ring.with(own_pid() as u32, process_alive, |r| r.is_empty()) {
+                        let left = next.saturating_duration_since(Instant::now());
+                        MutexGuard::unlocked(&mut b, || ring.sleep(seen, left));
+                    }
+                    *ch.sleeps_on.lock() = None;
+                    Instant::now() >= next
+                }
+                None => ch.wake.wait_until(&mut b, next).timed_out(),
+            };
             b.wake_at = 0;
             if timed_out && b.next_due().is_none_or(|d| d > clock::unix_ms()) {
                 return Work::none();
@@ -188,7 +277,15 @@ impl Thread {
         }
         for b in self.backends.iter_mut() {
             if let Some(items) = by_zone.remove(&b.zone()) {
-                b.send(items, deadline, false, events);
+                // a worker that stops sends its own counts (the sender
+                // may be stopping too); one that does not send the zone
+                // forwards them to the sender, which wakes for them (a
+                // count near its limit goes on at once)
+                if b.sends() || deadline.is_some() {
+                    b.send(items, deadline, false, events);
+                } else {
+                    b.forward(items, events);
+                }
             }
         }
     }

@@ -100,6 +100,10 @@ pub struct Backend {
     pub(super) nodes: HashMap<String, Health>,
     /// This thread's slot in the zone's waiting gauge, once it has one.
     pub(super) waiting_slot: Option<usize>,
+    /// This thread holds the zone's sender lease (`ring`): it sends the
+    /// node's counts of the zone, its worker's and those the other workers
+    /// forward. Else it forwards its worker's counts into the zone's ring.
+    pub(super) sender: bool,
     /// The worker wants a strict link (`link.rs`).
     pub(super) link_wanted: bool,
     /// When one was last tried, and how long after a failed try the next
@@ -162,6 +166,7 @@ impl Backend {
             topo_at: None,
             nodes: HashMap::new(),
             waiting_slot: None,
+            sender: false,
             link_wanted: link_at_once,
             link_tried: None,
             link_backoff: Duration::from_secs(1),
@@ -212,10 +217,16 @@ impl Backend {
     pub fn is_up(&self) -> bool {
         self.health.is_up() && self.nodes.is_empty()
     }
+
+    /// Whether this thread sends the zone's counts to Redis: it holds the
+    /// lease, or the zone has no ring here.
+    pub fn sends(&self) -> bool {
+        self.sender || self.spec.ring.is_none()
+    }
 }
 
 /// This worker's process id.
-fn own_pid() -> u64 {
+pub(super) fn own_pid() -> u64 {
     // SAFETY: getpid() has no preconditions.
     u64::from(unsafe { libc::getpid() }.unsigned_abs())
 }

@@ -19,13 +19,25 @@ use super::flush::{cmds_key, held_note, keep_local};
 use super::io::{self, Conn};
 use super::state::{Backend, RETRY_BYTES};
 
+/// The name a thread's own connection gives itself (`CLIENT SETNAME`): the
+/// node's sender's, or a worker's that sent its own strict calls or resets.
+pub const SENDER_NAME: &str = "ngx_redis_ratelimit";
+
 impl Backend {
     /// When the thread must wake for this backend, with nothing queued.
     pub fn next_wake(&self, now: Instant) -> Instant {
-        let mut next = self.health.next_check();
+        let sends = self.sends();
+        // a thread that does not send checks no idle backend, and what
+        // waits for room in the ring goes again soon
+        let mut next = if sends || !self.health.is_up() {
+            self.health.next_check()
+        } else {
+            now + Duration::from_millis(ratelimit_core::ring::RENEW_MS)
+        };
         if self.health.is_up() {
             if !self.ttl_fix.is_empty() || !self.retry.is_empty() && self.nodes.is_empty() {
-                next = now;
+                next =
+                    if sends || self.retry.is_empty() { now } else { now + super::FORWARD_EVERY };
             }
             if let Some(t) = self.nodes.values().map(Health::next_check).min() {
                 next = next.min(t);
@@ -36,7 +48,7 @@ impl Backend {
             if let Some(due) = self.link_due() {
                 next = next.min(due);
             }
-            if self.spec.share {
+            if self.spec.share && sends {
                 next = next.min(self.fleet.due);
             }
         }
@@ -67,10 +79,15 @@ impl Backend {
         }
         self.probe_nodes(events);
         if !self.retry.is_empty() {
-            self.send(Vec::new(), None, false, events);
+            if self.sends() {
+                self.send(Vec::new(), None, false, events);
+            } else {
+                self.forward(Vec::new(), events);
+            }
         } else if !self.ttl_fix.is_empty() {
             self.send_ttl_fixes(events);
-        } else if self.health.check_due(now) {
+        } else if self.sends() && self.health.check_due(now) {
+            // (the idle check is the sender's: one PING per node)
             self.check(events);
         }
         if now.saturating_duration_since(self.swept) >= Duration::from_secs(1) {
@@ -84,7 +101,9 @@ impl Backend {
         }
         if self.health.is_up() {
             self.refresh(events);
-            self.say_counting(events);
+            if self.sends() {
+                self.say_counting(events);
+            }
         }
     }
 
@@ -301,6 +320,13 @@ impl Backend {
         ) {
             Ok(mut c) => {
                 self.clock_offset_ms = c.clock_offset();
+                if !self.spec.cluster {
+                    // named for CLIENT LIST, beside the workers' strict
+                    // links (a server that refuses the name is fine)
+                    let mut name = redis::cmd("CLIENT");
+                    name.arg("SETNAME").arg(SENDER_NAME);
+                    let _ = c.exec(&[name], None, Instant::now() + self.spec.timeout, &|_| None);
+                }
                 self.conn = Some(c);
                 if let Some(st) = self.stats() {
                     Stats::bump(&st.connects);

@@ -471,7 +471,9 @@ unsafe extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void)
     let log = unsafe { zone.cycle.as_ref() }.map_or(unsafe { (*shm_zone).shm.log }, |c| c.log);
     // SAFETY: nginx passes the zone it created and, on a reload, the data
     // the old cycle's zone had.
-    match unsafe { shm::attach(shm_zone, data, &zone.name, log) } {
+    let ring = zone.params.as_ref().is_some_and(|p| p.backend.is_some());
+    // SAFETY: as above.
+    match unsafe { shm::attach(shm_zone, data, &zone.name, ring, log) } {
         Some(shared) => {
             zone.shared = Some(shared);
             NGX_OK as ngx_int_t

@@ -78,6 +78,7 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
                 strict_waits: get(&st.strict_waits),
                 strict_timeouts: get(&st.strict_timeouts),
                 nodes: get(&st.fleet_nodes),
+                sender: shared.ring().map_or(0, |r| r.holder()),
             }
         });
         out.push(Zone {

@@ -2,9 +2,11 @@
 //! holding the counter table (see `table.rs`), found again through the slab
 //! pool's `data` pointer when nginx reuses the zone across a reload.
 //!
-//! Region layout: `[u64 length][table header][bucket heads][entries]`. The
-//! length comes first and never moves, so a region written by another version
-//! of the module can still be measured and formatted anew.
+//! Region layout: `[u64 length][table header][bucket heads][entries]`, and
+//! for a zone with Redis `[ring header][ring data]` at its end (the queue
+//! from every worker's thread to the node's sender: `backend::RingRef`).
+//! The length comes first and never moves, so a region written by another
+//! version of the module can still be measured and formatted anew.
 
 use std::ffi::c_void;
 use std::io::Read;
@@ -17,8 +19,11 @@ use nginx_sys::{
 use ngx::{ngx_log_debug, ngx_log_error};
 
 use ratelimit_core::key::{IdHasher, Namespace};
+use ratelimit_core::ring::ring_bytes;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::table::{Entry, Header, Layout, Table};
+
+use crate::backend::{RingHeader, RingRef};
 
 const LEN_PREFIX: usize = 8;
 
@@ -36,6 +41,8 @@ pub struct Shared {
     /// The zone's name as a namespace, hashed once (`redis_ratelimit` lines
     /// count their keys under it).
     pub name: Namespace,
+    /// A zone with Redis: its ring (header, data, data's length).
+    ring: Option<(*mut RingHeader, *mut u8, usize)>,
 }
 
 /// The table, locked for the lifetime of this guard.
@@ -65,6 +72,13 @@ impl Shared {
         // for as long as the zone is mapped, which outlives `self`; `Stats`
         // is made of atomics, safe to share between processes and threads.
         unsafe { &(*self.table.cast::<Header>()).stats }
+    }
+
+    /// The zone's ring, for its Redis thread (a zone with Redis).
+    pub fn ring(&self) -> Option<RingRef> {
+        // SAFETY: the header and the data were laid out by `attach` in the
+        // zone's shared memory, mapped for the worker's whole life.
+        self.ring.map(|(h, d, n)| unsafe { RingRef::new(h, d, n) })
     }
 
     /// Takes the zone's lock (nginx's slab mutex, which the master releases
@@ -142,6 +156,7 @@ pub unsafe fn attach(
     shm_zone: *mut ngx_shm_zone_t,
     data: *mut c_void,
     name: &str,
+    ring: bool,
     log: *mut ngx_log_t,
 ) -> Option<Shared> {
     // SAFETY: per the function's contract.
@@ -180,14 +195,18 @@ pub unsafe fn attach(
         }
     }
 
-    let Some(layout) = Layout::for_region(region_len.saturating_sub(LEN_PREFIX)) else {
+    // the ring at the end, 8-byte aligned
+    let ring_len = if ring { ring_bytes(region_len) & !7 } else { 0 };
+    let ring_part = if ring { RingHeader::SIZE + ring_len } else { 0 };
+    let table_bytes = region_len.saturating_sub(LEN_PREFIX + ring_part) & !7;
+    let Some(layout) = Layout::for_region(table_bytes) else {
         ngx_log_error!(NGX_LOG_EMERG, log, "redis_ratelimit_zone: zone \"{}\" is too small", name);
         return None;
     };
     // SAFETY: the region is page-aligned, so the table after the 8-byte length
     // prefix is 8-byte aligned.
     let table = unsafe { region.add(LEN_PREFIX) };
-    let table_len = (region_len - LEN_PREFIX) as u64;
+    let table_len = table_bytes as u64;
 
     // SAFETY: during `init` only the master runs, single-threaded: nothing
     // else reads or writes the region.
@@ -208,7 +227,20 @@ pub unsafe fn attach(
                 Table::format(h, b, e, seed, table_len);
             })
         };
+        if ring {
+            // SAFETY: the ring's header lies after the table, inside the
+            // region, 8-byte aligned; the master has the region to itself.
+            unsafe { ptr::write(table.add(table_bytes).cast::<RingHeader>(), RingHeader::new()) };
+        }
     }
+    let ring = ring.then(|| {
+        // SAFETY: as just laid out (or kept from the previous cycle with the
+        // same layout: the table's check covers the region's length).
+        unsafe {
+            let h = table.add(table_bytes).cast::<RingHeader>();
+            (h, table.add(table_bytes + RingHeader::SIZE), ring_len)
+        }
+    });
     ngx_log_debug!(
         log,
         "redis_ratelimit: zone \"{}\" {}: {} entries in {} bytes",
@@ -229,5 +261,5 @@ pub unsafe fn attach(
     // SAFETY: the region holds the table as checked or formatted above.
     let (buckets, entries) =
         unsafe { parts(table, layout, |_, b, e| (b.as_mut_ptr(), e.as_mut_ptr())) };
-    Some(Shared { pool, table, layout, buckets, entries, ids, name })
+    Some(Shared { pool, table, layout, buckets, entries, ids, name, ring })
 }

@@ -124,6 +124,7 @@ unsafe fn start_thread(cycle: *mut ngx_cycle_t) {
                 share: p.on_error == OnError::Share,
                 bytes: p.size,
                 stats: z.shared.as_ref().map(|s| StatsRef::new(s.stats())),
+                ring: z.shared.as_ref().and_then(crate::shm::Shared::ring),
             })
         })
         .collect();

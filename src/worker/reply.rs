@@ -104,6 +104,7 @@ pub(super) fn zone_log(
         Level::Info => (NGX_LOG_INFO, shared.lock().table.claim_log(false, now_ms() / 1000)),
         Level::Recovery => (NGX_LOG_ERR, failure_shown(zone, false)),
         Level::Loss => (NGX_LOG_ERR, true),
+        Level::Handover => (NGX_LOG_INFO, true),
     };
     if claimed {
         if level == Level::Error {
@@ -212,6 +213,9 @@ pub(super) fn orphaned(mcf: &MainConf, log: *mut ngx_log_t, zone: u32, pid: u64)
         for e in locked.table.entries_mut() {
             n += u64::from(counter::orphan(e));
         }
+    }
+    if n == 0 {
+        return;
     }
     shared.stats().dropped.fetch_add(n, Ordering::Relaxed);
     ngx_log_error!(
