@@ -207,6 +207,10 @@ pub struct Stats {
     /// node's view of it counts as stale, as the zone's sender last worked
     /// it out from its round trips (0: not yet).
     pub stale_ms: AtomicU64,
+    /// 1 while the zone's sender finds Redis down (0 until it says so, so
+    /// that a zone is up from its start, as a worker's own view is): every
+    /// worker decides as `on_error` says from the sender's next turn on.
+    pub down: AtomicU64,
 }
 
 impl Stats {

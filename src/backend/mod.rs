@@ -322,11 +322,12 @@ pub(super) fn show_health(ch: &Channel, b: &Backend) {
         let ms = counter::stale_after_ms(b.rtt.usual_us());
         if let Some(st) = st {
             st.backend_up.store(u64::from(b.is_up()), Ordering::Relaxed);
+            st.down.store(u64::from(!b.is_up()), Ordering::Relaxed);
             st.stale_ms.store(ms, Ordering::Relaxed);
         }
         (b.is_up(), ms)
     } else {
-        let shared_up = st.is_none_or(|s| s.backend_up.load(Ordering::Relaxed) == 1);
+        let shared_up = st.is_none_or(|s| s.down.load(Ordering::Relaxed) == 0);
         let ms = st.map_or(0, |s| s.stale_ms.load(Ordering::Relaxed));
         (shared_up && b.health.is_up(), if ms == 0 { counter::STALE_MIN_MS } else { ms })
     };

@@ -22,8 +22,9 @@ use super::{
     STOP_FLUSH, WAITING_EVERY,
 };
 
-/// A sender whose ring has had nothing forwarded for this long looks at it
-/// every `SENDER_IDLE_POLL`; else every flush interval.
+/// A thread that sends several zones sleeps on the first one's ring; it
+/// looks at the others' every `SENDER_IDLE_POLL` when nothing was forwarded
+/// into them for this long, else every flush interval.
 const FORWARDS_LATELY_MS: u64 = 10_000;
 const SENDER_IDLE_POLL: Duration = Duration::from_millis(20);
 

@@ -343,8 +343,8 @@ fn limit_of(
         let stale_ms = ratelimit_core::counter::STALE_MIN_MS;
         return Limit { entry, rate, cost, mode, strict, stale_ms, hold_ms: 0, nodes: 0 };
     };
+    let up = backend_up(mcf, ch, zone);
     let (index, zone) = (zone, &mcf.zones[zone]);
-    let up = ch.is_up(index);
     let mode = match strict {
         Strict::Failed => mode::failed(zone, true),
         _ => mode::of(zone, Some(up)),
@@ -362,6 +362,15 @@ fn limit_of(
         _ => 0,
     };
     Limit { entry, rate, cost, mode, strict, stale_ms, hold_ms, nodes }
+}
+
+/// Whether a zone's Redis works: as this worker's thread last saw it, and
+/// as the node's sender sees it (shared memory: at once, whichever worker
+/// asks).
+#[inline]
+pub fn backend_up(mcf: &MainConf, ch: &Channel, zone: usize) -> bool {
+    ch.is_up(zone)
+        && mcf.zones[zone].shared.as_ref().is_none_or(|s| Stats::get(&s.stats().down) == 0)
 }
 
 /// One limit's decision, as a debug line (compiled out unless nginx was

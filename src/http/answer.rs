@@ -276,7 +276,8 @@ fn log_rejection(
 ) {
     let zone = &mcf.zones[tightest.zone];
     // a refusal made by on_error says so: its estimate is not Redis's
-    let down = crate::worker::channel::channel().is_some_and(|ch| !ch.is_up(tightest.zone));
+    let down = crate::worker::channel::channel()
+        .is_some_and(|ch| !crate::engine::backend_up(mcf, ch, tightest.zone));
     let policy = match zone.params.as_ref().filter(|p| down && p.backend.is_some()) {
         Some(p) if p.on_error == OnError::Deny => ", Redis down (on_error=deny)",
         Some(p) if p.on_error == OnError::Share => {

@@ -124,7 +124,7 @@ pub(super) fn limit(
     let channel = crate::worker::channel::channel();
     let mut waiting = 0;
     for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
-        if channel.is_some_and(|ch| ch.is_up(a.zone)) {
+        if channel.is_some_and(|ch| engine::backend_up(mcf, ch, a.zone)) {
             a.strict = Strict::Before;
             waiting += 1;
         } else {
