@@ -114,9 +114,13 @@ impl Thread {
         let mut b = ch.batch.lock();
         loop {
             if ch.stop.load(Ordering::Acquire) {
-                // a sender that stops sends what was forwarded to it too
+                // a sender that stops sends what was forwarded to it too,
+                // and frees the lease at once: what is forwarded from now
+                // on goes to the next sender, not into a ring nobody reads
+                // while this one sends its last counts
                 for be in self.backends.iter_mut() {
                     be.take_forwarded(&mut b, &mut self.events);
+                    be.release_lease();
                 }
                 let (items, deletes) = b.drain();
                 return Work { items, deletes, stopping: true };
