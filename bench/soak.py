@@ -670,14 +670,7 @@ class Run:
                     self.redis.stop()
                     down = rng.uniform(1.0, 2.5)
                     time.sleep(down)
-                    for attempt in range(5):
-                        try:
-                            self.redis.start(timeout=10.0)
-                            break
-                        except RuntimeError as e:
-                            self.thread_errors.append("redis start attempt %d: %s" % (attempt, e))
-                            time.sleep(1.0)
-                    own(1)   # the harness's readiness PING
+                    self.start_redis()
                     self.event(t0, time.time(), kind, "stopped (SIGTERM) for %.1fs, started again" % down, True)
                 elif kind == "client_pause":
                     t0 = time.time()
@@ -739,17 +732,21 @@ class Run:
                             self.reloads.append([1 - node, time.time(), time.time()])
                         os.kill(victim, signal.SIGKILL)
                     time.sleep(rng.uniform(1.0, 2.0))
-                    for attempt in range(5):
-                        try:
-                            self.redis.start(timeout=10.0)
-                            break
-                        except RuntimeError as e:
-                            self.thread_errors.append("redis start attempt %d: %s" % (attempt, e))
-                            time.sleep(1.0)
-                    own(1)
+                    self.start_redis()
                     self.event(t0, time.time(), kind, "Redis SIGKILLed; %s; SIGKILL worker %s of nginx%d; "
                                "Redis started again" % (said, victim, 2 - node), True)
                 nxt = time.time() + rng.uniform(2.0, 4.0)
+
+    def start_redis(self):
+        """Starts the stopped Redis again (a few tries: its port may linger)."""
+        for attempt in range(5):
+            try:
+                self.redis.start(timeout=10.0)
+                break
+            except RuntimeError as e:
+                self.thread_errors.append("redis start attempt %d: %s" % (attempt, e))
+                time.sleep(1.0)
+        own(1)   # the harness's readiness PING
 
     def reload(self, node):
         """HUP one nginx; what happened, in words."""
