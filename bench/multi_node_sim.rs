@@ -10,6 +10,12 @@
 //! decisions that differ from an exact global sliding log of the allowed
 //! requests, and Redis commands per allowed request.
 //!
+//! A node may run several workers: they share the key's entry (the zone's
+//! shared memory) and either each sends what it counted (`Senders::PerWorker`)
+//! or one sender sends for all of them (`Senders::PerNode`, the module's
+//! design), a worker's counts reaching it at the worker's next forward
+//! (`FORWARD_US`) unless they are due at once.
+//!
 //! Run: cargo test --release -p ratelimit-core --test multi_node_sim -- --nocapture
 
 #[path = "sim/common.rs"]
@@ -35,6 +41,18 @@ const FLUSH_US: u64 = 2_000;
 const WAKE_US: u64 = 50;
 /// Refreshes of a key near its limit: at least this long after a flush.
 const REFRESH_MIN_US: u64 = 10_000;
+/// A worker that is not its node's sender hands its counts over this often
+/// (`backend::FORWARD_EVERY`).
+const FORWARD_US: u64 = 10_000;
+
+/// Who sends a node's counts to Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Senders {
+    /// Each worker its own.
+    PerWorker,
+    /// One sender for the node's workers.
+    PerNode,
+}
 
 /// When a node sends what it counted: the module's rule today.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,9 +124,9 @@ struct Held {
     fresh: bool,
 }
 
+/// What one sender keeps: its batch, its flushes and its view of Redis.
 #[derive(Default)]
-struct Node {
-    e: Entry,
+struct Sender {
     /// Increments not sent yet, by window.
     batch: BTreeMap<u64, Held>,
     flush_at: Option<u64>,
@@ -129,6 +147,8 @@ struct Node {
 struct Scenario {
     rule: Rule,
     nodes: usize,
+    workers: usize,
+    senders: Senders,
     rtt_us: u64,
     rate: Rate,
     load: f64,
@@ -162,7 +182,9 @@ struct Outcome {
 
 struct Sim<'a> {
     s: &'a Scenario,
-    nodes: Vec<Node>,
+    /// The key's entry in each node's shared memory.
+    entries: Vec<Entry>,
+    senders: Vec<Sender>,
     redis: HashMap<u64, u64>,
     heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
     events: Vec<Option<Ev>>,
@@ -177,24 +199,37 @@ impl<'a> Sim<'a> {
     }
 
     fn schedule_flush(&mut self, i: usize, t: u64) {
-        match self.nodes[i].flush_at {
+        match self.senders[i].flush_at {
             Some(at) if at <= t => {}
             _ => {
-                self.nodes[i].flush_at = Some(t);
+                self.senders[i].flush_at = Some(t);
                 self.at(t, Ev::Flush(i));
             }
         }
     }
 
-    /// One request at node `i`; returns whether it was allowed.
-    fn request(&mut self, i: usize, t_us: u64) -> bool {
+    /// The node whose entry sender `i` serves.
+    fn node_of(&self, i: usize) -> usize {
+        match self.s.senders {
+            Senders::PerWorker => i / self.s.workers,
+            Senders::PerNode => i,
+        }
+    }
+
+    /// One request at worker `w` of node `node`; returns whether it was
+    /// allowed.
+    fn request(&mut self, node: usize, w: usize, t_us: u64) -> bool {
         let now = t_us / 1000;
         let rate = self.s.rate;
         let rule = self.s.rule;
-        let n = &mut self.nodes[i];
-        let mut c = check(&mut n.e, rate, now);
+        let (i, forwards) = match self.s.senders {
+            Senders::PerWorker => (node * self.s.workers + w, false),
+            Senders::PerNode => (node, w > 0),
+        };
+        let e = &mut self.entries[node];
+        let mut c = check(e, rate, now);
         if rule == Rule::Hold {
-            cap_to_share(&n.e, rate, now, 1, 1, stale_after_ms(self.s.rtt_us), &mut c);
+            cap_to_share(e, rate, now, 1, 1, stale_after_ms(self.s.rtt_us), &mut c);
         }
         if !c.allowed {
             return false;
@@ -202,10 +237,12 @@ impl<'a> Sim<'a> {
         if rule == Rule::Extrapolate {
             let p = rate.period_ms() as f64;
             let ws = c.window_start_ms;
-            let prior = f64::from(n.e.prev) / p;
+            let prior = f64::from(self.entries[node].prev) / p;
+            let cur = f64::from(self.entries[node].cur);
+            let n = &mut self.senders[i];
             let (age, r) = if n.view_window == c.window && n.view_ms >= ws {
                 let seen = (n.view_ms - ws).max(1) as f64;
-                ((now - n.view_ms) as f64, prior.max(f64::from(n.e.cur) / seen))
+                ((now - n.view_ms) as f64, prior.max(cur / seen))
             } else {
                 ((now - ws) as f64, prior)
             };
@@ -217,29 +254,43 @@ impl<'a> Sim<'a> {
                 return false;
             }
         }
-        count(&mut n.e, true);
-        let after = ratelimit_core::counter::estimate(&n.e, rate, now);
+        count(&mut self.entries[node], true);
+        let after = ratelimit_core::counter::estimate(&self.entries[node], rate, now);
         let urgent = after.remaining(rate.limit) <= rate.limit / 2;
+        // a worker that is not the sender hands its counts over at its next
+        // forward, each worker's forwards at their own phase
+        let workers = self.s.workers as u64;
+        let forward = move |t: u64| {
+            let phase = w as u64 * FORWARD_US / workers;
+            if forwards {
+                ((t + phase) / FORWARD_US + 1) * FORWARD_US - phase
+            } else {
+                t
+            }
+        };
         match self.s.rule {
             Rule::Today | Rule::Extrapolate => {
-                self.nodes[i].batch.entry(c.window).or_default().n += 1;
-                let t = if urgent { t_us + WAKE_US } else { t_us + FLUSH_US };
+                self.senders[i].batch.entry(c.window).or_default().n += 1;
+                let t = if urgent { t_us + WAKE_US } else { forward(t_us + FLUSH_US) };
                 self.schedule_flush(i, t);
             }
             Rule::Hold => {
-                let unsent = self.nodes[i].e.inflight;
-                let share = self.nodes[i].e.share;
+                let unsent = self.entries[node].inflight;
+                let share = self.entries[node].share;
                 let send = sync::when(rate, after, unsent, share, now, HOLD_MS);
-                wait(&mut self.nodes[i].e, send.prompt(), now);
+                wait(&mut self.entries[node], send.prompt(), now);
                 let mut t = match send {
                     Due::Now => t_us + WAKE_US,
                     Due::By(ms) if ms <= now => t_us + FLUSH_US,
                     Due::By(ms) | Due::Hold(ms, _) => ms * 1000,
                 };
+                if send != Due::Now {
+                    t = forward(t);
+                }
                 // the module's batch (`Batch::add`): a quiet key's new
                 // window takes over what the node holds of earlier ones
                 // while it fits the room; what does not goes at once
-                let b = &mut self.nodes[i].batch;
+                let b = &mut self.senders[i].batch;
                 let older: Vec<u64> = b.range(..c.window).map(|(&w, _)| w).collect();
                 if !b.contains_key(&c.window) && !older.is_empty() {
                     let held: u32 = older.iter().map(|w| b[w].n + b[w].carried).sum();
@@ -250,11 +301,11 @@ impl<'a> Sim<'a> {
                         }
                         b.insert(c.window, Held { n: 0, carried: held, quiet: true, fresh: true });
                     } else {
-                        t = t.min(t_us + FLUSH_US);
+                        t = t.min(forward(t_us + FLUSH_US));
                     }
                 }
-                let fresh = counter_is_new(&self.nodes[i].e);
-                let b = &mut self.nodes[i].batch;
+                let fresh = counter_is_new(&self.entries[node]);
+                let b = &mut self.senders[i].batch;
                 let h = b.entry(c.window).or_insert(Held {
                     quiet: true,
                     fresh: true,
@@ -264,7 +315,7 @@ impl<'a> Sim<'a> {
                 h.quiet &= send.room().is_some();
                 h.fresh &= fresh;
                 if h.carried > 0 && !sync::may_carry(h.carried, send) {
-                    t = t.min(t_us + FLUSH_US);
+                    t = t.min(forward(t_us + FLUSH_US));
                 }
                 self.schedule_flush(i, t);
             }
@@ -276,7 +327,9 @@ impl<'a> Sim<'a> {
         let p = self.s.rate.period_ms();
         let now = t_us / 1000;
         let settle_ms = (p / 10).min(2000);
-        let n = &mut self.nodes[i];
+        let node = self.node_of(i);
+        let est = ratelimit_core::counter::estimate(&self.entries[node], self.s.rate, now);
+        let n = &mut self.senders[i];
         n.flush_at = None;
         let batch = std::mem::take(&mut n.batch);
         if batch.is_empty() {
@@ -295,10 +348,8 @@ impl<'a> Sim<'a> {
         // the previous window is read from the second flush of a window
         // until its count is final (settled)
         let second = n.flushes >= 2 && now < cur_w * p + 2 * settle_ms;
-        let near = batch.keys().any(|&w| w == cur_w) && {
-            let est = ratelimit_core::counter::estimate(&n.e, self.s.rate, now);
-            est.remaining(self.s.rate.limit) <= self.s.rate.limit / 2
-        };
+        let near = batch.keys().any(|&w| w == cur_w)
+            && est.remaining(self.s.rate.limit) <= self.s.rate.limit / 2;
         let refresh = near && !n.refresh_due;
         let gap = n.gap;
         let own = n.own;
@@ -324,7 +375,7 @@ impl<'a> Sim<'a> {
     }
 
     fn refresh(&mut self, i: usize, t_us: u64) {
-        self.nodes[i].refresh_due = false;
+        self.senders[i].refresh_due = false;
         let w = window_index(t_us / 1000, self.s.rate.period_ms());
         // GET of the current and the previous window
         self.out.cmds += 2;
@@ -408,12 +459,13 @@ impl<'a> Sim<'a> {
                     } else {
                         (rng.next_u64() % s.nodes as u64) as usize
                     };
+                    let worker = (rng.next_u64() % s.workers as u64) as usize;
                     arrived += 1;
                     let now = t / 1000;
                     let exact_allows = log.count_at(now) < s.rate.limit as usize;
-                    let allowed = self.request(node, t);
+                    let allowed = self.request(node, worker, t);
                     if allowed && trace {
-                        let e = &self.nodes[node].e;
+                        let e = &self.entries[node];
                         println!(
                             "{:.3} node {node} allowed: total {} view {} inflight {} share {:.3} waiting {}",
                             (t % 60_000_000) as f64 / 1000.0,
@@ -441,8 +493,9 @@ impl<'a> Sim<'a> {
                 Ev::AtRedis(i, m) => self.at_redis(i, m, t),
                 Ev::Reply(i, _sent_at, c, created) => {
                     let now = t / 1000;
-                    let n = &mut self.nodes[i];
-                    confirm(&mut n.e, &c, s.rate, now);
+                    let node = self.node_of(i);
+                    confirm(&mut self.entries[node], &c, s.rate, now);
+                    let n = &mut self.senders[i];
                     if created {
                         n.own = Some(c.window);
                     }
@@ -466,9 +519,14 @@ impl<'a> Sim<'a> {
 }
 
 fn simulate(s: &Scenario) -> Outcome {
+    let senders = match s.senders {
+        Senders::PerWorker => s.nodes * s.workers,
+        Senders::PerNode => s.nodes,
+    };
     let sim = Sim {
         s,
-        nodes: (0..s.nodes).map(|_| Node::default()).collect(),
+        entries: (0..s.nodes).map(|_| Entry::default()).collect(),
+        senders: (0..senders).map(|_| Sender::default()).collect(),
         redis: HashMap::new(),
         heap: BinaryHeap::new(),
         events: Vec::new(),
@@ -505,6 +563,8 @@ fn multi_node_simulation() {
                         let s = Scenario {
                             rule,
                             nodes,
+                            workers: 1,
+                            senders: Senders::PerNode,
                             rtt_us,
                             rate,
                             load,
@@ -557,6 +617,71 @@ fn multi_node_simulation() {
     }
 }
 
+/// Nodes with many workers (100 nodes × 1, 8 and 32): with a sender per
+/// worker, each worker sends its own counts of the key and the commands per
+/// allowed request grow with the workers; with one sender per node they
+/// stay those of one worker (within 10 %), and every window stays within
+/// the bound.
+#[test]
+fn workers_per_node() {
+    const RATES: [Rate; 2] = [Rate { limit: 6000, period: 60 }, Rate { limit: 60000, period: 60 }];
+    const TRAFFIC: [(f64, Kind, &str); 2] =
+        [(0.1, Kind::Poisson, "0.1 L Poisson"), (1.5, Kind::Poisson, "1.5 L Poisson")];
+    println!();
+    println!("workers per node: one key, 100 nodes, RTT 1 ms, rule Hold");
+    println!("| limit | traffic | workers | senders | requests | worst allowed/L | bound | cmds/allowed |");
+    println!("|---|---|---:|---|---:|---:|---:|---:|");
+    for rate in RATES {
+        for (t, &(load, kind, name)) in TRAFFIC.iter().enumerate() {
+            let mut one = None;
+            for workers in [1, 8, 32] {
+                for senders in [Senders::PerWorker, Senders::PerNode] {
+                    if workers == 1 && senders == Senders::PerWorker {
+                        continue;
+                    }
+                    let s = Scenario {
+                        rule: Rule::Hold,
+                        nodes: 100,
+                        workers,
+                        senders,
+                        rtt_us: 1_000,
+                        rate,
+                        load,
+                        kind,
+                        flood: false,
+                        periods: 4.0,
+                        seed: 0x3a11 ^ (t as u64) << 8 ^ u64::from(rate.limit) << 16,
+                        spaced: None,
+                        starve: None,
+                        burst: None,
+                    };
+                    let o = simulate(&s);
+                    let b = bound(&s);
+                    let cmds = o.cmds as f64 / o.allowed.max(1) as f64;
+                    let worst = if o.mean_n > 0 { format!("{:.3}", o.worst) } else { "-".into() };
+                    println!(
+                        "| {rate} | {name} | {workers} | {senders:?} | {} | {worst} | {b:.3} | {cmds:.3} |",
+                        o.requests
+                    );
+                    if o.mean_n > 0 {
+                        assert!(
+                            o.worst <= b,
+                            "{rate}, {name}, {workers} workers, {senders:?}: {worst} x L"
+                        );
+                    }
+                    if senders == Senders::PerNode {
+                        let base = *one.get_or_insert(cmds);
+                        assert!(
+                            cmds <= 1.1 * base,
+                            "{rate}, {name}, {workers} workers: {cmds:.3} commands per allowed request, {base:.3} with one"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Requests at Redis for limits it decides (`strict::small`): the
 /// script's own arithmetic (`strict::decide`) on the key's two windows, in
 /// the order the requests reach Redis (half a round trip after they come,
@@ -601,6 +726,8 @@ fn small_limits_are_exact() {
                     let s = Scenario {
                         rule: Rule::Hold,
                         nodes,
+                        workers: 1,
+                        senders: Senders::PerNode,
                         rtt_us: 1_000,
                         rate,
                         load: 0.0,
@@ -674,6 +801,8 @@ fn starved_floods() {
                 let s = Scenario {
                     rule: Rule::Hold,
                     nodes,
+                    workers: 1,
+                    senders: Senders::PerNode,
                     rtt_us: 200,
                     rate: Rate { limit: 1000, period: 60 },
                     load: 0.0,
