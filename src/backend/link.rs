@@ -25,7 +25,7 @@ use redis::ConnectionAddr;
 use super::clock::unix_ms;
 use super::event::{Event, ZoneSpec};
 use super::io;
-use super::state::Backend;
+use super::server::{error_text, Server};
 
 /// The name a link gives itself (`CLIENT SETNAME`).
 pub const LINK_NAME: &str = "ngx_redis_ratelimit_strict";
@@ -35,50 +35,66 @@ pub const LINK_NAME: &str = "ngx_redis_ratelimit_strict";
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
-impl Backend {
+/// The worker's wish for a link, and the tries to make it.
+pub(super) struct Links {
+    /// The worker wants a link.
+    wanted: bool,
+    /// When one was last tried, and how long after a failed try the next
+    /// one waits.
+    tried: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Links {
+    /// A zone a `strict` limit uses gets its link as soon as it is up;
+    /// another when a small limit first needs one (`want`).
+    pub(super) fn new(spec: &ZoneSpec) -> Links {
+        Links { wanted: spec.strict && spec.may_link(), tried: None, backoff: RETRY_MIN }
+    }
+
     /// The worker wants a link (after its link failed, or when it could
     /// not take the one it was handed): made as soon as the backend is up
     /// and the last failed try is long enough ago.
-    pub(super) fn want_link(&mut self) {
-        self.link_wanted = self.spec.may_link();
+    pub(super) fn want(&mut self, spec: &ZoneSpec) {
+        self.wanted = spec.may_link();
     }
 
     /// When the thread must wake to try a link again, if one is wanted.
-    pub(super) fn link_due(&self) -> Option<Instant> {
-        (self.link_wanted && self.is_up())
-            .then(|| self.link_tried.map_or_else(Instant::now, |t| t + self.link_backoff))
+    pub(super) fn due(&self, server: &Server) -> Option<Instant> {
+        (self.wanted && server.is_up())
+            .then(|| self.tried.map_or_else(Instant::now, |t| t + self.backoff))
     }
 
     /// Makes the link the worker wants, if it is due. A try that fails is
     /// logged, the strict calls stay with the thread, and it is tried
     /// again after a backoff.
-    pub(super) fn make_link(&mut self, events: &mut Vec<Event>) {
-        if !self.link_wanted || !self.is_up() {
+    pub(super) fn make(&mut self, server: &mut Server, events: &mut Vec<Event>) {
+        if !self.wanted || !server.is_up() {
             return;
         }
         let now = Instant::now();
-        if self.link_tried.is_some_and(|t| now < t + self.link_backoff) {
+        if self.tried.is_some_and(|t| now < t + self.backoff) {
             return;
         }
-        self.link_tried = Some(now);
-        match open(&self.spec) {
+        self.tried = Some(now);
+        match open(&server.spec) {
             Ok((fd, clock_offset_ms)) => {
-                self.link_wanted = false;
-                self.link_backoff = RETRY_MIN;
-                if let Some(st) = self.stats() {
+                self.wanted = false;
+                self.backoff = RETRY_MIN;
+                if let Some(st) = server.stats() {
                     Stats::bump(&st.connects);
                 }
-                events.push(Event::Link { zone: self.spec.index, fd, clock_offset_ms });
+                events.push(Event::Link { zone: server.spec.index, fd, clock_offset_ms });
             }
             Err(why) => {
-                self.link_backoff = (self.link_backoff * 2).min(RETRY_MAX);
+                self.backoff = (self.backoff * 2).min(RETRY_MAX);
                 let text = format!(
                     "redis_ratelimit: zone \"{}\": a connection for strict requests to Redis {} failed: {}; they go through the background thread",
-                    self.spec.name,
-                    self.describe(),
+                    server.spec.name,
+                    server.describe(),
                     why
                 );
-                self.log_error(false, false, text, events);
+                server.log_error(false, false, text, events);
             }
         }
     }
@@ -88,7 +104,7 @@ impl Backend {
 /// `timeout=`), and learns Redis's clock (`TIME`) for the deadlines.
 fn open(spec: &ZoneSpec) -> Result<(OwnedFd, Option<i64>), String> {
     let info = io::master_info(&spec.urls, spec.sentinel.as_ref(), &spec.tls, spec.timeout)
-        .map_err(|e| super::zone::error_text(&e, spec.timeout))?;
+        .map_err(|e| error_text(&e, spec.timeout))?;
     let settings = info.redis_settings();
     let mut hello = Vec::new();
     let mut expect = Vec::new();

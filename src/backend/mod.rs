@@ -8,21 +8,21 @@
 //! flush in a window until that count is final; and `EXPIRE cur 2P` when the
 //! `INCRBY` reply shows it created the key (reply = n), so that no counter
 //! lives without a TTL, also after a `DEL`. Each reply is handled on its own
-//! (see `flush.rs`): an error reply fails that item only.
+//! (see `send.rs`): an error reply fails that item only.
 
 mod clock;
-mod cluster;
 mod event;
-mod exchange;
 mod fleet;
-mod flush;
 mod io;
 mod link;
+mod process;
 mod refresh;
+mod retry;
 mod ring;
 mod run;
+mod send;
+mod server;
 mod signals;
-mod state;
 mod strict;
 mod zone;
 
@@ -41,8 +41,9 @@ use ratelimit_core::sync::Due;
 
 pub use event::{Event, Level, StatsRef, StrictAsk, StrictGroup, ZoneSpec};
 pub use io::Tls;
+pub use process::process_alive;
 pub use ring::{RingHeader, RingRef};
-pub use state::{process_alive, Backend};
+pub use zone::Backend;
 
 /// Increments wait at least this long after a flush, so that a hot key
 /// costs one pipeline per interval however many requests it gets.
@@ -319,7 +320,7 @@ pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<Joi
 pub(super) fn show_health(ch: &Channel, b: &Backend) {
     let st = b.stats();
     let (up, ms) = if b.sends() {
-        let ms = counter::stale_after_ms(b.rtt.usual_us());
+        let ms = counter::stale_after_ms(b.server.rtt.usual_us());
         if let Some(st) = st {
             st.backend_up.store(u64::from(b.is_up()), Ordering::Relaxed);
             st.down.store(u64::from(!b.is_up()), Ordering::Relaxed);
@@ -329,7 +330,7 @@ pub(super) fn show_health(ch: &Channel, b: &Backend) {
     } else {
         let shared_up = st.is_none_or(|s| s.down.load(Ordering::Relaxed) == 0);
         let ms = st.map_or(0, |s| s.stale_ms.load(Ordering::Relaxed));
-        (shared_up && b.health.is_up(), if ms == 0 { counter::STALE_MIN_MS } else { ms })
+        (shared_up && b.server.health.is_up(), if ms == 0 { counter::STALE_MIN_MS } else { ms })
     };
     if let Some(u) = ch.up.get(b.zone() as usize) {
         u.store(up, Ordering::Relaxed);

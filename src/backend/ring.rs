@@ -12,8 +12,11 @@ use ratelimit_core::batch::{Batch, Item, ItemId};
 use ratelimit_core::ring::{may_take, Forwarded, Ring, RingState};
 
 use super::clock::unix_ms;
+use super::event::ZoneSpec;
 use super::event::{Event, Level};
-use super::state::{own_pid, process_alive, Backend};
+use super::process::{own_pid, process_alive};
+use super::retry::Retry;
+use super::server::Server;
 
 /// The ring's header, at the start of its part of the zone's memory.
 #[repr(C)]
@@ -218,18 +221,47 @@ impl RingRef {
 /// waits for the next turn, milliseconds later).
 const TAKE_MAX: usize = 4096;
 
-impl Backend {
+/// This thread's part in sending a zone: whether it holds the zone's
+/// lease (it sends the node's counts of the zone, its worker's and those
+/// the other workers forward) or forwards its worker's counts into the
+/// zone's ring.
+pub(super) struct Lease {
+    ring: Option<RingRef>,
+    holds: bool,
+}
+
+impl Lease {
+    pub(super) fn new(ring: Option<RingRef>) -> Lease {
+        Lease { ring, holds: false }
+    }
+
+    /// Whether this thread sends the zone's counts to Redis: it holds the
+    /// lease, or the zone has no ring here.
+    pub(super) fn sends(&self) -> bool {
+        self.holds || self.ring.is_none()
+    }
+
+    /// The zone's ring, if it has one here.
+    pub(super) fn ring(&self) -> Option<RingRef> {
+        self.ring
+    }
+
+    /// The ring a sender sleeps on (the other workers wake it there).
+    pub(super) fn sender_ring(&self) -> Option<RingRef> {
+        self.ring.filter(|_| self.holds)
+    }
+
     /// Takes the zone's sender lease, or keeps it; says when this worker
     /// takes it from another that stopped renewing it (died, or stalled),
     /// or loses it so (a lease taken from nobody, at a start or after a
     /// sender that exited, goes unsaid).
-    pub(super) fn lease(&mut self, events: &mut Vec<Event>) {
-        let Some(ring) = self.spec.ring else {
+    pub(super) fn renew(&mut self, spec: &ZoneSpec, events: &mut Vec<Event>) {
+        let Some(ring) = self.ring else {
             return;
         };
-        let was = self.sender;
+        let was = self.holds;
         let (holds, from) = ring.lease(own_pid(), unix_ms(), process_alive);
-        self.sender = holds;
+        self.holds = holds;
         let what = if holds && from != 0 {
             format!("takes over sending the node's counts to Redis from worker process {from}")
         } else if was && !holds {
@@ -238,17 +270,17 @@ impl Backend {
             return;
         };
         events.push(Event::Log {
-            zone: self.zone(),
+            zone: spec.index,
             level: Level::Handover,
-            message: format!("redis_ratelimit: zone \"{}\": this worker {}", self.spec.name, what),
+            message: format!("redis_ratelimit: zone \"{}\": this worker {}", spec.name, what),
         });
     }
 
     /// The thread stops: the lease is free for another worker at once.
-    pub(super) fn release_lease(&mut self) {
-        if let (Some(ring), true) = (self.spec.ring, self.sender) {
+    pub(super) fn release(&mut self) {
+        if let (Some(ring), true) = (self.ring, self.holds) {
             ring.release(own_pid());
-            self.sender = false;
+            self.holds = false;
         }
     }
 
@@ -257,8 +289,14 @@ impl Backend {
     /// What the batch has no room for stays counted on the node (dropped).
     /// Returns whether any of it is to go at once (a key near its limit:
     /// no flush pacing for it, as for the sender's own worker's).
-    pub(super) fn take_forwarded(&mut self, batch: &mut Batch, events: &mut Vec<Event>) -> bool {
-        let (Some(ring), true) = (self.spec.ring, self.sender) else {
+    pub(super) fn take_forwarded(
+        &mut self,
+        batch: &mut Batch,
+        retry: &mut Retry,
+        server: &Server,
+        events: &mut Vec<Event>,
+    ) -> bool {
+        let (Some(ring), true) = (self.ring, self.holds) else {
             return false;
         };
         let mut got = Vec::new();
@@ -270,13 +308,13 @@ impl Backend {
                 }
             }
         });
-        let zone = self.zone();
+        let zone = server.spec.index;
         let mut now = false;
         for f in got {
             let id = f.id(zone);
             now |= f.item.due == 0;
             if batch.merge(id, f.item.clone()).is_none() {
-                self.undelivered(id, &f.item, events);
+                retry.undelivered(id, &f.item, server, events);
             }
         }
         now
@@ -284,11 +322,17 @@ impl Backend {
 
     /// Not the sender: hands `items` (and what waited for room before) to
     /// the node's sender through the zone's ring, with their due times.
-    pub(super) fn forward(&mut self, items: Vec<(ItemId, Item)>, events: &mut Vec<Event>) {
-        let Some(ring) = self.spec.ring else {
+    pub(super) fn forward(
+        &self,
+        items: Vec<(ItemId, Item)>,
+        retry: &mut Retry,
+        server: &Server,
+        events: &mut Vec<Event>,
+    ) {
+        let Some(ring) = self.ring else {
             return;
         };
-        let items = self.with_retry(items);
+        let items = retry.with(items);
         if items.is_empty() {
             return;
         }
@@ -302,6 +346,6 @@ impl Backend {
             }
         });
         ring.forwarded_now(unix_ms());
-        self.keep_for_retry(&left, events);
+        retry.keep(&left, server, events);
     }
 }

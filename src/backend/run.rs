@@ -15,7 +15,7 @@ use ratelimit_core::batch::{Delete, Item, ItemId};
 use ratelimit_core::health;
 use ratelimit_core::params;
 
-use super::state::{own_pid, process_alive};
+use super::process::{own_pid, process_alive};
 use super::{
     clock, show_health, strict, Backend, Channel, Event, Level, ZoneSpec, DROP_LOG_INTERVAL,
     DUE_CHUNK, DUE_SLACK_MS, FLUSH_INTERVAL, FORWARD_EVERY, LINK_CLOSED, LINK_TIMED_OUT,
@@ -80,7 +80,7 @@ pub(super) fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
     loop {
         let mut events = std::mem::take(&mut t.events);
         for b in t.backends.iter_mut() {
-            b.lease(&mut events);
+            b.renew_lease(&mut events);
         }
         let work = t.wait(ch);
         events.append(&mut t.events);
@@ -95,7 +95,7 @@ pub(super) fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
             let mut events = Vec::new();
             for b in t.backends.iter_mut() {
                 b.abandon(&mut events);
-                b.release_lease();
+                b.lease.release();
             }
             ch.publish(events);
             for b in t.backends.iter_mut() {
@@ -120,7 +120,7 @@ impl Thread {
                 // while this one sends its last counts
                 for be in self.backends.iter_mut() {
                     be.take_forwarded(&mut b, &mut self.events);
-                    be.release_lease();
+                    be.lease.release();
                 }
                 let (items, deletes) = b.drain();
                 return Work { items, deletes, stopping: true };
@@ -204,12 +204,10 @@ impl Thread {
             // the lease is renewed (or taken over) every turn
             let mut rings = Vec::new();
             for be in &self.backends {
-                if let Some(ring) = be.spec.ring {
+                if be.lease.ring().is_some() {
                     next = next.min(now + Duration::from_millis(ratelimit_core::ring::RENEW_MS));
-                    if be.sender {
-                        rings.push(ring);
-                    }
                 }
+                rings.extend(be.lease.sender_ring());
             }
             // a sender sleeps on its zone's ring, where the other workers
             // wake it; one that sends several zones wakes on the first and
@@ -331,8 +329,8 @@ impl Thread {
             if linked {
                 let lost = ch.link_lost.get(zone).map_or(0, |f| f.swap(0, Ordering::AcqRel));
                 match lost {
-                    LINK_TIMED_OUT => b.link_timed_out(events),
-                    LINK_CLOSED => b.check_now(events),
+                    LINK_TIMED_OUT => b.server.link_timed_out(events),
+                    LINK_CLOSED => b.server.check_now(events),
                     _ => {}
                 }
                 show_health(ch, b);

@@ -1,54 +1,192 @@
-//! One zone's backend in the thread: its state (connection, health,
-//! increments to send again, log gates), the periodic work (idle checks,
-//! tries of a down backend), and its log lines. What a flush sends and how
-//! each reply is read is in `flush.rs`; refreshes of keys near their limit
-//! in `refresh.rs`; the masters of a cluster in `cluster.rs`.
+//! One zone's backend in the thread: what it holds beside its way to Redis
+//! (`Server`): increments to send again (`Retry`), keys to refresh
+//! (`Watches`), TTLs to set again, what it knows of previous windows, its
+//! part in the node's sending (`Lease`), the strict links it makes
+//! (`Links`), the zone's nodes (`Fleet`); and its periodic work (idle
+//! checks, tries of a down backend, refreshes). What a flush sends and how
+//! each reply is read: `send.rs`.
 
 use std::time::{Duration, Instant};
 
-use ratelimit_core::batch::{Delete, Item, ItemId, ItemMap};
-use ratelimit_core::health::Health;
-use ratelimit_core::key::{redis_key_for_tag, show_key};
-use ratelimit_core::params::redact;
+use ratelimit_core::batch::{Batch, Delete, Item, ItemId, ItemMap};
+use ratelimit_core::key::redis_key_for_tag;
 use ratelimit_core::stats::Stats;
+use ratelimit_core::sync::FirstCounts;
 use redis::Cmd;
 
 use super::clock::unix_ms;
-use super::event::{Event, Level};
-use super::flush::{cmds_key, held_note, keep_local};
-use super::io::{self, Conn};
-use super::state::{Backend, RETRY_BYTES};
+use super::event::{Event, ZoneSpec, PIPELINE_ITEMS};
+use super::fleet::Fleet;
+use super::link::Links;
+use super::process::{own_pid, process_alive};
+use super::refresh::Watches;
+use super::retry::Retry;
+use super::ring::Lease;
+use super::server::Server;
 
-/// The name a thread's own connection gives itself (`CLIENT SETNAME`): the
-/// node's sender's, or a worker's that sent its own strict calls or resets.
-pub const SENDER_NAME: &str = "ngx_redis_ratelimit";
+/// Most keys whose TTL is still to be set again after a lost reply.
+pub(super) const TTL_FIX_MAX: usize = 4096;
+
+/// What this worker knows of a key's previous window, per current window.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Prev {
+    pub(super) period: u32,
+    /// The last count read, if any.
+    pub(super) value: Option<u64>,
+    /// Read after the settle time: it will not change any more.
+    pub(super) settled: bool,
+    /// This node made the previous window's count alone: its `SET NX`
+    /// created this window's counter (`Item::fresh`). Not read then while
+    /// the key stays quiet: the node's own count of it is the count.
+    pub(super) own: bool,
+}
+
+/// A counter whose TTL is to be set (again): its tag and period.
+pub(super) type TtlFix = (Box<[u8]>, u32);
+
+pub struct Backend {
+    pub(super) server: Server,
+    pub(super) retry: Retry,
+    pub(super) watches: Watches,
+    /// Counters whose `INCRBY` may have created them without an `EXPIRE`
+    /// (reply lost): `EXPIRE` sent with the next exchange.
+    pub(super) ttl_fix: ItemMap<TtlFix>,
+    pub(super) prev: ItemMap<Prev>,
+    /// When `prev` was last rid of windows that are over.
+    swept: Instant,
+    /// This thread's slot in the zone's waiting gauge, once it has one.
+    waiting_slot: Option<usize>,
+    pub(super) lease: Lease,
+    links: Links,
+    /// How this zone's first counts make their counters lately.
+    pub(super) first: FirstCounts,
+    /// Redis refused `SET` to this user (`NOPERM`): counters are made by
+    /// `INCRBY` only.
+    pub(super) set_refused: bool,
+    /// The nodes counting the zone through this Redis (`on_error=share`).
+    fleet: Fleet,
+}
 
 impl Backend {
+    pub fn new(spec: ZoneSpec, now: Instant) -> Backend {
+        Backend {
+            retry: Retry::new(),
+            watches: Watches::new(now),
+            ttl_fix: ItemMap::default(),
+            prev: ItemMap::default(),
+            swept: now,
+            waiting_slot: None,
+            lease: Lease::new(spec.ring),
+            links: Links::new(&spec),
+            first: FirstCounts::default(),
+            set_refused: false,
+            fleet: Fleet::new(now),
+            server: Server::new(spec, now),
+        }
+    }
+
+    pub fn zone(&self) -> u32 {
+        self.server.spec.index
+    }
+
+    /// The zone's figures in shared memory, if mapped.
+    pub(super) fn stats(&self) -> Option<&Stats> {
+        self.server.stats()
+    }
+
+    /// Whether the backend works: its connection, and every master of a
+    /// cluster.
+    pub fn is_up(&self) -> bool {
+        self.server.is_up()
+    }
+
+    /// Whether this thread sends the zone's counts to Redis.
+    pub fn sends(&self) -> bool {
+        self.lease.sends()
+    }
+
+    /// Publishes how many increments of this zone wait in this thread
+    /// (`queued` in the worker's queue, plus those kept to send again).
+    /// Returns a process found gone with its slot (`Shares::hold`).
+    pub(super) fn publish_waiting(&mut self, queued: u64) -> Option<u64> {
+        let now = queued + self.retry.count();
+        let st = self.server.stats()?;
+        st.waiting.set(&mut self.waiting_slot, own_pid(), now, unix_ms(), process_alive)
+    }
+
+    /// Takes this thread's slot in the zone's waiting gauge before it holds
+    /// any increment, so that the worker's death is seen whenever it
+    /// comes. Returns a process found gone with its slot.
+    pub(super) fn hold_waiting_slot(&mut self) -> Option<u64> {
+        let st = self.server.stats()?;
+        st.waiting.hold(&mut self.waiting_slot, own_pid(), process_alive)
+    }
+
+    /// Takes this thread's share back from the waiting gauge (it exits).
+    pub(super) fn unpublish_waiting(&mut self) {
+        if let Some(st) = self.server.stats() {
+            st.waiting.release(&mut self.waiting_slot, own_pid());
+        }
+    }
+
+    /// Takes the zone's sender lease, or keeps it (`Lease::renew`).
+    pub(super) fn renew_lease(&mut self, events: &mut Vec<Event>) {
+        self.lease.renew(&self.server.spec, events);
+    }
+
+    /// The sender: takes what the other workers forwarded into `batch`
+    /// (`Lease::take_forwarded`).
+    pub(super) fn take_forwarded(&mut self, batch: &mut Batch, events: &mut Vec<Event>) -> bool {
+        self.lease.take_forwarded(batch, &mut self.retry, &self.server, events)
+    }
+
+    /// Not the sender: hands `items` to the node's sender (`Lease::forward`).
+    pub(super) fn forward(&mut self, items: Vec<(ItemId, Item)>, events: &mut Vec<Event>) {
+        self.lease.forward(items, &mut self.retry, &self.server, events);
+    }
+
+    /// The thread stops (the worker exits): what Redis has not taken stays
+    /// counted on this node (`Retry::abandon`).
+    pub(super) fn abandon(&mut self, events: &mut Vec<Event>) {
+        self.retry.abandon(&self.server, events);
+    }
+
+    /// The worker wants a strict link (`Links::want`).
+    pub(super) fn want_link(&mut self) {
+        self.links.want(&self.server.spec);
+    }
+
+    /// Makes the strict link the worker wants, if it is due (`Links::make`).
+    pub(super) fn make_link(&mut self, events: &mut Vec<Event>) {
+        self.links.make(&mut self.server, events);
+    }
+
     /// When the thread must wake for this backend, with nothing queued.
     pub fn next_wake(&self, now: Instant) -> Instant {
         let sends = self.sends();
+        let s = &self.server;
         // a thread that does not send checks no idle backend, and what
         // waits for room in the ring goes again soon
-        let mut next = if sends || !self.health.is_up() {
-            self.health.next_check()
+        let mut next = if sends || !s.health.is_up() {
+            s.health.next_check()
         } else {
             now + Duration::from_millis(ratelimit_core::ring::RENEW_MS)
         };
-        if self.health.is_up() {
-            if !self.ttl_fix.is_empty() || !self.retry.is_empty() && self.nodes.is_empty() {
+        if s.health.is_up() {
+            if !self.ttl_fix.is_empty() || !self.retry.is_empty() && s.all_masters_up() {
                 next =
                     if sends || self.retry.is_empty() { now } else { now + super::FORWARD_EVERY };
             }
-            if let Some(t) = self.nodes.values().map(Health::next_check).min() {
+            if let Some(t) = s.next_node_check() {
                 next = next.min(t);
             }
-            if let Some(due) = self.watch.values().filter_map(|w| w.due).min() {
+            if let Some(due) = self.watches.next_due() {
                 next = next.min(due);
             }
-            if let Some(due) = self.link_due() {
+            if let Some(due) = self.links.due(s) {
                 next = next.min(due);
             }
-            if self.spec.share && sends {
+            if s.spec.share && sends {
                 next = next.min(self.fleet.due);
             }
         }
@@ -59,25 +197,25 @@ impl Backend {
     /// what it holds, or PING), check an idle one, send what waits, refresh.
     pub fn tick(&mut self, events: &mut Vec<Event>) {
         let now = Instant::now();
-        if !self.health.is_up() {
-            if !self.health.may_send(now) {
+        if !self.server.health.is_up() {
+            if !self.server.health.may_send(now) {
                 return;
             }
             // A PING first: a backend that still hangs or refuses costs a
             // PING per backoff, and what waits is sent only once it
             // answers (what a timed-out pipeline carried is lost to Redis,
             // never sent twice). Up again once what waits went through.
-            if !self.check(events) {
+            if !self.server.check(events) {
                 return;
             }
             if self.retry.is_empty() {
-                self.succeeded(events);
+                self.server.succeeded(events);
             } else {
                 self.send(Vec::new(), None, true, events);
             }
             return;
         }
-        self.probe_nodes(events);
+        self.server.probe_nodes(self.retry.items(), events);
         if !self.retry.is_empty() {
             if self.sends() {
                 self.send(Vec::new(), None, false, events);
@@ -86,9 +224,9 @@ impl Backend {
             }
         } else if !self.ttl_fix.is_empty() {
             self.send_ttl_fixes(events);
-        } else if self.sends() && self.health.check_due(now) {
+        } else if self.sends() && self.server.health.check_due(now) {
             // (the idle check is the sender's: one PING per node)
-            self.check(events);
+            self.server.check(events);
         }
         if now.saturating_duration_since(self.swept) >= Duration::from_secs(1) {
             self.swept = now;
@@ -99,66 +237,23 @@ impl Backend {
                 id.window + 1 >= current
             });
         }
-        if self.health.is_up() {
+        if self.server.health.is_up() {
             self.refresh(events);
             if self.sends() {
-                self.say_counting(events);
+                self.fleet.say_counting(&mut self.server, events);
             }
         }
     }
 
-    /// A check now, for an up backend (a worker's strict link broke).
-    pub fn check_now(&mut self, events: &mut Vec<Event>) {
-        if self.health.is_up() {
-            self.check(events);
-        }
-    }
-
-    /// A worker's strict link got no answer within `timeout=`: the backend
-    /// is down, as after a read timeout of the thread's own.
-    pub fn link_timed_out(&mut self, events: &mut Vec<Event>) {
-        if self.health.is_up() {
-            let e = redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "no answer within timeout= on a strict link",
-            ));
-            self.transport_failed("sending to", &e, events);
-        }
-    }
-
-    /// PING (and `CLUSTER INFO` for a cluster). An up backend that answers
-    /// has its idle timer reset; a down one stays down until what it holds
-    /// went through (`tick`).
-    fn check(&mut self, events: &mut Vec<Event>) -> bool {
-        if !self.ensure_conn(events) {
-            return false;
-        }
-        let sent_at = Instant::now();
-        let ok = if self.spec.cluster {
-            self.check_cluster(events)
-        } else {
-            match self.conn.as_mut().map(Conn::check) {
-                Some(r) => self.checked(r, events),
-                None => false,
+    /// Reads the keys whose refresh is due (once each), within the budget.
+    fn refresh(&mut self, events: &mut Vec<Event>) {
+        let prev = &self.prev;
+        let items = self.watches.due(|id| prev.get(id).is_some_and(|s| s.settled));
+        for chunk in items.chunks(PIPELINE_ITEMS) {
+            if !self.server.health.is_up() {
+                break;
             }
-        };
-        if let Some(st) = self.stats() {
-            st.pipeline(1, sent_at.elapsed().as_micros() as u64);
-        }
-        if ok && self.health.is_up() {
-            self.succeeded(events);
-        }
-        ok
-    }
-
-    /// The outcome of a check: a failure takes the backend down.
-    pub(super) fn checked(&mut self, r: redis::RedisResult<()>, events: &mut Vec<Event>) -> bool {
-        match r {
-            Ok(()) => true,
-            Err(e) => {
-                self.transport_failed("sending to", &e, events);
-                false
-            }
+            self.exchange(chunk, None, None, false, events);
         }
     }
 
@@ -166,285 +261,26 @@ impl Backend {
     /// strict link did (`Delete::command`). Best effort.
     pub fn delete(&mut self, d: &Delete, events: &mut Vec<Event>) {
         // counted before the reset: forget them too
-        let mut freed = 0;
-        self.retry.retain(|id, item| {
-            let keep = id.entry != d.entry;
-            if !keep {
-                freed += item.bytes();
-            }
-            keep
-        });
-        self.retry_bytes -= freed;
+        self.retry.forget(d.entry);
         self.prev.retain(|id, _| id.entry != d.entry);
-        self.watch.retain(|id, _| id.entry != d.entry);
+        self.watches.forget(d.entry);
         self.ttl_fix.retain(|id, _| id.entry != d.entry);
-        if !d.command || !self.health.is_up() || !self.ensure_conn(events) {
+        let s = &mut self.server;
+        if !d.command || !s.health.is_up() || !s.ensure_conn(events) {
             return;
         }
         let p = u64::from(d.period);
-        let node =
-            self.node_of(&redis_key_for_tag(&self.spec.prefix, &d.tag, d.period, d.window * p));
+        let node = s.node_of(&redis_key_for_tag(&s.spec.prefix, &d.tag, d.period, d.window * p));
         let cmds: Vec<Cmd> = [d.window, d.window.saturating_sub(1)]
             .iter()
             .map(|w| {
                 let mut c = redis::cmd("DEL");
-                c.arg(redis_key_for_tag(&self.spec.prefix, &d.tag, d.period, w * p));
+                c.arg(redis_key_for_tag(&s.spec.prefix, &d.tag, d.period, w * p));
                 c
             })
             .collect();
-        let Some(conn) = self.conn.as_mut() else {
-            return;
-        };
-        let sent_at = Instant::now();
-        let broken = conn.exec(&cmds, node.as_deref(), sent_at + self.spec.timeout, &|_| None).1;
-        if let Some(st) = self.stats() {
-            st.pipeline(cmds.len(), sent_at.elapsed().as_micros() as u64);
-        }
-        match broken {
-            Some(e) => self.link_failed(node.as_deref(), &e, events),
-            None => self.link_ok(node.as_deref(), events),
-        }
-    }
-
-    /// Keeps increments known not to have run for the next flush (bounded
-    /// in bytes; beyond it they stay counted on this node only, as
-    /// dropped).
-    pub(super) fn keep_for_retry(&mut self, items: &[(ItemId, Item)], events: &mut Vec<Event>) {
-        for (id, item) in items.iter().filter(|(_, i)| i.total() > 0) {
-            if let Some(r) = self.retry.get_mut(id) {
-                r.n = r.n.saturating_add(item.n);
-                r.carried = r.carried.saturating_add(item.carried);
-                r.limit = r.limit.min(item.limit);
-            } else if self.retry_bytes + item.bytes() <= RETRY_BYTES {
-                self.retry_bytes += item.bytes();
-                self.retry.insert(*id, item.clone());
-            } else {
-                self.undelivered(*id, item, events);
-            }
-        }
-        if self.unsent > 0 {
-            let text = format!(
-                "redis_ratelimit: zone \"{}\": {} increments could not wait for Redis (more than {} MiB held for it); counted on this node only",
-                self.spec.name,
-                self.unsent,
-                RETRY_BYTES >> 20
-            );
-            if self.drops.pass(Instant::now(), false).is_some() {
-                self.unsent = 0;
-                events.push(Event::Log {
-                    zone: self.spec.index,
-                    level: Level::Loss,
-                    message: text,
-                });
-            }
-        }
-    }
-
-    /// Increments that will never reach Redis: the worker counts them on
-    /// this node alone (no answer is waited for), and they are counted as
-    /// dropped.
-    pub(super) fn undelivered(&mut self, id: ItemId, item: &Item, events: &mut Vec<Event>) {
-        keep_local(id, item, events);
-        self.unsent += u64::from(item.n);
-        if let Some(st) = self.stats() {
-            st.dropped.fetch_add(u64::from(item.n), std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// The thread stops (the worker exits) with increments Redis has not
-    /// taken: they stay counted on this node, and the line says so.
-    pub(super) fn abandon(&mut self, events: &mut Vec<Event>) {
-        let kept: Vec<(ItemId, Item)> = self.retry.drain().collect();
-        self.retry_bytes = 0;
-        for (id, item) in &kept {
-            self.undelivered(*id, item, events);
-        }
-        if self.unsent > 0 {
-            events.push(Event::Log {
-                zone: self.spec.index,
-                level: Level::Loss,
-                message: format!(
-                    "redis_ratelimit: zone \"{}\": {} increments not sent before the worker exited (Redis {} not answering); counted on this node only",
-                    self.spec.name,
-                    self.unsent,
-                    self.describe()
-                ),
-            });
-            self.unsent = 0;
-        }
-    }
-
-    /// New items plus those waiting to be sent again (merged per key and
-    /// window); increments for windows that no longer matter are dropped.
-    pub(super) fn with_retry(&mut self, items: Vec<(ItemId, Item)>) -> Vec<(ItemId, Item)> {
-        if self.retry.is_empty() {
-            return items;
-        }
-        let now_ms = unix_ms();
-        self.retry_bytes = 0;
-        let mut merged: ItemMap<Item> = self
-            .retry
-            .drain()
-            .filter(|(id, item)| {
-                let current =
-                    ratelimit_core::window::window_index(now_ms, u64::from(item.period) * 1000);
-                id.window + 1 >= current
-            })
-            .collect();
-        for (id, item) in items {
-            match merged.get_mut(&id) {
-                Some(m) => {
-                    m.n = m.n.saturating_add(item.n);
-                    m.carried = m.carried.saturating_add(item.carried);
-                    m.limit = m.limit.min(item.limit);
-                }
-                None => {
-                    merged.insert(id, item);
-                }
-            }
-        }
-        merged.into_iter().collect()
-    }
-
-    pub(super) fn ensure_conn(&mut self, events: &mut Vec<Event>) -> bool {
-        if self.conn.is_some() {
-            return true;
-        }
-        let sentinel = self.spec.sentinel.as_ref();
-        match io::connect(
-            &self.spec.urls,
-            self.spec.cluster,
-            sentinel,
-            &self.spec.tls,
-            self.spec.timeout,
-        ) {
-            Ok(mut c) => {
-                self.clock_offset_ms = c.clock_offset();
-                if !self.spec.cluster {
-                    // named for CLIENT LIST, beside the workers' strict
-                    // links (a server that refuses the name is fine)
-                    let mut name = redis::cmd("CLIENT");
-                    name.arg("SETNAME").arg(SENDER_NAME);
-                    let _ = c.exec(&[name], None, Instant::now() + self.spec.timeout, &|_| None);
-                }
-                self.conn = Some(c);
-                if let Some(st) = self.stats() {
-                    Stats::bump(&st.connects);
-                }
-                true
-            }
-            Err(e) => {
-                self.transport_failed("connecting to", &e, events);
-                false
-            }
-        }
-    }
-
-    pub(super) fn succeeded(&mut self, events: &mut Vec<Event>) {
-        if self.health.succeeded(Instant::now()) {
-            events.push(Event::Log {
-                zone: self.spec.index,
-                level: Level::Recovery,
-                message: format!(
-                    "redis_ratelimit: zone \"{}\": Redis {} is reachable again",
-                    self.spec.name,
-                    self.describe()
-                ),
-            });
-        }
-    }
-
-    /// A transport failure: the connection is dropped and the backend is
-    /// down until a try after its backoff works.
-    pub(super) fn transport_failed(
-        &mut self,
-        what: &str,
-        err: &redis::RedisError,
-        events: &mut Vec<Event>,
-    ) {
-        self.conn = None;
-        if let Some(st) = self.stats() {
-            Stats::bump(&st.errors_transport);
-        }
-        let first = self.health.failed(Instant::now());
-        let text = format!(
-            "redis_ratelimit: zone \"{}\": {} {} failed: {}",
-            self.spec.name,
-            what,
-            self.describe(),
-            error_text(err, self.spec.timeout)
-        );
-        self.log_error(false, first, text, events);
-    }
-
-    /// An error line through its gate (`refusal`: the one for error
-    /// replies, else the one for transport failures; `force`: the first of
-    /// an outage), with the count of lines held back and no secret in it.
-    pub(super) fn log_error(
-        &mut self,
-        refusal: bool,
-        force: bool,
-        text: String,
-        events: &mut Vec<Event>,
-    ) {
-        let gate = if refusal { &mut self.refusals } else { &mut self.errors };
-        if let Some(held) = gate.pass(Instant::now(), force) {
-            let message = self.scrub(format!("{text}{}", held_note(held)));
-            events.push(Event::Log { zone: self.spec.index, level: Level::Error, message });
-        }
-    }
-
-    /// An error reply for one key: logged (at most once a second, key
-    /// named), the backend stays up.
-    pub(super) fn refused(&mut self, key: &[u8], why: &str, events: &mut Vec<Event>) {
-        if let Some(st) = self.stats() {
-            Stats::bump(&st.errors_reply);
-        }
-        let text = format!(
-            "redis_ratelimit: zone \"{}\": Redis refused the counter \"{}\": {}; counted on this node only",
-            self.spec.name,
-            show_key(key),
-            why
-        );
-        self.log_error(true, false, text, events);
-    }
-
-    pub(super) fn key_name(&self, id: &ItemId, item: &Item) -> Vec<u8> {
-        cmds_key(&self.spec.prefix, id, item)
-    }
-
-    pub(super) fn describe(&self) -> String {
-        self.spec.urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",")
-    }
-
-    pub(super) fn scrub(&self, mut text: String) -> String {
-        for s in &self.secrets {
-            text = text.replace(s.as_str(), "***");
-        }
-        text
-    }
-}
-
-/// A Redis client error in our words where the library's would mislead or
-/// run over several lines (its parser reports every unexpected byte on a
-/// line of its own); the log line is made one line in any case when it is
-/// written (`zone_log`).
-pub(super) fn error_text(err: &redis::RedisError, timeout: Duration) -> String {
-    // a socket timeout reads as EAGAIN ("Resource temporarily unavailable")
-    if err.is_timeout() {
-        return format!("no answer within timeout={}ms", timeout.as_millis());
-    }
-    match err.kind() {
-        redis::ErrorKind::Parse => {
-            "the server's answer is not the Redis protocol (is it a Redis server?)".to_string()
-        }
-        // our own errors carry the kind after the words: not for operators
-        _ => {
-            let text = err.to_string();
-            match text.strip_suffix(" - Io") {
-                Some(words) => words.to_string(),
-                None => text,
-            }
+        if let Some((_, broken)) = s.exec(&cmds, node.as_deref(), None, &|_| None) {
+            s.exchanged(node.as_deref(), broken, events);
         }
     }
 }
