@@ -11,14 +11,14 @@ use std::hash::{BuildHasherDefault, Hash};
 use crate::batch::ItemHasher;
 
 /// Keys are keyed hashes already: one multiply per word (`ItemHasher`).
-type Fast = BuildHasherDefault<ItemHasher>;
+type ItemHashing = BuildHasherDefault<ItemHasher>;
 
 #[derive(Debug)]
 pub struct Calls<K, G> {
     /// Per key that has a group waiting or a call out (or both), or had
     /// one lately (`Idle`: a hot key's next request finds its key here,
     /// rather than inserting it again).
-    keys: HashMap<K, Slot, Fast>,
+    keys: HashMap<K, Slot, ItemHashing>,
     /// How many of `keys` are `Idle` (taken out once they are the most).
     idle: usize,
     /// Every group, waiting or out, where it stays until it is answered;

@@ -11,9 +11,9 @@
 //! counted entry when its increment goes (`sync::when`, at once for a key
 //! near any of its limits); answer with the tightest limit.
 //!
-//! `one` is the same decision for the most common request, one limit that
-//! Redis does not decide, without the bookkeeping for shared entries; a
-//! property test holds it to `many`.
+//! `many_into` is the decision; `one` is the same decision for the most
+//! common request, one limit, without the bookkeeping for shared entries
+//! (a property test holds it to `many_into`).
 
 use crate::counter::{self, Check, Fresh};
 use crate::rate::Rate;
@@ -86,20 +86,20 @@ impl Mode {
 /// A limit's part in strict mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strict {
-    /// A background limit.
-    No,
-    /// A limit Redis decides, checked before its wait: rejected here only
+    /// A background limit: this node decides from its view of the counts.
+    Background,
+    /// A limit Redis decides, checked before Redis is asked: rejected here only
     /// when Redis's own counts (or the breaker) put the key at its limit.
     /// This node's unconfirmed increments are left out: a strict answer's
     /// count may hold them already (their own answer not applied yet), and
     /// counted twice they would refuse a small limit's last requests that
     /// Redis would allow.
-    Before,
+    Asking,
     /// A limit Redis decides, counted without waiting for it (`count_if=`
     /// after the response, a Lua caller): counted here in flight, no
     /// increment pushed; the count goes down the zone's strict link, ahead
     /// of the worker's next check of the key.
-    Later,
+    CountOnly,
     /// Redis allowed the request and counted it.
     Allowed,
     /// Redis rejected it (not counted).
@@ -242,7 +242,7 @@ pub type Pushes = smallvec::SmallVec<[Push; INLINE]>;
 /// Checks one limit against its entry.
 #[inline(always)]
 fn check(e: &mut Entry, l: &Limit, now_ms: u64) -> Checked {
-    let mut check = if l.strict == Strict::Before {
+    let mut check = if l.strict == Strict::Asking {
         counter::check_known(e, l.rate, now_ms, l.cost)
     } else {
         let mut c = counter::check_cost(e, l.rate, now_ms, l.cost);
@@ -275,7 +275,7 @@ fn verdict(strict: Strict, check: &mut Check, now_ms: u64) {
             }
             check.allowed = false;
         }
-        Strict::No | Strict::Before | Strict::Later | Strict::Failed => {}
+        Strict::Background | Strict::Asking | Strict::CountOnly | Strict::Failed => {}
     }
 }
 
@@ -300,16 +300,13 @@ pub fn one(
     take: Take,
     queue: bool,
 ) -> (Decision, Option<Push>) {
-    if l.mode == Mode::Local && l.strict == Strict::No {
-        return (local(e, l, now_ms, take), None);
-    }
     let mut checked = check(e, l, now_ms);
     let allowed = checked.check.allowed;
     // what Redis decided it counted already
     let counted = take.counts(allowed) && l.mode.counts() && !l.strict.decided();
-    let send = counted && count(e, l.mode, l.cost) && l.strict != Strict::Later;
-    if l.strict != Strict::No && !l.strict.decided() {
-        // checked without this node's unconfirmed increments (`Before`),
+    let send = counted && count(e, l.mode, l.cost) && l.strict != Strict::CountOnly;
+    if l.strict != Strict::Background && !l.strict.decided() {
+        // checked without this node's unconfirmed increments (`Asking`),
         // or counted in Redis: the entry's estimate as it is now (decided
         // by Redis, nothing counted here: the estimate checked is that)
         checked.after = counter::estimate(e, l.rate, now_ms);
@@ -342,43 +339,11 @@ pub fn one(
     (d, push)
 }
 
-/// `one` for a zone counting in this node's shared memory only: the
-/// counts decide, nothing goes to Redis (the embedded zone's whole path).
-#[inline(always)]
-fn local(e: &mut Entry, l: &Limit, now_ms: u64, take: Take) -> Decision {
-    let check = counter::check_cost(e, l.rate, now_ms, l.cost);
-    let allowed = check.allowed;
-    let mut after = check.estimate;
-    if take.counts(allowed) {
-        counter::count_cost(e, false, l.cost);
-        after = check.estimate.plus(l.cost);
-    }
-    Decision {
-        allowed,
-        limit: if allowed { l.rate.limit } else { 0 },
-        retry_at_ms: if allowed { now_ms } else { check.retry_at_ms },
-        tightest: 0,
-        checked: Checked { check, after },
-    }
-}
-
-/// The decision for a request of any limits (at least one), with what
-/// each limit said and the increments to queue.
-pub fn many<E: Entries + ?Sized>(
-    entries: &mut E,
-    limits: &[Limit],
-    now_ms: u64,
-    take: Take,
-    queue: bool,
-) -> (Decision, CheckedAll, Pushes) {
-    let (mut all, mut pushes) = (CheckedAll::new(), Pushes::new());
-    let d = many_into(entries, limits, now_ms, take, queue, &mut all, &mut pushes);
-    (d, all, pushes)
-}
-
-/// `many`, writing what each limit said into `all` and the increments
-/// into `pushes` (the caller's: lists of a few hundred bytes are not moved
-/// on the way out).
+/// The decision for a request of any limits (at least one), writing what
+/// each limit said into `all` and the increments to queue into `pushes`
+/// (the caller's: lists of a few hundred bytes are not moved on the way
+/// out). Every decision is this one; `one` is its fast path for a request
+/// of one limit, held to it by a property test.
 pub fn many_into<E: Entries + ?Sized>(
     entries: &mut E,
     limits: &[Limit],
@@ -409,7 +374,7 @@ pub fn many_into<E: Entries + ?Sized>(
             // preaccess does not hide another's cost)
             let cost = sharing().map(|o| o.cost).max().unwrap_or(l.cost);
             let limit = sharing().map(|o| o.rate.limit).min().unwrap_or(l.rate.limit);
-            if count(entries.entry(l.entry), l.mode, cost) && l.strict != Strict::Later {
+            if count(entries.entry(l.entry), l.mode, cost) && l.strict != Strict::CountOnly {
                 counts.push(Counted { limit_index: i, limit, n: cost });
             }
         }

@@ -4,13 +4,26 @@ use crate::window::window_index;
 
 const T0: u64 = 1_700_000_040_000; // start of a minute
 
+/// `many_into` with lists of its own.
+fn many<E: Entries + ?Sized>(
+    entries: &mut E,
+    limits: &[Limit],
+    now_ms: u64,
+    take: Take,
+    queue: bool,
+) -> (Decision, CheckedAll, Pushes) {
+    let (mut all, mut pushes) = (CheckedAll::new(), Pushes::new());
+    let d = many_into(entries, limits, now_ms, take, queue, &mut all, &mut pushes);
+    (d, all, pushes)
+}
+
 fn lim(entry: usize, limit: u32, mode: Mode) -> Limit {
     Limit {
         entry,
         rate: Rate { limit, period: 60 },
         cost: 1,
         mode,
-        strict: Strict::No,
+        strict: Strict::Background,
         stale_ms: 5,
         hold_ms: 5000,
         nodes: 0,
@@ -118,7 +131,7 @@ fn redis_verdicts_replace_the_counts_and_redis_counted_what_it_allowed() {
 #[test]
 fn a_count_after_the_response_is_in_flight_and_pushed_by_the_caller() {
     let mut es = entries(1);
-    let later = Limit { strict: Strict::Later, cost: 2, ..lim(0, 3, Mode::Remote) };
+    let later = Limit { strict: Strict::CountOnly, cost: 2, ..lim(0, 3, Mode::Remote) };
     let (_, _, pushes) = many(&mut es[..], &[later], T0, Take::Always, true);
     assert!(pushes.is_empty());
     assert_eq!(es[0].inflight, 2);
@@ -128,10 +141,10 @@ fn a_count_after_the_response_is_in_flight_and_pushed_by_the_caller() {
 fn a_check_before_a_strict_wait_leaves_out_what_is_in_flight() {
     let mut es = [at(2)];
     es[0].inflight = 1;
-    let before = Limit { strict: Strict::Before, cost: 0, ..lim(0, 3, Mode::Remote) };
+    let before = Limit { strict: Strict::Asking, cost: 0, ..lim(0, 3, Mode::Remote) };
     let (d, _, _) = many(&mut es[..], &[before], T0, Take::Never, true);
     assert!(d.allowed, "Redis's 2 of 3: Redis decides");
-    let plain = Limit { strict: Strict::No, ..before };
+    let plain = Limit { strict: Strict::Background, ..before };
     let (d, _, _) = many(&mut es[..], &[plain], T0, Take::Never, true);
     assert!(!d.allowed, "with the 1 in flight: full");
 }
@@ -238,7 +251,7 @@ fn random_limit(g: &mut Rng, entry: usize) -> Limit {
             Mode::Deny,
             Mode::Share,
         ]),
-        strict: Strict::No,
+        strict: Strict::Background,
         stale_ms: g.pick(&[5, 40, u64::MAX]),
         hold_ms: g.pick(&[0, 5000]),
         nodes: g.pick(&[0, 1, 4]),
@@ -269,11 +282,11 @@ fn the_one_limit_path_decides_as_the_general_path() {
         let mut now = T0 + g.below(120_000);
         for _ in 0..200 {
             let strict = g.pick(&[
-                Strict::No,
-                Strict::No,
-                Strict::No,
-                Strict::Before,
-                Strict::Later,
+                Strict::Background,
+                Strict::Background,
+                Strict::Background,
+                Strict::Asking,
+                Strict::CountOnly,
                 Strict::Allowed,
                 Strict::Rejected,
                 Strict::Failed,

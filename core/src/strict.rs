@@ -62,7 +62,7 @@ pub const COUNTED: u64 = u64::MAX;
 /// same limit, period and window: its four limit arguments are that
 /// group's (a call's groups mostly share them, and each argument costs
 /// Redis a string to read and the script one to make).
-pub const SAME: &[u8] = b"=";
+pub const SAME_AS_BEFORE: &[u8] = b"=";
 
 /// The most groups (keys) one call decides: a call holds Redis for a few
 /// µs per group.
@@ -92,7 +92,7 @@ pub const MAX_ANSWER: usize = 4096;
 /// then the previous one's. `ARGV[1]` is 1 when some request has a
 /// deadline (`TIME` is then read once, before any write: Redis before 5
 /// needs its effects replicated to allow that); then per group: time into
-/// the window (ms), limit, period (ms), TTL (s) (or `SAME`: those of the
+/// the window (ms), limit, period (ms), TTL (s) (or `SAME_AS_BEFORE`: those of the
 /// group before), the number of requests, and per request its cost and
 /// its deadline (ms in Redis's clock, 0: none, -1: counted whatever the
 /// estimate, `COUNTED`).
@@ -186,7 +186,7 @@ impl Group<'_> {
     /// seconds (two periods: the window is read as the previous one during
     /// the next). The four are the same for the groups of one limit,
     /// period and window (at one time): a group whose four are those of
-    /// the group before it in the call sends `SAME` instead
+    /// the group before it in the call sends `SAME_AS_BEFORE` instead
     /// (`same_limit`). The rate's three are the same for every group of
     /// the rate, and a writer keeps their text (`Texts`).
     #[inline(always)]
@@ -236,7 +236,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
     }
 
     /// Its groups, each with whether its limit arguments are those of the
-    /// group before it (then written `SAME`).
+    /// group before it (then written `SAME_AS_BEFORE`).
     fn same_as_before(&self) -> impl Iterator<Item = (Group<'a>, bool)> {
         self.groups.clone().scan(None, |before: &mut Option<Group<'a>>, g| {
             let same = before.is_some_and(|b| b.same_limit(&g));
@@ -256,7 +256,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         f(Word::Number(u64::from(self.timed())));
         for (g, same) in self.same_as_before() {
             if same {
-                f(Word::Bytes(SAME));
+                f(Word::Bytes(SAME_AS_BEFORE));
             } else {
                 for n in g.limit_args(self.now_ms) {
                     f(Word::Number(n));
@@ -380,7 +380,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         }
     }
 
-    /// A group's arguments: its limit's (`SAME`: those of the group before
+    /// A group's arguments: its limit's (`SAME_AS_BEFORE`: those of the group before
     /// it), then its requests'.
     #[inline(always)]
     fn write_group_args(

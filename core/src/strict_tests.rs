@@ -222,7 +222,7 @@ fn a_call_of_several_groups_has_their_keys_then_their_arguments() {
     resp::command(&mut want, &c.words());
     assert_eq!(out, want);
     // a group of the same limit, period and window as the one before it
-    // names them by `SAME`
+    // names them by `SAME_AS_BEFORE`
     let pair = [groups[0], groups[2]];
     let words = text(&Call { groups: pair.iter().copied(), ..c }.words());
     assert_eq!(words[8..], ["60000", "100", "60000", "120", "1", "1", "0", "=", "1", "1", "-1"]);

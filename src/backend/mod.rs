@@ -64,9 +64,28 @@ const WAITING_EVERY: Duration = Duration::from_millis(100);
 /// stop (worker exit, reload).
 pub const STOP_FLUSH: Duration = Duration::from_secs(1);
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
-/// How a worker's strict link failed (`Channel::link_lost`).
-const LINK_CLOSED: u8 = 1;
-const LINK_TIMED_OUT: u8 = 2;
+/// How a worker's strict link failed (`Channel::link_lost`), the worse
+/// of two failures the larger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+enum LinkLoss {
+    /// Not lost since the thread last looked.
+    None = 0,
+    /// Closed or broken: the thread checks the backend at once.
+    Closed = 1,
+    /// No answer within `timeout=`: the backend is down.
+    TimedOut = 2,
+}
+
+impl LinkLoss {
+    fn from_u8(v: u8) -> LinkLoss {
+        match v {
+            1 => LinkLoss::Closed,
+            2 => LinkLoss::TimedOut,
+            _ => LinkLoss::None,
+        }
+    }
+}
 
 /// What a worker and its thread share.
 pub struct Channel {
@@ -94,8 +113,7 @@ pub struct Channel {
     strict_pending: AtomicBool,
     /// Per zone index: the worker wants a strict link (`link.rs`).
     link_want: Vec<AtomicBool>,
-    /// Per zone index: the worker's strict link failed (`LINK_CLOSED` or
-    /// `LINK_TIMED_OUT`).
+    /// Per zone index: the worker's strict link failed (a `LinkLoss`).
     link_lost: Vec<AtomicU8>,
     /// One of the two above is set.
     link_pending: AtomicBool,
@@ -206,7 +224,8 @@ impl Channel {
             }
         }
         if let Some(f) = self.link_lost.get(zone) {
-            f.fetch_max(if timed_out { LINK_TIMED_OUT } else { LINK_CLOSED }, Ordering::AcqRel);
+            let loss = if timed_out { LinkLoss::TimedOut } else { LinkLoss::Closed };
+            f.fetch_max(loss as u8, Ordering::AcqRel);
             self.wake_for_links();
         }
     }

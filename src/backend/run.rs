@@ -17,9 +17,9 @@ use ratelimit_core::params;
 
 use super::process::{own_pid, process_alive};
 use super::{
-    clock, show_health, strict, Backend, Channel, Event, Level, ZoneSpec, DROP_LOG_INTERVAL,
-    DUE_CHUNK, DUE_SLACK_MS, FLUSH_INTERVAL, FORWARD_EVERY, LINK_CLOSED, LINK_TIMED_OUT,
-    STOP_FLUSH, WAITING_EVERY,
+    clock, show_health, strict, Backend, Channel, Event, Level, LinkLoss, ZoneSpec,
+    DROP_LOG_INTERVAL, DUE_CHUNK, DUE_SLACK_MS, FLUSH_INTERVAL, FORWARD_EVERY, STOP_FLUSH,
+    WAITING_EVERY,
 };
 
 /// A thread that sends several zones sleeps on the first one's ring; it
@@ -328,14 +328,15 @@ impl Thread {
             let zone = b.zone() as usize;
             if linked {
                 let lost = ch.link_lost.get(zone).map_or(0, |f| f.swap(0, Ordering::AcqRel));
+                let lost = LinkLoss::from_u8(lost);
                 match lost {
-                    LINK_TIMED_OUT => b.server.link_timed_out(events),
-                    LINK_CLOSED => b.server.check_now(events),
-                    _ => {}
+                    LinkLoss::TimedOut => b.server.link_timed_out(events),
+                    LinkLoss::Closed => b.server.check_now(events),
+                    LinkLoss::None => {}
                 }
                 show_health(ch, b);
                 let want = ch.link_want.get(zone).is_some_and(|f| f.swap(false, Ordering::AcqRel));
-                if want || lost != 0 {
+                if want || lost != LinkLoss::None {
                     b.want_link();
                 }
             }

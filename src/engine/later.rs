@@ -1,7 +1,7 @@
 //! Counts of limits Redis decides (`strict`, a small limit) that are not
 //! waited for: a `count_if=` count after the response, a Lua caller's
 //! request (Lua never waits). The engine counts them here in flight
-//! (`Strict::Later`) and, once it counted them, sends them down the zone's
+//! (`Strict::CountOnly`) and, once it counted them, sends them down the zone's
 //! strict link, the connection this worker's strict checks take: there
 //! they reach Redis before the worker's next check of the key, which could
 //! otherwise run ahead of an increment still queued for the Redis thread
@@ -28,7 +28,7 @@ pub fn small_in_redis(mcf: &MainConf, zone: usize, rate: Rate) -> bool {
             .is_some_and(|z| z.params.as_ref().is_some_and(|p| p.backend.is_some()))
 }
 
-/// Sends the counts of the `Strict::Later` limits among `asks` (the engine
+/// Sends the counts of the `Strict::CountOnly` limits among `asks` (the engine
 /// counted them in flight; `ids`: their entries) down their zones' strict
 /// links. One per entry, at the heaviest cost of the limits sharing it, as
 /// the engine counted it; an entry whose first limit is decided in the
@@ -40,7 +40,7 @@ pub(super) fn send(asks: &[Ask<'_>], ids: &[[u64; 2]], now: u64) {
     let entry = |i: usize| (asks[i].zone, ids[i]);
     for (i, a) in asks.iter().enumerate() {
         // the first limit of the entry sends, if Redis decides it
-        if a.strict != Strict::Later || (0..i).any(|j| entry(j) == entry(i)) {
+        if a.strict != Strict::CountOnly || (0..i).any(|j| entry(j) == entry(i)) {
             continue;
         }
         let cost = (0..asks.len())

@@ -71,7 +71,7 @@ pub fn decide(
     take: Take,
     log: *mut ngx_log_t,
 ) -> Result<Decision, NoZone> {
-    if let [one @ Ask { strict: Strict::No, .. }] = asks {
+    if let [one @ Ask { strict: Strict::Background, .. }] = asks {
         // the common case, without the bookkeeping for several zones and
         // shared entries
         return Ok(decide_one(mcf, one, now, take, log)?.0);
@@ -99,7 +99,7 @@ pub fn decide_with_ids(
         // with the verdict), or a count of one that is not waited for
         [one] => {
             let (d, id) = decide_one(mcf, one, now, take, log)?;
-            if one.strict == Strict::Later && take.counts(d.allowed) {
+            if one.strict == Strict::CountOnly && take.counts(d.allowed) {
                 later::send(asks, &[id], now);
             }
             let mut ids = Ids::new();
@@ -108,7 +108,7 @@ pub fn decide_with_ids(
         }
         _ => {
             let (d, ids) = decide_many(mcf, asks, now, take, log)?;
-            if take.counts(d.allowed) && asks.iter().any(|a| a.strict == Strict::Later) {
+            if take.counts(d.allowed) && asks.iter().any(|a| a.strict == Strict::CountOnly) {
                 later::send(asks, &ids, now);
             }
             Ok((d, ids))
@@ -191,18 +191,18 @@ fn say_full(mcf: &MainConf, zone: usize, n: u64, capacity: usize, log: *mut ngx_
 
 /// Where an ask's entry is: which lock, which entry of that zone's table.
 #[derive(Clone, Copy, PartialEq, Eq)]
-struct Place {
+struct EntryAt {
     guard: usize,
     entry: u32,
 }
 
 /// The entries of a request over the locked zones (`decide::Entries`).
-struct Held<'g, 'a> {
+struct LockedEntries<'g, 'a> {
     guards: &'g mut [Locked<'a>],
-    places: &'g [Place],
+    places: &'g [EntryAt],
 }
 
-impl Entries for Held<'_, '_> {
+impl Entries for LockedEntries<'_, '_> {
     #[inline]
     fn entry(&mut self, i: usize) -> &mut Entry {
         let p = self.places[i];
@@ -237,7 +237,7 @@ fn decide_many(
     }
 
     // each ask's entry, found once; asks of one entry share its index
-    let mut places: SmallVec<[Place; INLINE]> = SmallVec::new();
+    let mut places: SmallVec<[EntryAt; INLINE]> = SmallVec::new();
     let mut limits: SmallVec<[Limit; INLINE]> = SmallVec::new();
     for (a, &id) in asks.iter().zip(&ids) {
         let guard = zones.iter().position(|&z| z == a.zone).unwrap_or(0);
@@ -248,7 +248,7 @@ fn decide_many(
                 say_full(mcf, a.zone, n, t.capacity(), log);
             }
         }
-        let place = Place { guard, entry };
+        let place = EntryAt { guard, entry };
         let index = places.iter().position(|&p| p == place).unwrap_or_else(|| {
             places.push(place);
             places.len() - 1
@@ -257,7 +257,7 @@ fn decide_many(
     }
     let (mut all, mut pushes) = (CheckedAll::new(), Pushes::new());
     let d = decide::many_into(
-        &mut Held { guards: &mut guards, places: &places },
+        &mut LockedEntries { guards: &mut guards, places: &places },
         &limits,
         now,
         take,

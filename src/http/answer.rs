@@ -20,6 +20,7 @@ use ratelimit_core::window::{quota_back_at, seconds_until, Estimate};
 
 use crate::conf::{Limit, LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF};
 use crate::engine::{Ask, Decision, Strict};
+use crate::http::Failure;
 
 /// What the limiter decided for a request, kept for the variables. It hangs
 /// off the main request's pool (as a cleanup entry) rather than the module
@@ -199,7 +200,7 @@ pub(super) fn finish(
     now: u64,
     limits: &[Ask<'_>],
     d: &Decision,
-) -> Result<ngx_int_t, ()> {
+) -> Result<ngx_int_t, Failure> {
     let rejected = !d.allowed;
     let dry_run = lcf.dry_run == 1;
     let outcome = match (rejected, dry_run) {
@@ -207,14 +208,14 @@ pub(super) fn finish(
         (true, false) => Outcome::Rejected,
         (true, true) => Outcome::RejectedDryRun,
     };
-    let tightest = limits.get(d.tightest).ok_or(())?;
+    let tightest = limits.get(d.tightest).ok_or(Failure::NoLimit)?;
     count_outcome(mcf, limits, tightest.zone, outcome);
     if rejected {
         log_rejection(r, mcf, lcf, tightest, d);
     }
     let deferred = if mcf.count_if && !rejected { defer(r, lcf, limits)? } else { ptr::null() };
     if !record(r, RequestState { outcome, after: d.checked.after, limit: d.limit, deferred }) {
-        return Err(());
+        return Err(Failure::NoMemory);
     }
     if lcf.headers == HEADERS_OFF && !rejected {
         return Ok(NGX_DECLINED as ngx_int_t);
@@ -226,7 +227,11 @@ pub(super) fn finish(
 /// rates as checked, for the log phase (`count.rs`) (null: none).
 #[cold]
 #[inline(never)]
-fn defer(r: &ngx_http_request_t, lcf: &LocConf, asks: &[Ask<'_>]) -> Result<*const Deferred, ()> {
+fn defer(
+    r: &ngx_http_request_t,
+    lcf: &LocConf,
+    asks: &[Ask<'_>],
+) -> Result<*const Deferred, Failure> {
     let Some(lines) = lcf.limits.as_deref() else {
         return Ok(ptr::null());
     };
@@ -245,14 +250,14 @@ fn defer(r: &ngx_http_request_t, lcf: &LocConf, asks: &[Ask<'_>]) -> Result<*con
         let size = std::mem::size_of::<Deferred>() + n * std::mem::size_of::<Counted>();
         let d = ngx_palloc(pool, size).cast::<Deferred>();
         if d.is_null() {
-            return Err(());
+            return Err(Failure::NoMemory);
         }
         ptr::write(d, Deferred { lcf, n });
         let counts = d.add(1).cast::<Counted>();
         for (i, a) in asks.iter().filter(later).enumerate() {
             let key = ngx_pnalloc(pool, a.key.len()).cast::<u8>();
             if key.is_null() {
-                return Err(());
+                return Err(Failure::NoMemory);
             }
             ptr::copy_nonoverlapping(a.key.as_ptr(), key, a.key.len());
             ptr::write(
@@ -308,7 +313,7 @@ fn headers(
     now: u64,
     limits: &[Ask<'_>],
     d: Decision,
-) -> Result<ngx_int_t, ()> {
+) -> Result<ngx_int_t, Failure> {
     let rejected = !d.allowed;
     let remaining = d.remaining();
     let retry_at = if rejected { d.retry_at_ms.max(now) } else { now };
@@ -334,9 +339,11 @@ fn headers(
             // GitHub's convention, which the clients of these headers
             // follow: the Unix time (s) the quota is back
             let at = if reset == 0 { now / 1000 } else { back.div_ceil(1000) };
-            req.add_header_out("X-RateLimit-Limit", &tightest.rate.limit.to_string()).ok_or(())?;
-            req.add_header_out("X-RateLimit-Remaining", &remaining.to_string()).ok_or(())?;
-            req.add_header_out("X-RateLimit-Reset", &at.to_string()).ok_or(())?;
+            req.add_header_out("X-RateLimit-Limit", &tightest.rate.limit.to_string())
+                .ok_or(Failure::NoMemory)?;
+            req.add_header_out("X-RateLimit-Remaining", &remaining.to_string())
+                .ok_or(Failure::NoMemory)?;
+            req.add_header_out("X-RateLimit-Reset", &at.to_string()).ok_or(Failure::NoMemory)?;
         } else {
             let name = |i: usize| {
                 let mut s = String::new();
@@ -352,14 +359,14 @@ fn headers(
                 let _ = write!(policy, ";q={};w={}", l.rate.limit, l.rate.period);
             }
             let state = format!("{};r={};t={}", name(d.tightest), remaining, reset);
-            req.add_header_out("RateLimit-Policy", &policy).ok_or(())?;
-            req.add_header_out("RateLimit", &state).ok_or(())?;
+            req.add_header_out("RateLimit-Policy", &policy).ok_or(Failure::NoMemory)?;
+            req.add_header_out("RateLimit", &state).ok_or(Failure::NoMemory)?;
         }
     }
 
     if rejected && lcf.dry_run != 1 {
         let secs = seconds_until(now, retry_at);
-        req.add_header_out("Retry-After", &secs.to_string()).ok_or(())?;
+        req.add_header_out("Retry-After", &secs.to_string()).ok_or(Failure::NoMemory)?;
         return Ok(lcf.status);
     }
     Ok(NGX_DECLINED as ngx_int_t)
@@ -409,7 +416,7 @@ pub(super) fn ask<'a>(
         key,
         rate,
         cost,
-        strict: Strict::No,
+        strict: Strict::Background,
         line,
     }
 }

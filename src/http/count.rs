@@ -63,7 +63,7 @@ pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {
         let mut a = ask(mcf, l, d.line, d.key(), d.rate, cost);
         if crate::http::handler::in_redis(mcf, l, d.rate) {
             // the next strict decision must see it
-            a.strict = Strict::Later;
+            a.strict = Strict::CountOnly;
         }
         asks.push(a);
     }

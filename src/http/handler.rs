@@ -18,6 +18,7 @@ use crate::conf::module::Module;
 use crate::conf::{Cost, Limit, LocConf, MainConf, RateSpec, Source};
 use crate::engine::{self, Ask, Take};
 use crate::http::answer::{ask, debug_log, finish, request_log, state};
+use crate::http::Failure;
 use crate::worker::time::now_ms;
 
 /// Limits of one location, with their keys evaluated: few enough to stay
@@ -46,8 +47,22 @@ pub unsafe extern "C" fn preaccess(r: *mut ngx_http_request_t) -> ngx_int_t {
     };
     match limit(r, mcf, lcf, limits) {
         Ok(rc) => rc,
-        Err(()) => NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
+        Err(why) => failed(r, why),
     }
+}
+
+/// A request that could not be limited: said in the error log, answered
+/// 500.
+#[cold]
+#[inline(never)]
+fn failed(r: &ngx_http_request_t, why: Failure) -> ngx_int_t {
+    ngx_log_error!(
+        NGX_LOG_ERR,
+        request_log(r),
+        "redis_ratelimit: the request could not be limited: {}",
+        why
+    );
+    NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t
 }
 
 /// Evaluates each zone's key once (an empty key is not limited), asks the
@@ -57,7 +72,7 @@ fn limit(
     mcf: &MainConf,
     lcf: &LocConf,
     limits: &[Limit],
-) -> Result<ngx_int_t, ()> {
+) -> Result<ngx_int_t, Failure> {
     if let [l @ Limit { strict: false, .. }] = limits {
         // one limit: no lists to build
         let Some(rate) = rate(r, mcf, l)? else {
@@ -74,9 +89,7 @@ fn limit(
         let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
         let asks = [ask(mcf, l, 0, key, rate, cost)];
         let now = now_ms();
-        let Ok(decision) = engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r)) else {
-            return Err(());
-        };
+        let decision = engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r))?;
         return finish(r, mcf, lcf, now, &asks, &decision);
     }
     if let [l] = limits {
@@ -98,7 +111,7 @@ fn limit_in_redis(
     lcf: &LocConf,
     l: &Limit,
     rate: Rate,
-) -> Result<ngx_int_t, ()> {
+) -> Result<ngx_int_t, Failure> {
     let key = key(r, mcf, l.zone)?;
     if key.is_empty() {
         not_limited(mcf, l.zone);
@@ -123,7 +136,7 @@ fn limit_all(
     mcf: &MainConf,
     lcf: &LocConf,
     limits: &[Limit],
-) -> Result<ngx_int_t, ()> {
+) -> Result<ngx_int_t, Failure> {
     let mut keys: SmallVec<[(usize, &[u8]); INLINE]> = SmallVec::new();
     let mut asks: SmallVec<[Ask<'_>; INLINE]> = SmallVec::new();
     let mut wants: SmallVec<[bool; INLINE]> = SmallVec::new();
@@ -158,8 +171,7 @@ fn limit_all(
         return crate::http::strict::limit(r, mcf, lcf, &mut asks, &wants);
     }
     let now = now_ms();
-    let decision =
-        engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r)).map_err(|_| ())?;
+    let decision = engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r))?;
     finish(r, mcf, lcf, now, &asks, &decision)
 }
 
@@ -172,7 +184,7 @@ pub(super) fn rate(
     r: &mut ngx_http_request_t,
     mcf: &MainConf,
     l: &Limit,
-) -> Result<Option<Rate>, ()> {
+) -> Result<Option<Rate>, Failure> {
     match l.rate {
         RateSpec::Fixed(rate) => Ok(Some(rate)),
         RateSpec::Var(src) => rate_of(r, mcf, l, src),
@@ -186,7 +198,7 @@ fn rate_of(
     mcf: &MainConf,
     l: &Limit,
     src: Source,
-) -> Result<Option<Rate>, ()> {
+) -> Result<Option<Rate>, Failure> {
     let bytes = read(r, src)?;
     if bytes.is_empty() || bytes == b"off" {
         return Ok(None);
@@ -199,7 +211,7 @@ fn rate_of(
 }
 
 /// A value with variables, for this request.
-pub(super) fn read<'r>(r: &mut ngx_http_request_t, src: Source) -> Result<&'r [u8], ()> {
+pub(super) fn read<'r>(r: &mut ngx_http_request_t, src: Source) -> Result<&'r [u8], Failure> {
     match src {
         Source::Index(i) => Ok(variable(r, i)),
         Source::Complex(cv) => eval(r, cv),
@@ -244,12 +256,15 @@ fn len_and_not_found(v: &ngx_variable_value_t) -> (usize, bool) {
 }
 
 /// A complex value evaluated for this request (in its pool).
-fn eval<'r>(r: &mut ngx_http_request_t, cv: *mut ngx_http_complex_value_t) -> Result<&'r [u8], ()> {
+fn eval<'r>(
+    r: &mut ngx_http_request_t,
+    cv: *mut ngx_http_complex_value_t,
+) -> Result<&'r [u8], Failure> {
     let mut value = ngx_str_t::empty();
     // SAFETY: the complex value was compiled at configuration time for this
     // cycle; the result lives in the request pool.
     if unsafe { ngx_http_complex_value(r, cv, &mut value) } != NGX_OK as ngx_int_t {
-        return Err(());
+        return Err(Failure::Variable);
     }
     if value.len == 0 {
         return Ok(&[]);
@@ -291,7 +306,7 @@ fn log_bad_value(
 /// one. Both of the latter are logged, at most once a second per zone (all
 /// workers together).
 #[inline]
-pub(super) fn cost(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Result<u32, ()> {
+pub(super) fn cost(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Result<u32, Failure> {
     match l.cost {
         Cost::Fixed(c) => Ok(c),
         Cost::Var(src) => cost_of(r, mcf, l, src),
@@ -300,7 +315,12 @@ pub(super) fn cost(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit) -> Res
 
 /// `cost` from a variable (out of line: a fixed cost stays cheap).
 #[inline(never)]
-fn cost_of(r: &mut ngx_http_request_t, mcf: &MainConf, l: &Limit, src: Source) -> Result<u32, ()> {
+fn cost_of(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    l: &Limit,
+    src: Source,
+) -> Result<u32, Failure> {
     let bytes = read(r, src)?;
     let value = cost::of_value(bytes);
     match value {
@@ -321,8 +341,8 @@ pub(super) fn key<'r>(
     r: &mut ngx_http_request_t,
     mcf: &MainConf,
     zone: usize,
-) -> Result<&'r [u8], ()> {
-    let zone = mcf.zones.get(zone).ok_or(())?;
+) -> Result<&'r [u8], Failure> {
+    let zone = mcf.zones.get(zone).ok_or(Failure::NoZone)?;
     read(r, zone.key)
 }
 

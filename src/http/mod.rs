@@ -11,3 +11,39 @@ pub mod handler;
 pub mod metrics;
 pub mod strict;
 pub mod vars;
+
+/// Why a request could not be limited: the preaccess handler logs it and
+/// answers 500 (`handler::preaccess`, the one place that turns it into a
+/// status), as nginx does when a request's pool or variables fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// nginx gave no memory (the request's pool, a cleanup, a header).
+    NoMemory,
+    /// A variable of the zone's key, the rate or the cost could not be
+    /// evaluated.
+    Variable,
+    /// The zone is not in this configuration's shared memory.
+    NoZone,
+    /// The request could not be made to wait (its read event).
+    Event,
+    /// The decision names a limit the request does not have.
+    NoLimit,
+}
+
+impl From<crate::engine::NoZone> for Failure {
+    fn from(_: crate::engine::NoZone) -> Failure {
+        Failure::NoZone
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Failure::NoMemory => "out of memory",
+            Failure::Variable => "a variable could not be evaluated",
+            Failure::NoZone => "the zone has no shared memory",
+            Failure::Event => "the request could not wait for Redis",
+            Failure::NoLimit => "the decision names no limit of the request",
+        })
+    }
+}

@@ -16,7 +16,7 @@
 //! pool, so a client that closes while waiting leaves nothing behind, and
 //! a late answer finds no one. A request of one limit is decided as
 //! Redis's answer is applied, and answered when it wakes without its
-//! handler running again (`answer_kept`).
+//! handler running again (`answer_evaluated`).
 
 use std::ffi::c_void;
 use std::ptr;
@@ -39,9 +39,10 @@ use crate::conf::module::Module;
 use crate::conf::{LocConf, MainConf, MAX_STRICT};
 use crate::engine::{self, Ask, Strict, Take};
 use crate::http::answer::{ask, debug_log, finish};
+use crate::http::Failure;
 use crate::worker::link;
 use crate::worker::time::now_ms;
-use crate::worker::waits::{self, Lone, Verdict, Wait};
+use crate::worker::waits::{self, OneLimit, Verdict, Wait};
 
 /// The request's wait, through the module's context slot (set while it
 /// waits and until the handler ran again).
@@ -61,18 +62,18 @@ fn set_ctx(r: &mut ngx_http_request_t, w: *mut Wait) {
 /// cleanup, the waits' list and the request's context see a `Wait`) and,
 /// for a request of one limit, that limit as the handler evaluated it, so
 /// that the request is answered when it wakes without its handler
-/// running again (`answer_kept`).
+/// running again (`answer_evaluated`).
 #[repr(C)]
-struct Suspended {
+struct PooledWait {
     wait: Wait,
-    kept: Option<Kept>,
+    evaluated: Option<Evaluated>,
 }
 
 /// One limit as evaluated: its `redis_ratelimit` line, its key (the
 /// bytes in the request's memory, which live as long as the request),
 /// rate and cost.
 #[derive(Clone, Copy)]
-struct Kept {
+struct Evaluated {
     line: u32,
     key: *const u8,
     key_len: usize,
@@ -89,7 +90,7 @@ pub(super) fn limit(
     lcf: &LocConf,
     asks: &mut [Ask<'_>],
     wants: &[bool],
-) -> Result<ngx_int_t, ()> {
+) -> Result<ngx_int_t, Failure> {
     let w = ctx(r);
     if !w.is_null() {
         // woken: Redis's verdicts (or none, after the timeout)
@@ -125,7 +126,7 @@ pub(super) fn limit(
     let mut waiting = 0;
     for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
         if channel.is_some_and(|ch| engine::backend_up(mcf, ch, a.zone)) {
-            a.strict = Strict::Before;
+            a.strict = Strict::Asking;
             waiting += 1;
         } else {
             a.strict = Strict::Failed;
@@ -139,12 +140,11 @@ pub(super) fn limit(
     let now = now_ms();
     let (one, many);
     let (d, ids): (_, &[[u64; 2]]) = if let [a] = &*asks {
-        let (d, id) = engine::check_one(mcf, a, now, debug_log(r)).map_err(|_| ())?;
+        let (d, id) = engine::check_one(mcf, a, now, debug_log(r))?;
         one = [id];
         (d, &one)
     } else {
-        let (d, i) =
-            engine::decide_with_ids(mcf, asks, now, Take::Never, debug_log(r)).map_err(|_| ())?;
+        let (d, i) = engine::decide_with_ids(mcf, asks, now, Take::Never, debug_log(r))?;
         many = i;
         (d, &many)
     };
@@ -158,28 +158,28 @@ pub(super) fn limit(
     let (mut timeout, mut sent, mut k) = (0, 0u8, 0);
     for (a, _) in asks.iter().zip(wants).filter(|(_, w)| **w) {
         k += 1;
-        if a.strict != Strict::Before || k > verdicts.len() {
+        if a.strict != Strict::Asking || k > verdicts.len() {
             continue; // decided by `on_error`
         }
-        let z = mcf.zones.get(a.zone).filter(|z| z.shared.is_some()).ok_or(())?;
+        let z = mcf.zones.get(a.zone).filter(|z| z.shared.is_some()).ok_or(Failure::NoZone)?;
         timeout = z.params.as_ref().map_or(timeout, |p| timeout.max(p.timeout_ms));
         verdicts[k - 1] = Verdict::Waiting;
         sent += 1;
     }
-    let lone = asks.len() == 1 && sent == 1;
-    let kept = lone.then(|| Kept {
+    let one_limit = asks.len() == 1 && sent == 1;
+    let evaluated = one_limit.then(|| Evaluated {
         line: asks[0].line,
         key: asks[0].key.as_ptr(),
         key_len: asks[0].key.len(),
         rate: asks[0].rate,
         cost: asks[0].cost,
     });
-    let asked = Asked {
+    let awaiting = Awaiting {
         verdicts,
         waiting: sent,
-        lone: lone.then(|| Lone { cost: asks[0].cost, decide: engine::answered }),
+        one_limit: one_limit.then(|| OneLimit { cost: asks[0].cost, decide: engine::answered }),
     };
-    let wait = suspend(r, asked, kept, timeout)?;
+    let wait = suspend(r, awaiting, evaluated, timeout)?;
     let base = waits::register(wait);
     let deadline_ms = now + timeout.max(1);
     let mut k = 0;
@@ -222,9 +222,9 @@ fn decide(
     lcf: &LocConf,
     asks: &[Ask<'_>],
     take: Take,
-) -> Result<ngx_int_t, ()> {
+) -> Result<ngx_int_t, Failure> {
     let now = now_ms();
-    let d = engine::decide(mcf, asks, now, take, debug_log(r)).map_err(|_| ())?;
+    let d = engine::decide(mcf, asks, now, take, debug_log(r))?;
     finish(r, mcf, lcf, now, asks, &d)
 }
 
@@ -241,42 +241,42 @@ fn count_undecided(mcf: &MainConf, asks: &[Ask<'_>], wants: &[bool]) {
 /// What a request waits for: a verdict per strict limit (`Waiting` for
 /// those sent), how many are sent, and for a request of one limit what
 /// decides it as the answer is applied.
-struct Asked {
+struct Awaiting {
     verdicts: [Verdict; MAX_STRICT],
     waiting: u8,
-    lone: Option<Lone>,
+    one_limit: Option<OneLimit>,
 }
 
 /// Makes the request wait: its wait in the pool (taken out of the list
 /// with it), the handlers `limit_req` uses for a delay, the timer.
 fn suspend(
     r: &mut ngx_http_request_t,
-    asked: Asked,
-    kept: Option<Kept>,
+    awaiting: Awaiting,
+    evaluated: Option<Evaluated>,
     timeout_ms: u64,
-) -> Result<*mut Wait, ()> {
+) -> Result<*mut Wait, Failure> {
     let sub = !ptr::eq(r.main, r);
     // SAFETY: allocates from the request's pool; the cleanup runs when the
-    // pool is destroyed (the request ends, however it ends). `Suspended`
+    // pool is destroyed (the request ends, however it ends). `PooledWait`
     // starts with its `Wait` (`repr(C)`), which is what the cleanup gets.
     // Each field is written where it lives, except a main request's
     // `Wait::ev` (left uninitialised: a subrequest's only).
     let w = unsafe {
-        let c = ngx_pool_cleanup_add(r.pool, std::mem::size_of::<Suspended>());
+        let c = ngx_pool_cleanup_add(r.pool, std::mem::size_of::<PooledWait>());
         if c.is_null() {
-            return Err(());
+            return Err(Failure::NoMemory);
         }
-        let s = (*c).data.cast::<Suspended>();
+        let s = (*c).data.cast::<PooledWait>();
         let w = s.cast::<Wait>();
         ptr::addr_of_mut!((*w).r).write(ptr::from_mut(r));
         ptr::addr_of_mut!((*w).base).write(0);
-        ptr::addr_of_mut!((*w).verdicts).write(asked.verdicts);
-        ptr::addr_of_mut!((*w).waiting).write(asked.waiting);
+        ptr::addr_of_mut!((*w).verdicts).write(awaiting.verdicts);
+        ptr::addr_of_mut!((*w).waiting).write(awaiting.waiting);
         ptr::addr_of_mut!((*w).sub).write(sub);
         ptr::addr_of_mut!((*w).listed).write(false);
-        ptr::addr_of_mut!((*w).lone).write(asked.lone);
+        ptr::addr_of_mut!((*w).one_limit).write(awaiting.one_limit);
         ptr::addr_of_mut!((*w).decided).write(None);
-        ptr::addr_of_mut!((*s).kept).write(kept);
+        ptr::addr_of_mut!((*s).evaluated).write(evaluated);
         (*c).handler = Some(waits::forget);
         w
     };
@@ -304,7 +304,7 @@ fn suspend(
         if (*rev).ready() != 0 {
             ngx_post_event(rev, ptr::addr_of_mut!(ngx_posted_events));
         } else if ngx_handle_read_event(rev, 0) != NGX_OK as ngx_int_t {
-            return Err(());
+            return Err(Failure::Event);
         }
         r.read_event_handler = Some(ngx_http_test_reading);
         r.write_event_handler = Some(wake);
@@ -367,7 +367,7 @@ unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
         r.read_event_handler = Some(ngx_http_block_reading);
         r.write_event_handler = Some(ngx_http_core_run_phases);
         if !w.is_null() {
-            if let Some(rc) = answer_kept(r, w) {
+            if let Some(rc) = answer_evaluated(r, w) {
                 // what nginx's phase engine does with a preaccess
                 // handler's answer: on to the next handler, or the end
                 if rc == NGX_DECLINED as ngx_int_t {
@@ -385,20 +385,20 @@ unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
 
 /// A woken request of one limit that Redis decided, answered with the
 /// decision made as the answer was applied and the limit the handler
-/// kept (`None`: its handler runs again, and decides).
-fn answer_kept(r: &mut ngx_http_request_t, w: *mut Wait) -> Option<ngx_int_t> {
-    // SAFETY: every wait is a `Suspended`'s (`suspend`), alive in the
+/// evaluated (`None`: its handler runs again, and decides).
+fn answer_evaluated(r: &mut ngx_http_request_t, w: *mut Wait) -> Option<ngx_int_t> {
+    // SAFETY: every wait is a `PooledWait`'s (`suspend`), alive in the
     // request's pool.
     let (d, k) = unsafe {
-        let s = &*w.cast::<Suspended>();
-        (s.wait.decided?, s.kept?)
+        let s = &*w.cast::<PooledWait>();
+        (s.wait.decided?, s.evaluated?)
     };
     // SAFETY: the request is valid; `Request` is a transparent wrapper.
     let req = unsafe { Request::from_ngx_http_request(r) };
     let lcf = Module::location_conf(req)?;
     let mcf = Module::main_conf(req)?;
     let l = lcf.limits.as_deref()?.get(k.line as usize)?;
-    // SAFETY: the key's bytes are in the request's memory (`Kept`).
+    // SAFETY: the key's bytes are in the request's memory (`Evaluated`).
     let key = unsafe { std::slice::from_raw_parts(k.key, k.key_len) };
     let mut asks = [ask(mcf, l, k.line, key, k.rate, k.cost)];
     asks[0].strict = if d.allowed { Strict::Allowed } else { Strict::Rejected };

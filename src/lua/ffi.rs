@@ -213,8 +213,12 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     let how = if take == TAKE_ALWAYS { Take::Always } else { Take::IfAllowed };
     // a limit the directive has Redis decide is decided here (a Lua caller
     // does not wait), and counted down the strict link, ahead of the
-    // worker's next strict check of the key (`Strict::Later`)
-    let strict = if engine::small_in_redis(mcf, index, rate) { Strict::Later } else { Strict::No };
+    // worker's next strict check of the key (`Strict::CountOnly`)
+    let strict = if engine::small_in_redis(mcf, index, rate) {
+        Strict::CountOnly
+    } else {
+        Strict::Background
+    };
     let ask = Ask {
         zone: index,
         namespace: ns,

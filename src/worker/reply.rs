@@ -67,8 +67,16 @@ pub(super) fn strict_answered(
         waits::resolve(
             tickets.clone(),
             |i| a.allowed(i),
-            |lone, allowed| {
-                Some((lone.decide)(mcf, id.zone as usize, e, rate, lone.cost, allowed, now))
+            |one_limit, allowed| {
+                Some((one_limit.decide)(
+                    mcf,
+                    id.zone as usize,
+                    e,
+                    rate,
+                    one_limit.cost,
+                    allowed,
+                    now,
+                ))
             },
         );
         resolved = true;

@@ -53,7 +53,7 @@ pub(crate) struct Wait {
     /// A request whose one limit Redis decides: its decision is made as
     /// Redis's answer is applied (`decided`), on the entry the answer was
     /// applied to.
-    pub(crate) lone: Option<Lone>,
+    pub(crate) one_limit: Option<OneLimit>,
     pub(crate) decided: Option<Decision>,
 }
 
@@ -61,7 +61,7 @@ pub(crate) struct Wait {
 /// verdict: the request's cost, and the engine's function (from the
 /// layer above: `engine::answered`).
 #[derive(Clone, Copy)]
-pub(crate) struct Lone {
+pub(crate) struct OneLimit {
     pub(crate) cost: u32,
     pub(crate) decide: Answered,
 }
@@ -98,12 +98,12 @@ pub(crate) unsafe extern "C" fn forget(data: *mut c_void) {
 
 /// Redis's answer for some tickets (`allowed(i)` for the `i`-th: `None`,
 /// no decision); a request with all its verdicts is woken.
-/// `decide(lone, allowed)` makes the decision of a request of one limit
-/// (`Wait::lone`) that Redis decided. Worker thread only.
+/// `decide(one_limit, allowed)` makes the decision of a request of one limit
+/// (`Wait::one_limit`) that Redis decided. Worker thread only.
 pub fn resolve(
     tickets: impl Iterator<Item = u64>,
     allowed: impl Fn(usize) -> Option<bool>,
-    mut decide: impl FnMut(&Lone, bool) -> Option<Decision>,
+    mut decide: impl FnMut(&OneLimit, bool) -> Option<Decision>,
 ) {
     WAITS.with(|m| {
         let mut m = m.borrow_mut();
@@ -127,10 +127,10 @@ pub fn resolve(
             if wait.waiting == 0 {
                 m.remove(wait.base);
                 wait.listed = false;
-                if let (Some(lone), Verdict::Allowed | Verdict::Rejected) =
-                    (&wait.lone, wait.verdicts[k])
+                if let (Some(one_limit), Verdict::Allowed | Verdict::Rejected) =
+                    (&wait.one_limit, wait.verdicts[k])
                 {
-                    wait.decided = decide(lone, wait.verdicts[k] == Verdict::Allowed);
+                    wait.decided = decide(one_limit, wait.verdicts[k] == Verdict::Allowed);
                 }
                 wake(wait);
             }

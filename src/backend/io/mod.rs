@@ -5,7 +5,7 @@
 //! read (applied) and which commands may or may not have run (never sent
 //! again).
 
-mod links;
+mod masters;
 mod named;
 
 pub use named::Tls;
@@ -78,7 +78,7 @@ pub struct Cluster {
     /// is reached with them, at its own address.
     base: redis::ConnectionInfo,
     tls: Tls,
-    links: HashMap<String, Wire>,
+    masters: HashMap<String, Wire>,
     timeout: Duration,
 }
 
@@ -116,7 +116,7 @@ pub fn connect(
             router: client.get_connection()?,
             base,
             tls: tls.clone(),
-            links: HashMap::new(),
+            masters: HashMap::new(),
             timeout,
         })))
     } else {
@@ -288,7 +288,7 @@ impl Conn {
             Conn::Cluster(c) => match node {
                 None => exec_cluster(&mut c.router, cmds, deadline, readback),
                 Some(n) => {
-                    let (mut out, broken) = match c.link(n) {
+                    let (mut out, broken) = match c.master(n) {
                         Ok(con) => exec_single(con, cmds),
                         Err(e) => {
                             let mut out = Vec::new();
@@ -297,7 +297,7 @@ impl Conn {
                         }
                     };
                     if broken.is_some() {
-                        c.drop_link(n);
+                        c.drop_master(n);
                         return (out, broken);
                     }
                     let broken = resend_redirected(&mut c.router, cmds, &mut out, deadline);
