@@ -6,6 +6,7 @@
 //! `max_bytes` bytes wait, new keys are dropped (and counted), never
 //! blocking the worker.
 
+use crate::key::EntryId;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -56,7 +57,7 @@ pub type ItemMap<V> = HashMap<ItemId, V, BuildHasherDefault<ItemHasher>>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ItemId {
     pub zone: u32,
-    pub entry: [u64; 2],
+    pub entry: EntryId,
     pub window: u64,
 }
 
@@ -67,8 +68,8 @@ impl std::hash::Hash for ItemId {
     #[inline]
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write_u32(self.zone);
-        state.write_u64(self.entry[0]);
-        state.write_u64(self.entry[1]);
+        state.write_u64(self.entry.0[0]);
+        state.write_u64(self.entry.0[1]);
         state.write_u64(self.window);
     }
 }
@@ -183,7 +184,7 @@ impl Bounds {
 pub struct Delete {
     pub zone: u32,
     /// The table entry of the key (drops its pending increments).
-    pub entry: [u64; 2],
+    pub entry: EntryId,
     pub tag: Box<[u8]>,
     pub period: u32,
     pub window: u64,

@@ -1,5 +1,6 @@
 //! Unit tests of `batch.rs`.
 use super::*;
+use crate::key::EntryId;
 
 /// `Batch::add` with a due time as before carries (0: at once).
 #[allow(clippy::too_many_arguments)]
@@ -31,13 +32,20 @@ fn inc<'a>(
 }
 
 fn id(zone: u32, e: u64, window: u64) -> ItemId {
-    ItemId { zone, entry: [e, 0], window }
+    ItemId { zone, entry: EntryId([e, 0]), window }
 }
 
 /// Lua's reset of key `ns:key` (entry `[entry, 0]` of zone 0) for the
 /// thread to send.
 fn delete_of(entry: u64, ns: &[u8], key: &[u8], period: u32, window: u64) -> Delete {
-    Delete { zone: 0, entry: [entry, 0], tag: redis_tag(ns, key), period, window, command: true }
+    Delete {
+        zone: 0,
+        entry: EntryId([entry, 0]),
+        tag: redis_tag(ns, key),
+        period,
+        window,
+        command: true,
+    }
 }
 
 #[test]
@@ -193,7 +201,7 @@ fn deletes_taken_alone_leave_the_items_and_their_bytes() {
     assert!(add(&mut b, id(0, 2, 0), b"z", b"b", 60, 100, 1, 9_000));
     let one = b.bytes() / 2;
     let tag = redis_tag(b"z", b"a");
-    let d = Delete { zone: 0, entry: [1, 0], tag, period: 60, window: 0, command: false };
+    let d = Delete { zone: 0, entry: EntryId([1, 0]), tag, period: 60, window: 0, command: false };
     assert!(b.delete(d.clone()));
     assert!(b.bytes() > one, "the delete holds bytes until it is taken");
     assert_eq!(b.take_deletes(), vec![d]);
@@ -300,7 +308,14 @@ fn a_delete_drops_carried_increments_too() {
     b.add(id(0, 1, 6), &inc(b"z", b"k", 1, 100, 1, Fresh::No), Due::Hold(9_000, 10));
     assert_eq!(b.pending(0), 3);
     let tag = redis_tag(b"z", b"k");
-    assert!(b.delete(Delete { zone: 0, entry: [1, 0], tag, period: 1, window: 6, command: true }));
+    assert!(b.delete(Delete {
+        zone: 0,
+        entry: EntryId([1, 0]),
+        tag,
+        period: 1,
+        window: 6,
+        command: true
+    }));
     assert_eq!((b.len(), b.pending(0)), (0, 0));
 }
 
@@ -336,7 +351,7 @@ fn an_item_is_far_from_its_limit_until_a_push_is_near_it() {
     b.add(id(0, 3, 5), &inc(b"z", b"mixed", 1, 100, 1, Fresh::Alone), Due::Hold(9_000, 10));
     b.add(id(0, 3, 5), &inc(b"z", b"mixed", 1, 100, 1, Fresh::Maybe), Due::Hold(9_000, 10));
     let (items, _) = b.drain();
-    let got = |e: u64| items.iter().find(|(i, _)| i.entry[0] == e).map(|(_, it)| it.clone());
+    let got = |e: u64| items.iter().find(|(i, _)| i.entry.0[0] == e).map(|(_, it)| it.clone());
     let far = got(1).expect("far item");
     assert!(far.far() && !far.quiet, "past its allowance but far: may guess its counter new");
     assert_eq!(far.fresh, Fresh::Maybe);

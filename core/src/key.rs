@@ -68,7 +68,7 @@ impl IdHasher {
 
     /// The hash of (namespace, period, key).
     #[inline]
-    pub fn id(&self, namespace: &[u8], period: u32, key: &[u8]) -> [u64; 2] {
+    pub fn id(&self, namespace: &[u8], period: u32, key: &[u8]) -> EntryId {
         self.id_in(self.namespace(namespace), period, key)
     }
 
@@ -88,14 +88,14 @@ impl IdHasher {
     /// the period and the key's length, then its bytes, then a final mix
     /// per lane.
     #[inline(always)]
-    pub fn id_in(&self, namespace: Namespace, period: u32, key: &[u8]) -> [u64; 2] {
+    pub fn id_in(&self, namespace: Namespace, period: u32, key: &[u8]) -> EntryId {
         let [s0, s1, s2, s3] = self.0;
         let lens = (key.len() as u64) | u64::from(period) << 40;
         let [a, b] = namespace.0;
         let mut lanes = [mum(a ^ lens, s2), mum(b ^ lens, s3)];
         self.absorb(&mut lanes, key);
         let [a, b] = lanes;
-        [mum(a ^ s1, s0 ^ s3), mum(b ^ s0, s1 ^ s2)]
+        EntryId([mum(a ^ s1, s0 ^ s3), mum(b ^ s0, s1 ^ s2)])
     }
 
     /// Folds `bytes` into both lanes, 8 at a time, the last 1 to 7 as one
@@ -119,6 +119,13 @@ impl IdHasher {
         *lanes = [a, b];
     }
 }
+
+/// A key's entry id: its zone's namespace, the period and the key bytes
+/// hashed into 128 bits (`IdHasher::id`). The shared table, the batch, the
+/// ring and Redis's answers name a key's entry by it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(transparent)]
+pub struct EntryId(pub [u64; 2]);
 
 /// A namespace as hashed by one zone's `IdHasher::namespace`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -328,7 +335,7 @@ mod tests {
             let k4 = i.to_be_bytes();
             let text = format!("user-{i}");
             for key in [&k4[..], text.as_bytes()] {
-                let [a, b] = h.id(b"api", 60, key);
+                let EntryId([a, b]) = h.id(b"api", 60, key);
                 assert!(lo.insert(a), "lane 0 collides at {i}");
                 assert!(hi.insert(b), "lane 1 collides at {i}");
                 buckets[(a % 1024) as usize] += 1;

@@ -11,6 +11,7 @@
 
 use crate::batch::{Item, ItemId};
 use crate::counter::Fresh;
+use crate::key::EntryId;
 
 /// Where the ring stands: byte positions that only grow (the data index is
 /// the position modulo the data's length).
@@ -33,7 +34,7 @@ const WRAP: u32 = u32::MAX;
 /// One forwarded item: what a worker's batch held for the key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Forwarded {
-    pub entry: [u64; 2],
+    pub entry: EntryId,
     pub window: u64,
     pub item: Item,
 }
@@ -50,8 +51,8 @@ impl Forwarded {
             out[at..at + b.len()].copy_from_slice(b);
             at += b.len();
         };
-        put(&self.entry[0].to_le_bytes());
-        put(&self.entry[1].to_le_bytes());
+        put(&self.entry.0[0].to_le_bytes());
+        put(&self.entry.0[1].to_le_bytes());
         put(&self.window.to_le_bytes());
         for v in [i.period, i.limit, i.n, i.carried, i.room] {
             put(&v.to_le_bytes());
@@ -71,7 +72,7 @@ impl Forwarded {
         }
         let tag: Box<[u8]> = b.get(FIXED..)?.into();
         Some(Forwarded {
-            entry: [u64_at(0)?, u64_at(8)?],
+            entry: EntryId([u64_at(0)?, u64_at(8)?]),
             window: u64_at(16)?,
             item: Item {
                 tag,
@@ -228,7 +229,7 @@ mod tests {
 
     fn rec(k: u64, tag_len: usize) -> Forwarded {
         Forwarded {
-            entry: [k, !k],
+            entry: EntryId([k, !k]),
             window: 7 + k,
             item: Item {
                 tag: vec![b'a' + (k % 26) as u8; tag_len].into(),

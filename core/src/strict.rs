@@ -27,6 +27,7 @@
 //! it is then in Redis before any later check of the key from that worker.
 
 use crate::key::write_key_for_tag;
+use crate::key::EntryId;
 use crate::rate::Rate;
 use crate::resp;
 
@@ -160,7 +161,7 @@ pub struct Group<'a> {
     /// caller can say (a link's zone table entry: one prefix, and an entry
     /// per key): text kept for a key is then found by it, not by
     /// comparing bytes (`Texts`).
-    pub key: Option<[u64; 2]>,
+    pub key: Option<EntryId>,
     pub period: u32,
     pub window: u64,
     pub limit: u32,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::key::EntryId;
 
 #[test]
 fn the_scripts_name_is_its_sha1() {
@@ -290,7 +291,10 @@ fn text_kept_from_one_call_is_written_as_it_would_be_again() {
     let two = Group { requests: reqs(&[1, 2], &[0, 0]), ..a };
     let same_length = Group { tag: b"z:j", ..a };
     // groups whose key names their tag: found by it
-    let (ka, kj) = (Group { key: Some([1, 2]), ..a }, Group { key: Some([1, 3]), ..same_length });
+    let (ka, kj) = (
+        Group { key: Some(EntryId([1, 2])), ..a },
+        Group { key: Some(EntryId([1, 3])), ..same_length },
+    );
     let calls: [&[Group]; 31] = [
         &[a],
         &[a],

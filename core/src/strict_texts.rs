@@ -1,6 +1,7 @@
 //! The text a strict call writer keeps from call to call (`Call::write`).
 
 use super::Group;
+use crate::key::EntryId;
 use crate::resp::{self, Digits};
 
 /// Text a writer keeps from call to call: a link's calls mostly have one
@@ -25,7 +26,7 @@ pub struct Texts {
     pub(super) one_shape: Option<(u32, u64, usize, bool)>,
     pub(super) one_name: Vec<u8>,
     /// The group's `key`, if it had one.
-    pub(super) one_key: Option<[u64; 2]>,
+    pub(super) one_key: Option<EntryId>,
     /// The text of the last deadline but its last digits.
     pub(super) deadline: resp::Near,
 }

@@ -15,6 +15,7 @@ pub const MAGIC: u64 = 0x5252_4c54_4142_4c45;
 /// formatted anew instead of being misread.
 pub const VERSION: u32 = 8;
 
+use crate::key::EntryId;
 use crate::stats::Stats;
 
 const NIL: u32 = u32::MAX;
@@ -55,7 +56,7 @@ pub struct Header {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Entry {
-    pub id: [u64; 2],
+    pub id: EntryId,
     next: u32,
     lru_prev: u32,
     lru_next: u32,
@@ -229,13 +230,13 @@ impl<'a> Table<'a> {
     }
 
     #[inline]
-    fn bucket(&self, id: [u64; 2]) -> usize {
-        (id[0] as usize) & (self.buckets.len() - 1)
+    fn bucket(&self, id: EntryId) -> usize {
+        (id.0[0] as usize) & (self.buckets.len() - 1)
     }
 
     /// Index of the entry with this id, if present (does not touch the LRU).
     #[inline]
-    pub fn find(&self, id: [u64; 2]) -> Option<u32> {
+    pub fn find(&self, id: EntryId) -> Option<u32> {
         let mut i = self.buckets[self.bucket(id)];
         while i != NIL {
             let e = &self.entries[i as usize];
@@ -261,7 +262,7 @@ impl<'a> Table<'a> {
     /// absent (reusing one of the least recently used entries when the table
     /// is full: `victim`). Returns the index and whether it was created.
     #[inline(always)]
-    pub fn get_or_insert(&mut self, id: [u64; 2], now_ms: u64) -> (u32, bool) {
+    pub fn get_or_insert(&mut self, id: EntryId, now_ms: u64) -> (u32, bool) {
         if let Some(i) = self.find(id) {
             // a hot key is already the most recent one
             if self.hdr.lru_head != i {
@@ -345,7 +346,7 @@ impl<'a> Table<'a> {
     }
 
     /// Forgets `id`; returns whether it was present.
-    pub fn remove(&mut self, id: [u64; 2]) -> bool {
+    pub fn remove(&mut self, id: EntryId) -> bool {
         match self.find(id) {
             Some(i) => {
                 self.remove_at(i, id);
@@ -355,7 +356,7 @@ impl<'a> Table<'a> {
         }
     }
 
-    fn remove_at(&mut self, i: u32, id: [u64; 2]) {
+    fn remove_at(&mut self, i: u32, id: EntryId) {
         let b = self.bucket(id);
         let next = self.entries[i as usize].next;
         if self.buckets[b] == i {

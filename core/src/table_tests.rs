@@ -1,5 +1,6 @@
 //! Unit tests of `table.rs`.
 use super::*;
+use crate::key::EntryId;
 
 struct Owned {
     hdr: Header,
@@ -34,9 +35,9 @@ fn owned(capacity: usize, nbuckets: usize) -> Owned {
     }
 }
 
-fn id(n: u64) -> [u64; 2] {
+fn id(n: u64) -> EntryId {
     // small bucket numbers collide on purpose
-    [n, n.wrapping_mul(0x9e37_79b9_7f4a_7c15)]
+    EntryId([n, n.wrapping_mul(0x9e37_79b9_7f4a_7c15)])
 }
 
 #[test]

@@ -87,61 +87,97 @@ impl LinkLoss {
     }
 }
 
-/// What a worker and its thread share.
+/// What a worker and its thread share, by what it carries.
 pub struct Channel {
+    counts: Counts,
+    strict: StrictQueue,
+    links: LinkRequests,
+    health: ZoneHealth,
+    events: Events,
+    /// The worker asks the thread to stop (after sending what it holds).
+    stop: AtomicBool,
+    done: Done,
+}
+
+/// The increments waiting for the thread, and how it is woken for them.
+struct Counts {
     batch: Mutex<Batch>,
     bounds: Bounds,
     wake: Condvar,
-    stop: AtomicBool,
-    events: Mutex<Vec<Event>>,
-    notify_fd: RawFd,
-    /// Per zone index: whether its backend is up (transport works).
-    up: Vec<AtomicBool>,
-    /// Per zone index: how long (ms) a key's increments may wait for an
-    /// answer before the node's view of the key counts as stale
-    /// (`counter::stale_after_ms` of the zone's usual round trip).
-    stale_ms: Vec<AtomicU32>,
-    /// Increments dropped because the batch was full.
-    pub dropped: AtomicU64,
     /// An increment of a key near its limit is waiting: flush now.
     urgent: AtomicBool,
-    done: Mutex<bool>,
-    done_cv: Condvar,
-    /// Strict requests' limits waiting to be decided in Redis.
-    strict: Mutex<Vec<StrictAsk>>,
-    /// `strict` is not empty: the thread sends it at once.
-    strict_pending: AtomicBool,
-    /// Per zone index: the worker wants a strict link (`link.rs`).
-    link_want: Vec<AtomicBool>,
-    /// Per zone index: the worker's strict link failed (a `LinkLoss`).
-    link_lost: Vec<AtomicU8>,
-    /// One of the two above is set.
-    link_pending: AtomicBool,
+    /// Increments dropped because the batch was full.
+    dropped: AtomicU64,
     /// The ring the thread sleeps on now, if any (`wake_thread`).
     sleeps_on: Mutex<Option<RingRef>>,
+}
+
+/// Strict requests' limits waiting to be decided in Redis.
+struct StrictQueue {
+    asks: Mutex<Vec<StrictAsk>>,
+    /// `asks` is not empty: the thread sends it at once.
+    pending: AtomicBool,
+}
+
+/// What the worker asks of the thread about its strict links, per zone
+/// index.
+struct LinkRequests {
+    /// The worker wants a strict link (`link.rs`).
+    want: Vec<AtomicBool>,
+    /// The worker's strict link failed (a `LinkLoss`).
+    lost: Vec<AtomicU8>,
+    /// One of the two above is set.
+    pending: AtomicBool,
+}
+
+/// What the thread says of each zone's backend, per zone index.
+struct ZoneHealth {
+    /// Whether its backend is up (transport works).
+    up: Vec<AtomicBool>,
+    /// How long (ms) a key's increments may wait for an answer before the
+    /// node's view of the key counts as stale (`counter::stale_after_ms`
+    /// of the zone's usual round trip).
+    stale_ms: Vec<AtomicU32>,
+}
+
+/// What the thread hands back, and the pipe that wakes the worker for it.
+struct Events {
+    list: Mutex<Vec<Event>>,
+    notify_fd: RawFd,
+}
+
+/// The thread has ended.
+struct Done {
+    flag: Mutex<bool>,
+    cv: Condvar,
 }
 
 impl Channel {
     pub fn new(zones: usize, notify_fd: RawFd, bounds: Bounds) -> Channel {
         Channel {
-            batch: Mutex::new(Batch::new(bounds.items, bounds.bytes)),
-            bounds,
-            wake: Condvar::new(),
+            counts: Counts {
+                batch: Mutex::new(Batch::new(bounds.items, bounds.bytes)),
+                bounds,
+                wake: Condvar::new(),
+                urgent: AtomicBool::new(false),
+                dropped: AtomicU64::new(0),
+                sleeps_on: Mutex::new(None),
+            },
+            strict: StrictQueue { asks: Mutex::new(Vec::new()), pending: AtomicBool::new(false) },
+            links: LinkRequests {
+                want: (0..zones).map(|_| AtomicBool::new(false)).collect(),
+                lost: (0..zones).map(|_| AtomicU8::new(0)).collect(),
+                pending: AtomicBool::new(false),
+            },
+            health: ZoneHealth {
+                up: (0..zones).map(|_| AtomicBool::new(true)).collect(),
+                stale_ms: (0..zones)
+                    .map(|_| AtomicU32::new(counter::STALE_MIN_MS as u32))
+                    .collect(),
+            },
+            events: Events { list: Mutex::new(Vec::new()), notify_fd },
             stop: AtomicBool::new(false),
-            events: Mutex::new(Vec::new()),
-            notify_fd,
-            up: (0..zones).map(|_| AtomicBool::new(true)).collect(),
-            stale_ms: (0..zones).map(|_| AtomicU32::new(counter::STALE_MIN_MS as u32)).collect(),
-            dropped: AtomicU64::new(0),
-            urgent: AtomicBool::new(false),
-            done: Mutex::new(false),
-            done_cv: Condvar::new(),
-            strict: Mutex::new(Vec::new()),
-            strict_pending: AtomicBool::new(false),
-            link_want: (0..zones).map(|_| AtomicBool::new(false)).collect(),
-            link_lost: (0..zones).map(|_| AtomicU8::new(0)).collect(),
-            link_pending: AtomicBool::new(false),
-            sleeps_on: Mutex::new(None),
+            done: Done { flag: Mutex::new(false), cv: Condvar::new() },
         }
     }
 
@@ -153,17 +189,17 @@ impl Channel {
     /// the hold budget.
     #[inline]
     pub fn push(&self, id: ItemId, inc: Increment<'_>, send: Due) -> bool {
-        let mut b = self.batch.lock();
+        let mut b = self.counts.batch.lock();
         let added = b.add(id, &inc, send);
         let (ok, due) = (added.is_some(), added.unwrap_or(u64::MAX));
         if !ok {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
         }
-        let first_urgent = ok && due == 0 && !self.urgent.swap(true, Ordering::AcqRel);
+        let first_urgent = ok && due == 0 && !self.counts.urgent.swap(true, Ordering::AcqRel);
         // what waits crossed the hold budget: the thread sends the longest
         // held now (it may sleep until the earliest is due, seconds away,
         // while a spray of new keys fills the batch)
-        let over = ok && b.wake_at > 1 && b.bytes() > self.bounds.hold;
+        let over = ok && b.wake_at > 1 && b.bytes() > self.counts.bounds.hold;
         let wake = over || ok && due < b.wake_at && (due > 0 || first_urgent);
         if wake {
             // it plans anew when woken
@@ -177,7 +213,7 @@ impl Channel {
     }
 
     pub fn delete(&self, d: Delete) -> bool {
-        let mut b = self.batch.lock();
+        let mut b = self.counts.batch.lock();
         let ok = b.delete(d);
         // a delete is due at once
         let wake = ok && b.wake_at > 0;
@@ -194,18 +230,18 @@ impl Channel {
     /// Queues strict requests' limits for the thread, which sends them at
     /// once (no flush pacing: a request waits for the answer).
     pub fn push_strict(&self, asks: impl IntoIterator<Item = StrictAsk>) {
-        self.strict.lock().extend(asks);
-        self.strict_pending.store(true, Ordering::Release);
+        self.strict.asks.lock().extend(asks);
+        self.strict.pending.store(true, Ordering::Release);
         // under the batch lock: the thread is either waiting (and woken) or
         // about to look at `strict_pending`
-        let _b = self.batch.lock();
+        let _b = self.counts.batch.lock();
         self.wake_thread();
     }
 
     /// Asks the thread for a strict link for a zone again (the worker could
     /// not take the one it was handed).
     pub fn want_link(&self, zone: usize) {
-        if let Some(f) = self.link_want.get(zone) {
+        if let Some(f) = self.links.want.get(zone) {
             f.store(true, Ordering::Release);
             self.wake_for_links();
         }
@@ -219,11 +255,11 @@ impl Channel {
         if timed_out {
             // down for the worker at once: the thread may be busy (a check
             // of its own hanging on the same server) before it hears of it
-            if let Some(up) = self.up.get(zone) {
+            if let Some(up) = self.health.up.get(zone) {
                 up.store(false, Ordering::Relaxed);
             }
         }
-        if let Some(f) = self.link_lost.get(zone) {
+        if let Some(f) = self.links.lost.get(zone) {
             let loss = if timed_out { LinkLoss::TimedOut } else { LinkLoss::Closed };
             f.fetch_max(loss as u8, Ordering::AcqRel);
             self.wake_for_links();
@@ -231,16 +267,16 @@ impl Channel {
     }
 
     fn wake_for_links(&self) {
-        self.link_pending.store(true, Ordering::Release);
-        let _b = self.batch.lock();
+        self.links.pending.store(true, Ordering::Release);
+        let _b = self.counts.batch.lock();
         self.wake_thread();
     }
 
     /// Wakes the thread, on its condition variable or, while it sleeps on
     /// a zone's ring (it sends the zone: `run.rs`), there.
     fn wake_thread(&self) {
-        self.wake.notify_one();
-        if let Some(ring) = *self.sleeps_on.lock() {
+        self.counts.wake.notify_one();
+        if let Some(ring) = *self.counts.sleeps_on.lock() {
             ring.wake();
         }
     }
@@ -248,17 +284,18 @@ impl Channel {
     /// See `stale_ms` (the field).
     #[inline]
     pub fn stale_ms(&self, zone: usize) -> u64 {
-        self.stale_ms
+        self.health
+            .stale_ms
             .get(zone)
             .map_or(counter::STALE_MIN_MS, |s| u64::from(s.load(Ordering::Relaxed)))
     }
 
     pub fn is_up(&self, zone: usize) -> bool {
-        self.up.get(zone).is_none_or(|u| u.load(Ordering::Relaxed))
+        self.health.up.get(zone).is_none_or(|u| u.load(Ordering::Relaxed))
     }
 
     pub fn take_events(&self) -> Vec<Event> {
-        std::mem::take(&mut *self.events.lock())
+        std::mem::take(&mut *self.events.list.lock())
     }
 
     /// Asks the thread to stop (after sending what it holds, for at most
@@ -267,14 +304,14 @@ impl Channel {
     pub fn stop(&self, wait: Duration) -> bool {
         self.stop.store(true, Ordering::Release);
         {
-            let _b = self.batch.lock();
-            self.wake.notify_all();
+            let _b = self.counts.batch.lock();
+            self.counts.wake.notify_all();
             self.wake_thread();
         }
         let deadline = Instant::now() + wait;
-        let mut done = self.done.lock();
+        let mut done = self.done.flag.lock();
         while !*done {
-            if self.done_cv.wait_until(&mut done, deadline).timed_out() {
+            if self.done.cv.wait_until(&mut done, deadline).timed_out() {
                 return *done;
             }
         }
@@ -285,12 +322,12 @@ impl Channel {
         if events.is_empty() {
             return;
         }
-        self.events.lock().extend(events);
+        self.events.list.lock().extend(events);
         let byte = 1u8;
         // SAFETY: writes one byte from a valid buffer to the pipe's write end,
         // which stays open until the thread has stopped. The pipe is
         // non-blocking: a full pipe already has a wake-up pending.
-        unsafe { libc::write(self.notify_fd, (&raw const byte).cast(), 1) };
+        unsafe { libc::write(self.events.notify_fd, (&raw const byte).cast(), 1) };
     }
 }
 
@@ -310,7 +347,7 @@ pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<Joi
                 let events = names
                     .iter()
                     .map(|(index, name)| {
-                        if let Some(up) = channel.up.get(*index as usize) {
+                        if let Some(up) = channel.health.up.get(*index as usize) {
                             up.store(false, Ordering::Relaxed);
                         }
                         Event::Log {
@@ -324,8 +361,8 @@ pub fn spawn(channel: Arc<Channel>, zones: Vec<ZoneSpec>) -> std::io::Result<Joi
                     .collect();
                 channel.publish(events);
             }
-            *channel.done.lock() = true;
-            channel.done_cv.notify_all();
+            *channel.done.flag.lock() = true;
+            channel.done.cv.notify_all();
         });
     signals::restore(&saved);
     spawned
@@ -351,10 +388,10 @@ pub(super) fn show_health(ch: &Channel, b: &Backend) {
         let ms = st.map_or(0, |s| s.stale_ms.load(Ordering::Relaxed));
         (shared_up && b.server.health.is_up(), if ms == 0 { counter::STALE_MIN_MS } else { ms })
     };
-    if let Some(u) = ch.up.get(b.zone() as usize) {
+    if let Some(u) = ch.health.up.get(b.zone() as usize) {
         u.store(up, Ordering::Relaxed);
     }
-    if let Some(s) = ch.stale_ms.get(b.zone() as usize) {
+    if let Some(s) = ch.health.stale_ms.get(b.zone() as usize) {
         s.store(u32::try_from(ms).unwrap_or(u32::MAX), Ordering::Relaxed);
     }
 }

@@ -3,6 +3,7 @@
 //! node's next decision sees what the other nodes counted meanwhile; within
 //! a budget of Redis commands per second per zone and worker.
 
+use ratelimit_core::key::EntryId;
 use std::time::{Duration, Instant};
 
 use ratelimit_core::batch::{Item, ItemId, ItemMap};
@@ -54,7 +55,7 @@ impl Watches {
     }
 
     /// Forgets one entry (its key was reset).
-    pub(super) fn forget(&mut self, entry: [u64; 2]) {
+    pub(super) fn forget(&mut self, entry: EntryId) {
         self.keys.retain(|id, _| id.entry != entry);
     }
 

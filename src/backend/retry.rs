@@ -5,6 +5,7 @@
 //! undelivered: counted on this node only (`Event::KeepLocal`), counted as
 //! dropped, and said in a log line.
 
+use ratelimit_core::key::EntryId;
 use std::time::Instant;
 
 use ratelimit_core::batch::{Item, ItemId, ItemMap};
@@ -52,7 +53,7 @@ impl Retry {
     }
 
     /// Forgets what is held for one entry (its key was reset).
-    pub(super) fn forget(&mut self, entry: [u64; 2]) {
+    pub(super) fn forget(&mut self, entry: EntryId) {
         let mut freed = 0;
         self.items.retain(|id, item| {
             let keep = id.entry != entry;

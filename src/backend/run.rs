@@ -111,7 +111,7 @@ impl Thread {
     /// Sleeps until there is work: increments due (or too many bytes
     /// waiting), strict calls or links, a backend's timer, or a stop.
     fn wait(&mut self, ch: &Channel) -> Work {
-        let mut b = ch.batch.lock();
+        let mut b = ch.counts.batch.lock();
         loop {
             if ch.stop.load(Ordering::Acquire) {
                 // a sender that stops sends what was forwarded to it too,
@@ -125,7 +125,7 @@ impl Thread {
                 let (items, deletes) = b.drain();
                 return Work { items, deletes, stopping: true };
             }
-            if ch.strict_pending.load(Ordering::Acquire) || ch.link_pending.load(Ordering::Acquire)
+            if ch.strict.pending.load(Ordering::Acquire) || ch.links.pending.load(Ordering::Acquire)
             {
                 return Work::none();
             }
@@ -148,10 +148,10 @@ impl Thread {
                 self.forwarded_at = Instant::now();
                 // what is taken now includes what was urgent: the next
                 // urgent push must wake the thread again
-                ch.urgent.store(false, Ordering::Release);
+                ch.counts.urgent.store(false, Ordering::Release);
                 let now_ms = clock::unix_ms();
                 let (mut items, mut deletes) =
-                    b.drain_due(now_ms + DUE_SLACK_MS, DUE_CHUNK, ch.bounds.hold);
+                    b.drain_due(now_ms + DUE_SLACK_MS, DUE_CHUNK, ch.counts.bounds.hold);
                 for z in forwarded {
                     let (i, d) = b.drain_zone(z);
                     items.extend(i);
@@ -166,23 +166,23 @@ impl Thread {
             let due = b.next_due();
             // due later than any item can be: the clock stepped back
             let stepped = due.is_some_and(|d| d > now_ms.saturating_add(params::MAX_HOLD_MS));
-            let over = stepped || b.bytes() > ch.bounds.hold;
+            let over = stepped || b.bytes() > ch.counts.bounds.hold;
             if over || due.is_some_and(|d| d <= now_ms) {
                 b.wake_at = 0;
                 let ready = self.last_flush.map_or(Duration::MAX, |t| t.elapsed());
-                let urgent = ch.urgent.swap(false, Ordering::AcqRel) | forwarded_now;
+                let urgent = ch.counts.urgent.swap(false, Ordering::AcqRel) | forwarded_now;
                 if over || urgent || ready >= FLUSH_INTERVAL {
                     let (items, deletes) = if stepped {
                         b.drain()
                     } else {
-                        b.drain_due(now_ms + DUE_SLACK_MS, DUE_CHUNK, ch.bounds.hold)
+                        b.drain_due(now_ms + DUE_SLACK_MS, DUE_CHUNK, ch.counts.bounds.hold)
                     };
                     return Work { items, deletes, stopping: false };
                 }
                 // paced: an increment that must go at once still wakes the
                 // thread (due 0 < 1)
                 b.wake_at = 1;
-                ch.wake.wait_for(&mut b, FLUSH_INTERVAL - ready);
+                ch.counts.wake.wait_for(&mut b, FLUSH_INTERVAL - ready);
                 b.wake_at = 0;
                 continue;
             }
@@ -222,17 +222,17 @@ impl Thread {
             b.wake_at = now_ms.saturating_add(next.duration_since(now).as_millis() as u64).max(1);
             let timed_out = match rings.first() {
                 Some(&ring) => {
-                    *ch.sleeps_on.lock() = Some(ring);
+                    *ch.counts.sleeps_on.lock() = Some(ring);
                     let seen = ring.seq().load(Ordering::Acquire);
                     // forwarded before `seen` was read: not slept over
                     if ring.with(own_pid() as u32, process_alive, |r| r.is_empty()) {
                         let left = next.saturating_duration_since(Instant::now());
                         MutexGuard::unlocked(&mut b, || ring.sleep(seen, left));
                     }
-                    *ch.sleeps_on.lock() = None;
+                    *ch.counts.sleeps_on.lock() = None;
                     Instant::now() >= next
                 }
-                None => ch.wake.wait_until(&mut b, next).timed_out(),
+                None => ch.counts.wake.wait_until(&mut b, next).timed_out(),
             };
             b.wake_at = 0;
             if timed_out && b.next_due().is_none_or(|d| d > clock::unix_ms()) {
@@ -244,14 +244,14 @@ impl Thread {
     /// Strict calls waiting: sent at once, their answers handed over
     /// before anything else (requests wait for them).
     fn strict(&mut self, ch: &Channel, events: &mut Vec<Event>) {
-        if !ch.strict_pending.swap(false, Ordering::AcqRel) {
+        if !ch.strict.pending.swap(false, Ordering::AcqRel) {
             return;
         }
         // a key reset before these calls were made is reset before they
         // run (Lua's `reset`, then a count of the key)
-        let deletes = ch.batch.lock().take_deletes();
+        let deletes = ch.counts.batch.lock().take_deletes();
         self.delete(deletes, events);
-        let asks = std::mem::take(&mut *ch.strict.lock());
+        let asks = std::mem::take(&mut *ch.strict.asks.lock());
         strict::send_all(&mut self.backends, asks, events);
         // a backend that failed is known down before its answers land: a
         // strict request after them must not wait for it
@@ -323,11 +323,11 @@ impl Thread {
 
     /// The strict links the workers asked for, or lost.
     fn links(&mut self, ch: &Channel, events: &mut Vec<Event>) {
-        let linked = ch.link_pending.swap(false, Ordering::AcqRel);
+        let linked = ch.links.pending.swap(false, Ordering::AcqRel);
         for b in self.backends.iter_mut() {
             let zone = b.zone() as usize;
             if linked {
-                let lost = ch.link_lost.get(zone).map_or(0, |f| f.swap(0, Ordering::AcqRel));
+                let lost = ch.links.lost.get(zone).map_or(0, |f| f.swap(0, Ordering::AcqRel));
                 let lost = LinkLoss::from_u8(lost);
                 match lost {
                     LinkLoss::TimedOut => b.server.link_timed_out(events),
@@ -335,7 +335,7 @@ impl Thread {
                     LinkLoss::None => {}
                 }
                 show_health(ch, b);
-                let want = ch.link_want.get(zone).is_some_and(|f| f.swap(false, Ordering::AcqRel));
+                let want = ch.links.want.get(zone).is_some_and(|f| f.swap(false, Ordering::AcqRel));
                 if want || lost != LinkLoss::None {
                     b.want_link();
                 }
@@ -347,7 +347,7 @@ impl Thread {
     /// A full queue drops increments (they stay counted on this node): say
     /// so, rarely.
     fn report_drops(&mut self, ch: &Channel, events: &mut Vec<Event>) {
-        let dropped = ch.dropped.load(Ordering::Relaxed);
+        let dropped = ch.counts.dropped.load(Ordering::Relaxed);
         if dropped <= self.drops_reported
             || self.drops_logged.is_some_and(|t| t.elapsed() < DROP_LOG_INTERVAL)
         {
@@ -359,8 +359,8 @@ impl Thread {
             message: format!(
                 "redis_ratelimit: {} increments dropped: more than {} distinct keys or {} bytes waited for one flush",
                 dropped - self.drops_reported,
-                ch.bounds.items,
-                ch.bounds.bytes
+                ch.counts.bounds.items,
+                ch.counts.bounds.bytes
             ),
         });
         self.drops_reported = dropped;
@@ -374,7 +374,7 @@ impl Thread {
         }
         self.waiting_at = Instant::now();
         let queued: Vec<u64> = {
-            let batch = ch.batch.lock();
+            let batch = ch.counts.batch.lock();
             self.backends.iter().map(|b| batch.pending(b.zone())).collect()
         };
         let mut orphans = Vec::new();

@@ -8,6 +8,7 @@
 //! and let the key's last request through twice.
 
 use ratelimit_core::batch::ItemId;
+use ratelimit_core::key::EntryId;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::strict;
 use ratelimit_core::window::window_index;
@@ -33,7 +34,7 @@ pub fn small_in_redis(mcf: &MainConf, zone: usize, rate: Rate) -> bool {
 /// links. One per entry, at the heaviest cost of the limits sharing it, as
 /// the engine counted it; an entry whose first limit is decided in the
 /// background went with the thread's increments.
-pub(super) fn send(asks: &[Ask<'_>], ids: &[[u64; 2]], now: u64) {
+pub(super) fn send(asks: &[Ask<'_>], ids: &[EntryId], now: u64) {
     let Some(ch) = crate::worker::channel::channel() else {
         return;
     };

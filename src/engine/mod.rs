@@ -18,6 +18,7 @@ use ngx::ngx_log_debug;
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::decide::{self, CheckedAll, Entries, Limit, Push, Pushes, INLINE};
 pub use ratelimit_core::decide::{Checked, Decision, Mode, Strict, Take};
+use ratelimit_core::key::EntryId;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::table::Entry;
@@ -80,7 +81,7 @@ pub fn decide(
 }
 
 /// Each ask's entry id (what Redis's answers name it by), in order.
-pub type Ids = SmallVec<[[u64; 2]; INLINE]>;
+pub type Ids = SmallVec<[EntryId; INLINE]>;
 
 /// `decide`, with each ask's entry id, found as it decided (a strict
 /// request's check before its wait: its script calls name the entries).
@@ -125,7 +126,7 @@ pub fn check_one(
     a: &Ask<'_>,
     now: u64,
     log: *mut ngx_log_t,
-) -> Result<(Decision, [u64; 2]), NoZone> {
+) -> Result<(Decision, EntryId), NoZone> {
     decide_one(mcf, a, now, Take::Never, log)
 }
 
@@ -137,7 +138,7 @@ fn decide_one(
     now: u64,
     take: Take,
     log: *mut ngx_log_t,
-) -> Result<(Decision, [u64; 2]), NoZone> {
+) -> Result<(Decision, EntryId), NoZone> {
     let channel = crate::worker::channel::channel();
     let (shared, id) = identify(mcf, a)?;
     let l = limit(mcf, a, 0, channel);
@@ -377,7 +378,7 @@ pub fn backend_up(mcf: &MainConf, ch: &Channel, zone: usize) -> bool {
 /// built `--with-debug`; written only with `error_log ... debug` or
 /// `debug_connection`).
 #[inline(always)]
-fn trace(log: *mut ngx_log_t, mcf: &MainConf, a: &Ask<'_>, id: [u64; 2], mode: Mode, s: &Checked) {
+fn trace(log: *mut ngx_log_t, mcf: &MainConf, a: &Ask<'_>, id: EntryId, mode: Mode, s: &Checked) {
     if !ngx::log::DEBUG || log.is_null() {
         return;
     }
@@ -386,7 +387,7 @@ fn trace(log: *mut ngx_log_t, mcf: &MainConf, a: &Ask<'_>, id: [u64; 2], mode: M
         log,
         "redis_ratelimit: zone \"{}\" key #{:016x} {}: estimate {:.2}, {:.2} after, mode {}: {}",
         mcf.zones[a.zone].name,
-        id[0],
+        id.0[0],
         a.rate,
         s.check.estimate.value(),
         s.after.value(),
@@ -398,21 +399,21 @@ fn trace(log: *mut ngx_log_t, mcf: &MainConf, a: &Ask<'_>, id: [u64; 2], mode: M
 /// The zone's shared memory and the key's entry id (hashed outside any
 /// lock).
 #[inline(always)]
-fn identify<'m>(mcf: &'m MainConf, a: &Ask<'_>) -> Result<(&'m Shared, [u64; 2]), NoZone> {
+fn identify<'m>(mcf: &'m MainConf, a: &Ask<'_>) -> Result<(&'m Shared, EntryId), NoZone> {
     let shared = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()).ok_or(NoZone)?;
     Ok((shared, entry_id(shared, a)))
 }
 
 /// The id of `a`'s entry in the zone's table.
 #[inline]
-pub fn entry_id(shared: &Shared, a: &Ask<'_>) -> [u64; 2] {
+pub fn entry_id(shared: &Shared, a: &Ask<'_>) -> EntryId {
     let ns = if a.zone_named { shared.name } else { shared.ids.namespace(a.namespace) };
     shared.ids.id_in(ns, a.rate.period, a.key)
 }
 
 /// Queues one counted request for the zone's Redis thread.
 #[inline]
-fn queue(mcf: &MainConf, ch: &Channel, a: &Ask<'_>, id: [u64; 2], p: &Push) {
+fn queue(mcf: &MainConf, ch: &Channel, a: &Ask<'_>, id: EntryId, p: &Push) {
     let item = ItemId { zone: a.zone as u32, entry: id, window: p.window };
     let inc = Increment {
         namespace: a.namespace,

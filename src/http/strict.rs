@@ -18,6 +18,7 @@
 //! Redis's answer is applied, and answered when it wakes without its
 //! handler running again (`answer_evaluated`).
 
+use ratelimit_core::key::EntryId;
 use std::ffi::c_void;
 use std::ptr;
 
@@ -139,7 +140,7 @@ pub(super) fn limit(
     // what this node knows first: a key over its limit needs no round trip
     let now = now_ms();
     let (one, many);
-    let (d, ids): (_, &[[u64; 2]]) = if let [a] = &*asks {
+    let (d, ids): (_, &[EntryId]) = if let [a] = &*asks {
         let (d, id) = engine::check_one(mcf, a, now, debug_log(r))?;
         one = [id];
         (d, &one)

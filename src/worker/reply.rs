@@ -181,7 +181,7 @@ pub(super) fn confirmed(
             log,
             "redis_ratelimit: reply applied: zone {} key #{:016x} window {}: {} sent, count {}, previous {}",
             id.zone,
-            id.entry[0],
+            id.entry.0[0],
             confirmation.window,
             confirmation.sent,
             confirmation.cur,
@@ -193,7 +193,7 @@ pub(super) fn confirmed(
                 log,
                 "redis_ratelimit: breaker armed: zone {} key #{:016x} limited for {} ms",
                 id.zone,
-                id.entry[0],
+                id.entry.0[0],
                 e.blocked_until_ms - now
             );
         }

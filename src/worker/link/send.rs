@@ -21,7 +21,7 @@ pub(super) struct Key(ItemId, u32);
 impl std::hash::Hash for Key {
     #[inline]
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write_u64(self.0.entry[0] ^ self.0.window.rotate_left(32) ^ u64::from(self.1));
+        state.write_u64(self.0.entry.0[0] ^ self.0.window.rotate_left(32) ^ u64::from(self.1));
     }
 }
 
