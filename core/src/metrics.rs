@@ -76,188 +76,179 @@ fn head(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-/// One metric family with one sample per zone (and per extra label set
-/// `rows` gives).
-fn family<T: std::fmt::Display>(
-    out: &mut String,
-    name: &str,
-    kind: &str,
-    help: &str,
-    zones: &[Zone],
-    rows: &dyn Fn(&Zone) -> Vec<(String, T)>,
-) {
-    head(out, name, kind, help);
-    for z in zones {
-        for (labels, v) in rows(z) {
-            let _ = writeln!(out, "{name}{{zone=\"{}\"{labels}}} {v}", label(&z.name));
-        }
-    }
-}
-
-/// Seconds, as Prometheus prints them.
 fn secs(us: u64) -> String {
     format!("{}", us as f64 / 1e6)
 }
 
+/// A family's samples of one zone: extra labels (`,name="value"`), value
+/// as written.
+type Samples = Vec<(String, String)>;
+
+/// Where a family's samples come from: every zone's figures, or a Redis
+/// zone's backend (zones without `redis=` have none).
+enum Of {
+    Zone(fn(&Zone) -> Samples),
+    Redis(fn(&Redis) -> Samples),
+}
+
+/// One metric family of the page.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    of: Of,
+}
+
+fn one(v: u64) -> Samples {
+    vec![(String::new(), v.to_string())]
+}
+
+/// The page's families, in order (the round-trip histogram follows them).
+const FAMILIES: &[Family] = &[
+    Family {
+        name: "nginx_redis_ratelimit_requests_total",
+        kind: "counter",
+        help: "Requests a zone decided, by outcome (passed, rejected, rejected_dry_run; not_limited: the key was empty), all workers.",
+        of: Of::Zone(|z| {
+            vec![
+                (",outcome=\"passed\"".into(), z.passed.to_string()),
+                (",outcome=\"rejected\"".into(), z.rejected.to_string()),
+                (",outcome=\"rejected_dry_run\"".into(), z.rejected_dry_run.to_string()),
+                (",outcome=\"not_limited\"".into(), z.not_limited.to_string()),
+            ]
+        }),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_keys",
+        kind: "gauge",
+        help: "Keys (key and period pairs) in the zone's shared memory.",
+        of: Of::Zone(|z| one(z.keys)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_keys_capacity",
+        kind: "gauge",
+        help: "Keys the zone's shared memory holds.",
+        of: Of::Zone(|z| one(z.capacity)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_evictions_total",
+        kind: "counter",
+        help: "Least recently used keys evicted to make room.",
+        of: Of::Zone(|z| one(z.evictions)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_breaker_trips_total",
+        kind: "counter",
+        help: "Keys whose breaker opened (Redis's counts put the key over its limit: its requests are refused without a look at the counts), once per key and window.",
+        of: Of::Zone(|z| one(z.breaker_trips)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_dropped_increments_total",
+        kind: "counter",
+        help: "Counted requests the queue to the Redis thread had no room for (counted on this node only).",
+        of: Of::Zone(|z| one(z.dropped)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_backend_up",
+        kind: "gauge",
+        help: "1 while the zone's Redis backend works, 0 while it is down (as its threads last saw it).",
+        of: Of::Redis(|r| one(u64::from(r.up))),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_on_error",
+        kind: "gauge",
+        help: "The zone's on_error policy (1 for the one in force while Redis is down).",
+        of: Of::Redis(|r| vec![(format!(",policy=\"{}\"", r.on_error), "1".into())]),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_redis_nodes",
+        kind: "gauge",
+        help: "Nodes counting the zone through its Redis lately (on_error=share; 0: not known).",
+        of: Of::Redis(|r| one(r.nodes)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_redis_commands_total",
+        kind: "counter",
+        help: "Redis commands sent.",
+        of: Of::Redis(|r| one(r.commands)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_redis_pipelines_total",
+        kind: "counter",
+        help: "Pipelines (flushes, checks, TTL fixes) sent to Redis.",
+        of: Of::Redis(|r| one(r.pipelines)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_redis_errors_total",
+        kind: "counter",
+        help: "Redis errors: transport (refused, reset, timeout, TLS, cluster down) or reply (an error reply to one command).",
+        of: Of::Redis(|r| {
+            vec![
+                (",kind=\"transport\"".into(), r.errors_transport.to_string()),
+                (",kind=\"reply\"".into(), r.errors_reply.to_string()),
+            ]
+        }),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_redis_connects_total",
+        kind: "counter",
+        help: "Connections made to Redis.",
+        of: Of::Redis(|r| one(r.connects)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_increments_waiting",
+        kind: "gauge",
+        help: "Counted requests waiting on this node to be sent to Redis (held far from the limit, or kept through an outage).",
+        of: Of::Redis(|r| one(r.waiting)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_last_sync_age_seconds",
+        kind: "gauge",
+        help: "Seconds that counts have waited on this node without a flush to Redis going through (since the later of the last flush and the oldest count waiting); 0 while none waits.",
+        of: Of::Redis(|r| r.sync_age_s.map(|a| (String::new(), a.to_string())).into_iter().collect()),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_strict_waits_total",
+        kind: "counter",
+        help: "Requests that waited for Redis's decision (strict limits).",
+        of: Of::Redis(|r| one(r.strict_waits)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_strict_timeouts_total",
+        kind: "counter",
+        help: "Strict requests whose wait ended without Redis's decision (timeout=, a failed exchange, an error reply): decided by on_error.",
+        of: Of::Redis(|r| one(r.strict_timeouts)),
+    },
+];
+
 /// The Prometheus text exposition of `zones`.
 pub fn prometheus(zones: &[Zone]) -> String {
     let mut out = String::new();
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_requests_total",
-        "counter",
-        "Requests a zone decided, by outcome (passed, rejected, rejected_dry_run; not_limited: the key was empty), all workers.",
-        zones,
-        &|z| {
-            vec![
-                (",outcome=\"passed\"".into(), z.passed),
-                (",outcome=\"rejected\"".into(), z.rejected),
-                (",outcome=\"rejected_dry_run\"".into(), z.rejected_dry_run),
-                (",outcome=\"not_limited\"".into(), z.not_limited),
-            ]
-        },
-    );
-    let one = |f: fn(&Zone) -> u64| move |z: &Zone| vec![(String::new(), f(z))];
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_keys",
-        "gauge",
-        "Keys (key and period pairs) in the zone's shared memory.",
-        zones,
-        &one(|z| z.keys),
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_keys_capacity",
-        "gauge",
-        "Keys the zone's shared memory holds.",
-        zones,
-        &one(|z| z.capacity),
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_evictions_total",
-        "counter",
-        "Least recently used keys evicted to make room.",
-        zones,
-        &one(|z| z.evictions),
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_breaker_trips_total",
-        "counter",
-        "Keys whose breaker opened (Redis's counts put the key over its limit: its requests are refused without a look at the counts), once per key and window.",
-        zones,
-        &one(|z| z.breaker_trips),
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_dropped_increments_total",
-        "counter",
-        "Counted requests the queue to the Redis thread had no room for (counted on this node only).",
-        zones,
-        &one(|z| z.dropped),
-    );
+    for f in FAMILIES {
+        head(&mut out, f.name, f.kind, f.help);
+        for z in zones {
+            let samples = match (&f.of, &z.redis) {
+                (Of::Zone(of), _) => of(z),
+                (Of::Redis(of), Some(r)) => of(r),
+                (Of::Redis(_), None) => continue,
+            };
+            for (labels, v) in samples {
+                let _ = writeln!(out, "{}{{zone=\"{}\"{labels}}} {v}", f.name, label(&z.name));
+            }
+        }
+    }
+    roundtrips(&mut out, zones);
+    out
+}
 
-    let redis: Vec<Zone> = zones.iter().filter(|z| z.redis.is_some()).cloned().collect();
-    let r = |z: &Zone| z.redis.clone().unwrap_or_default();
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_backend_up",
-        "gauge",
-        "1 while the zone's Redis backend works, 0 while it is down (as its threads last saw it).",
-        &redis,
-        &|z| vec![(String::new(), u64::from(r(z).up))],
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_on_error",
-        "gauge",
-        "The zone's on_error policy (1 for the one in force while Redis is down).",
-        &redis,
-        &|z| vec![(format!(",policy=\"{}\"", r(z).on_error), 1u64)],
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_redis_nodes",
-        "gauge",
-        "Nodes counting the zone through its Redis lately (on_error=share; 0: not known).",
-        &redis,
-        &|z| vec![(String::new(), r(z).nodes)],
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_redis_commands_total",
-        "counter",
-        "Redis commands sent.",
-        &redis,
-        &|z| vec![(String::new(), r(z).commands)],
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_redis_pipelines_total",
-        "counter",
-        "Pipelines (flushes, checks, TTL fixes) sent to Redis.",
-        &redis,
-        &|z| vec![(String::new(), r(z).pipelines)],
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_redis_errors_total",
-        "counter",
-        "Redis errors: transport (refused, reset, timeout, TLS, cluster down) or reply (an error reply to one command).",
-        &redis,
-        &|z| {
-            vec![
-                (",kind=\"transport\"".into(), r(z).errors_transport),
-                (",kind=\"reply\"".into(), r(z).errors_reply),
-            ]
-        },
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_redis_connects_total",
-        "counter",
-        "Connections made to Redis.",
-        &redis,
-        &|z| vec![(String::new(), r(z).connects)],
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_increments_waiting",
-        "gauge",
-        "Counted requests waiting on this node to be sent to Redis (held far from the limit, or kept through an outage).",
-        &redis,
-        &|z| vec![(String::new(), r(z).waiting)],
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_last_sync_age_seconds",
-        "gauge",
-        "Seconds that counts have waited on this node without a flush to Redis going through (since the later of the last flush and the oldest count waiting); 0 while none waits.",
-        &redis,
-        &|z| r(z).sync_age_s.map(|a| (String::new(), a)).into_iter().collect(),
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_strict_waits_total",
-        "counter",
-        "Requests that waited for Redis's decision (strict limits).",
-        &redis,
-        &|z| vec![(String::new(), r(z).strict_waits)],
-    );
-    family(
-        &mut out,
-        "nginx_redis_ratelimit_strict_timeouts_total",
-        "counter",
-        "Strict requests whose wait ended without Redis's decision (timeout=, a failed exchange, an error reply): decided by on_error.",
-        &redis,
-        &|z| vec![(String::new(), r(z).strict_timeouts)],
-    );
+/// The histogram of the round trips of each Redis zone's pipelines.
+fn roundtrips(out: &mut String, zones: &[Zone]) {
     let name = "nginx_redis_ratelimit_redis_roundtrip_seconds";
-    head(&mut out, name, "histogram", "Round trips of the pipelines sent to Redis.");
-    for z in &redis {
-        let rz = r(z);
+    head(out, name, "histogram", "Round trips of the pipelines sent to Redis.");
+    for z in zones {
+        let Some(rz) = &z.redis else {
+            continue;
+        };
         let zl = label(&z.name);
         let mut cumulative = 0;
         for (i, n) in rz.rtt_buckets.iter().enumerate() {
@@ -268,7 +259,6 @@ pub fn prometheus(zones: &[Zone]) -> String {
         let _ = writeln!(out, "{name}_sum{{zone=\"{zl}\"}} {}", secs(rz.rtt_sum_us));
         let _ = writeln!(out, "{name}_count{{zone=\"{zl}\"}} {cumulative}");
     }
-    out
 }
 
 /// Whether a query string asks for JSON (`format=json` among its

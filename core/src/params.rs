@@ -185,275 +185,298 @@ fn may_be_secret(name: &[u8]) -> bool {
 }
 
 /// Parses the parameters after the key: `zone=name:size` (required),
-/// `redis=URL[,URL...]`, `cluster`, `prefix=str`, `timeout=time`,
-/// `on_error=allow|deny|local`. `min_size` is the smallest zone accepted.
+/// `redis=URL[,URL...]`, `cluster`, `sentinel=`, `prefix=str`,
+/// `timeout=time`, `on_error=allow|deny|local|share`, `hold=`, `nodes=`,
+/// `password_file=` and the `ssl_*=` ones. `min_size` is the smallest
+/// zone accepted. Each parameter is read on its own (`Given::take`), then
+/// checked against the others (`Given::into_params`).
 pub fn parse_zone_params(
     args: &[&[u8]],
     min_size: usize,
     units: Units,
 ) -> Result<ZoneParams, String> {
-    let mut zone: Option<(String, usize)> = None;
-    let mut urls: Option<Vec<String>> = None;
-    let mut cluster = false;
-    let mut sentinel: Option<String> = None;
-    let mut sentinel_user: Option<String> = None;
-    let mut sentinel_password: Option<String> = None;
-    let mut prefix: Option<Vec<u8>> = None;
-    let mut timeout_ms: Option<u64> = None;
-    let mut on_error: Option<OnError> = None;
-    let mut hold_ms: Option<u64> = None;
-    let mut nodes: Option<u32> = None;
-    let mut password_file: Option<Vec<u8>> = None;
-    let mut ssl = SslParams::default();
-
+    let mut given = Given::default();
     for &arg in args {
+        given.take(arg, min_size, &units)?;
+    }
+    given.into_params()
+}
+
+/// The parameters of one `redis_ratelimit_zone` line, as given.
+#[derive(Default)]
+struct Given {
+    zone: Option<(String, usize)>,
+    urls: Option<Vec<String>>,
+    cluster: Option<()>,
+    sentinel: Option<String>,
+    sentinel_user: Option<String>,
+    sentinel_password: Option<String>,
+    prefix: Option<Vec<u8>>,
+    timeout_ms: Option<u64>,
+    on_error: Option<OnError>,
+    hold_ms: Option<u64>,
+    nodes: Option<u32>,
+    password_file: Option<Vec<u8>>,
+    ssl: SslParams,
+}
+
+/// Sets a parameter given once: a second one is an error, whatever its
+/// value (checked before the value is read).
+fn once<T>(
+    slot: &mut Option<T>,
+    name: &[u8],
+    read: impl FnOnce() -> Result<T, String>,
+) -> Result<(), String> {
+    if slot.is_some() {
+        return Err(format!("duplicate parameter \"{}\"", show(name)));
+    }
+    *slot = Some(read()?);
+    Ok(())
+}
+
+impl Given {
+    /// Reads one parameter.
+    fn take(&mut self, arg: &[u8], min_size: usize, units: &Units) -> Result<(), String> {
         let (name, value) = match arg.iter().position(|&b| b == b'=') {
             Some(eq) => (&arg[..eq], Some(&arg[eq + 1..])),
             None => (arg, None),
         };
-        let dup = || format!("duplicate parameter \"{}\"", show(name));
         match (name, value) {
-            (b"zone", Some(v)) => {
-                if zone.is_some() {
-                    return Err(dup());
-                }
-                let colon = v.iter().rposition(|&b| b == b':').ok_or_else(|| {
-                    format!("invalid zone \"{}\": expected zone=name:size", show(arg))
-                })?;
-                let (n, sz) = (&v[..colon], &v[colon + 1..]);
-                // a colon would make two zones' Redis keys meet: zone `a:b`
-                // key `c` and zone `a` key `b:c`
-                if n.is_empty() || !n.iter().all(|&b| b.is_ascii_graphic() && !b"{}:".contains(&b))
-                {
-                    return Err(format!(
-                        "invalid zone name \"{}\": printable ASCII without braces or colons expected",
-                        show(n)
-                    ));
-                }
-                let size = (units.size)(sz)
-                    .ok_or_else(|| format!("invalid zone size \"{}\"", show(sz)))?;
-                if size < min_size {
-                    return Err(format!(
-                        "zone \"{}\" is too small: {} bytes, at least {} (8 pages) needed",
-                        show(n),
-                        size,
-                        min_size
-                    ));
-                }
-                zone = Some((show(n), size));
-            }
-            (b"redis", Some(v)) => {
-                if urls.is_some() {
-                    return Err(dup());
-                }
-                let text = std::str::from_utf8(v)
-                    .map_err(|_| "invalid Redis URL: not UTF-8".to_string())?;
-                let list: Vec<String> = text.split(',').map(str::to_string).collect();
-                for u in &list {
-                    check_url(u)?;
-                }
-                urls = Some(list);
-            }
-            (b"cluster", None) => {
-                if cluster {
-                    return Err(dup());
-                }
-                cluster = true;
-            }
-            (b"sentinel", Some(v)) => {
-                if sentinel.is_some() {
-                    return Err(dup());
-                }
-                if v.is_empty() || !v.iter().all(|&b| b.is_ascii_graphic()) {
-                    return Err(format!(
-                        "invalid sentinel \"{}\": the master's name expected (sentinel=mymaster)",
-                        show(v)
-                    ));
-                }
-                sentinel = Some(show(v));
-            }
-            (b"password_file", Some(v)) => {
-                if password_file.is_some() {
-                    return Err(dup());
-                }
+            (b"zone", Some(v)) => once(&mut self.zone, name, || zone(arg, v, min_size, units)),
+            (b"redis", Some(v)) => once(&mut self.urls, name, || redis_urls(v)),
+            (b"cluster", None) => once(&mut self.cluster, name, || Ok(())),
+            (b"sentinel", Some(v)) => once(&mut self.sentinel, name, || sentinel_name(v)),
+            (b"password_file", Some(v)) => once(&mut self.password_file, name, || {
                 if v.is_empty() {
                     return Err("invalid password_file \"\": a file name expected".to_string());
                 }
-                password_file = Some(v.to_vec());
-            }
-            (b"sentinel_user", Some(v)) => {
-                if sentinel_user.is_some() {
-                    return Err(dup());
-                }
-                if v.is_empty() || !v.iter().all(|&b| b.is_ascii_graphic()) {
-                    return Err(format!(
-                        "invalid sentinel_user \"{}\": a user name expected",
-                        show(v)
-                    ));
-                }
-                sentinel_user = Some(show(v));
-            }
+                Ok(v.to_vec())
+            }),
+            (b"sentinel_user", Some(v)) => once(&mut self.sentinel_user, name, || user(v)),
             (b"sentinel_password", Some(v)) => {
-                if sentinel_password.is_some() {
-                    return Err(dup());
-                }
-                // never shown: not even in a message about itself
-                match std::str::from_utf8(v) {
-                    Ok(p) if !p.is_empty() => sentinel_password = Some(p.to_string()),
-                    _ => {
-                        return Err(
-                            "invalid sentinel_password: a non-empty UTF-8 password expected"
-                                .to_string(),
-                        )
-                    }
-                }
+                once(&mut self.sentinel_password, name, || password(v))
             }
-            (b"prefix", Some(v)) => {
-                if prefix.is_some() {
-                    return Err(dup());
-                }
-                if v.contains(&b'{') || v.contains(&b'}') {
-                    return Err(format!(
-                        "invalid prefix \"{}\": braces would change the cluster hash tag",
-                        show(v)
-                    ));
-                }
-                prefix = Some(v.to_vec());
-            }
-            (b"timeout", Some(v)) => {
-                if timeout_ms.is_some() {
-                    return Err(dup());
-                }
-                match (units.time_ms)(v) {
-                    Some(ms) if ms > 0 && ms <= MAX_TIMEOUT_MS => timeout_ms = Some(ms),
-                    _ => {
-                        return Err(format!(
-                            "invalid timeout \"{}\": a time from 1ms to 60s expected (100ms, 1s)",
-                            show(v)
-                        ))
-                    }
-                }
-            }
-            (b"hold", Some(v)) => {
-                if hold_ms.is_some() {
-                    return Err(dup());
-                }
-                match (units.time_ms)(v) {
-                    Some(ms) if ms <= MAX_HOLD_MS => hold_ms = Some(ms),
-                    _ => {
-                        return Err(format!(
-                            "invalid hold \"{}\": a time from 0 to 60s expected (0, 500ms, 5s)",
-                            show(v)
-                        ))
-                    }
-                }
-            }
-            (b"nodes", Some(v)) => {
-                if nodes.is_some() {
-                    return Err(dup());
-                }
-                match std::str::from_utf8(v).ok().and_then(|t| t.parse::<u32>().ok()) {
-                    Some(n) if (1..=MAX_NODES).contains(&n) && v[0].is_ascii_digit() => {
-                        nodes = Some(n)
-                    }
-                    _ => {
-                        return Err(format!(
-                            "invalid nodes \"{}\": a number of nodes from 1 to {} expected",
-                            show(v),
-                            MAX_NODES
-                        ))
-                    }
-                }
-            }
-            (b"on_error", Some(v)) => {
-                if on_error.is_some() {
-                    return Err(dup());
-                }
-                on_error = Some(match v {
-                    b"local" => OnError::Local,
-                    b"allow" => OnError::Allow,
-                    b"deny" => OnError::Deny,
-                    b"share" => OnError::Share,
-                    _ => {
-                        return Err(format!(
-                            "invalid on_error \"{}\": allow, deny, local or share expected",
-                            show(v)
-                        ))
-                    }
-                });
-            }
-            (n, Some(v)) if ssl.take(n, v)? => {}
+            (b"prefix", Some(v)) => once(&mut self.prefix, name, || prefix(v)),
+            (b"timeout", Some(v)) => once(&mut self.timeout_ms, name, || timeout(v, units)),
+            (b"hold", Some(v)) => once(&mut self.hold_ms, name, || hold(v, units)),
+            (b"nodes", Some(v)) => once(&mut self.nodes, name, || nodes(v)),
+            (b"on_error", Some(v)) => once(&mut self.on_error, name, || on_error(v)),
+            (n, Some(v)) if self.ssl.take(n, v)? => Ok(()),
             // a misspelt secret parameter must not show its value
             _ if value.is_some() && may_be_secret(name) => {
-                return Err(format!("invalid parameter \"{}=***\"", show(name)))
+                Err(format!("invalid parameter \"{}=***\"", show(name)))
             }
-            _ => return Err(format!("invalid parameter \"{}\"", show(arg))),
+            _ => Err(format!("invalid parameter \"{}\"", show(arg))),
         }
     }
 
-    let (name, size) = zone.ok_or_else(|| "no \"zone=name:size\" parameter".to_string())?;
-    ssl.check(urls.as_deref(), cluster)?;
-    let backend = match urls {
-        Some(urls) => {
-            if cluster && sentinel.is_some() {
-                return Err("\"cluster\" and \"sentinel=\" exclude each other".to_string());
+    /// The zone's parameters, once the ones given are checked against each
+    /// other.
+    fn into_params(self) -> Result<ZoneParams, String> {
+        let (name, size) =
+            self.zone.clone().ok_or_else(|| "no \"zone=name:size\" parameter".to_string())?;
+        let cluster = self.cluster.is_some();
+        self.ssl.check(self.urls.as_deref(), cluster)?;
+        let backend = match &self.urls {
+            Some(urls) => Some(self.backend(urls.clone())?),
+            None => {
+                self.without_backend()?;
+                None
             }
-            if urls.len() > 1 && !cluster && sentinel.is_none() {
-                return Err("several Redis URLs need the \"cluster\" or \"sentinel=\" parameter"
-                    .to_string());
-            }
-            let sentinel = match sentinel {
-                Some(master) => {
-                    Some(Sentinel { master, user: sentinel_user, password: sentinel_password })
-                }
-                None if sentinel_user.is_some() || sentinel_password.is_some() => {
-                    return Err("\"sentinel_user=\" and \"sentinel_password=\" need \"sentinel=\""
-                        .to_string())
-                }
-                None => None,
-            };
-            if sentinel.as_ref().is_some_and(|s| s.user.is_some() && s.password.is_none()) {
-                return Err("\"sentinel_user=\" needs \"sentinel_password=\"".to_string());
-            }
-            Some(Backend { urls, cluster, sentinel, tls: None })
+        };
+        if self.nodes.is_some() && self.on_error != Some(OnError::Share) {
+            return Err("\"nodes=\" needs \"on_error=share\"".to_string());
         }
-        None => {
-            if cluster {
-                return Err("\"cluster\" needs \"redis=URL,...\"".to_string());
-            }
-            if sentinel.is_some() || sentinel_user.is_some() || sentinel_password.is_some() {
-                return Err("\"sentinel=\" needs \"redis=URL,...\" (the sentinels)".to_string());
-            }
-            for (set, what) in [
-                (timeout_ms.is_some(), "timeout="),
-                (on_error.is_some(), "on_error="),
-                (prefix.is_some(), "prefix="),
-                (hold_ms.is_some(), "hold="),
-                (nodes.is_some(), "nodes="),
-                (password_file.is_some(), "password_file="),
-            ] {
-                if set {
-                    return Err(format!("\"{what}\" needs \"redis=URL\""));
-                }
-            }
-            None
-        }
-    };
-    if nodes.is_some() && on_error != Some(OnError::Share) {
-        return Err("\"nodes=\" needs \"on_error=share\"".to_string());
+        Ok(ZoneParams {
+            name,
+            size,
+            backend,
+            prefix: self.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_vec()),
+            timeout_ms: self.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+            on_error: self.on_error.unwrap_or(OnError::Local),
+            hold_ms: self.hold_ms.unwrap_or(DEFAULT_HOLD_MS),
+            nodes: self.nodes.unwrap_or(1),
+            password_file: self.password_file,
+            ssl: self.ssl,
+        })
     }
-    Ok(ZoneParams {
-        name,
-        size,
-        backend,
-        prefix: prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_vec()),
-        timeout_ms: timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-        on_error: on_error.unwrap_or(OnError::Local),
-        hold_ms: hold_ms.unwrap_or(DEFAULT_HOLD_MS),
-        nodes: nodes.unwrap_or(1),
-        password_file,
-        ssl,
-    })
+
+    /// The backend the URLs name: one Redis, a cluster, or the sentinels
+    /// of a master.
+    fn backend(&self, urls: Vec<String>) -> Result<Backend, String> {
+        let cluster = self.cluster.is_some();
+        if cluster && self.sentinel.is_some() {
+            return Err("\"cluster\" and \"sentinel=\" exclude each other".to_string());
+        }
+        if urls.len() > 1 && !cluster && self.sentinel.is_none() {
+            return Err(
+                "several Redis URLs need the \"cluster\" or \"sentinel=\" parameter".to_string()
+            );
+        }
+        let sentinel = match &self.sentinel {
+            Some(master) => Some(Sentinel {
+                master: master.clone(),
+                user: self.sentinel_user.clone(),
+                password: self.sentinel_password.clone(),
+            }),
+            None if self.sentinel_user.is_some() || self.sentinel_password.is_some() => {
+                return Err(
+                    "\"sentinel_user=\" and \"sentinel_password=\" need \"sentinel=\"".to_string()
+                )
+            }
+            None => None,
+        };
+        if sentinel.as_ref().is_some_and(|s| s.user.is_some() && s.password.is_none()) {
+            return Err("\"sentinel_user=\" needs \"sentinel_password=\"".to_string());
+        }
+        Ok(Backend { urls, cluster, sentinel, tls: None })
+    }
+
+    /// A zone without `redis=`: none of the backend's parameters.
+    fn without_backend(&self) -> Result<(), String> {
+        if self.cluster.is_some() {
+            return Err("\"cluster\" needs \"redis=URL,...\"".to_string());
+        }
+        if self.sentinel.is_some()
+            || self.sentinel_user.is_some()
+            || self.sentinel_password.is_some()
+        {
+            return Err("\"sentinel=\" needs \"redis=URL,...\" (the sentinels)".to_string());
+        }
+        for (set, what) in [
+            (self.timeout_ms.is_some(), "timeout="),
+            (self.on_error.is_some(), "on_error="),
+            (self.prefix.is_some(), "prefix="),
+            (self.hold_ms.is_some(), "hold="),
+            (self.nodes.is_some(), "nodes="),
+            (self.password_file.is_some(), "password_file="),
+        ] {
+            if set {
+                return Err(format!("\"{what}\" needs \"redis=URL\""));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `zone=name:size`.
+fn zone(arg: &[u8], v: &[u8], min_size: usize, units: &Units) -> Result<(String, usize), String> {
+    let colon = v
+        .iter()
+        .rposition(|&b| b == b':')
+        .ok_or_else(|| format!("invalid zone \"{}\": expected zone=name:size", show(arg)))?;
+    let (n, sz) = (&v[..colon], &v[colon + 1..]);
+    // a colon would make two zones' Redis keys meet: zone `a:b` key `c`
+    // and zone `a` key `b:c`
+    if n.is_empty() || !n.iter().all(|&b| b.is_ascii_graphic() && !b"{}:".contains(&b)) {
+        return Err(format!(
+            "invalid zone name \"{}\": printable ASCII without braces or colons expected",
+            show(n)
+        ));
+    }
+    let size = (units.size)(sz).ok_or_else(|| format!("invalid zone size \"{}\"", show(sz)))?;
+    if size < min_size {
+        return Err(format!(
+            "zone \"{}\" is too small: {} bytes, at least {} (8 pages) needed",
+            show(n),
+            size,
+            min_size
+        ));
+    }
+    Ok((show(n), size))
+}
+
+/// `redis=URL[,URL...]`.
+fn redis_urls(v: &[u8]) -> Result<Vec<String>, String> {
+    let text = std::str::from_utf8(v).map_err(|_| "invalid Redis URL: not UTF-8".to_string())?;
+    let list: Vec<String> = text.split(',').map(str::to_string).collect();
+    for u in &list {
+        check_url(u)?;
+    }
+    Ok(list)
+}
+
+/// `sentinel=`: the master's name.
+fn sentinel_name(v: &[u8]) -> Result<String, String> {
+    if v.is_empty() || !v.iter().all(|&b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "invalid sentinel \"{}\": the master's name expected (sentinel=mymaster)",
+            show(v)
+        ));
+    }
+    Ok(show(v))
+}
+
+/// `sentinel_user=`.
+fn user(v: &[u8]) -> Result<String, String> {
+    if v.is_empty() || !v.iter().all(|&b| b.is_ascii_graphic()) {
+        return Err(format!("invalid sentinel_user \"{}\": a user name expected", show(v)));
+    }
+    Ok(show(v))
+}
+
+/// `sentinel_password=`: never shown, not even in a message about itself.
+fn password(v: &[u8]) -> Result<String, String> {
+    match std::str::from_utf8(v) {
+        Ok(p) if !p.is_empty() => Ok(p.to_string()),
+        _ => Err("invalid sentinel_password: a non-empty UTF-8 password expected".to_string()),
+    }
+}
+
+/// `prefix=`.
+fn prefix(v: &[u8]) -> Result<Vec<u8>, String> {
+    if v.contains(&b'{') || v.contains(&b'}') {
+        return Err(format!(
+            "invalid prefix \"{}\": braces would change the cluster hash tag",
+            show(v)
+        ));
+    }
+    Ok(v.to_vec())
+}
+
+/// `timeout=`.
+fn timeout(v: &[u8], units: &Units) -> Result<u64, String> {
+    match (units.time_ms)(v) {
+        Some(ms) if ms > 0 && ms <= MAX_TIMEOUT_MS => Ok(ms),
+        _ => Err(format!(
+            "invalid timeout \"{}\": a time from 1ms to 60s expected (100ms, 1s)",
+            show(v)
+        )),
+    }
+}
+
+/// `hold=`.
+fn hold(v: &[u8], units: &Units) -> Result<u64, String> {
+    match (units.time_ms)(v) {
+        Some(ms) if ms <= MAX_HOLD_MS => Ok(ms),
+        _ => Err(format!(
+            "invalid hold \"{}\": a time from 0 to 60s expected (0, 500ms, 5s)",
+            show(v)
+        )),
+    }
+}
+
+/// `nodes=`.
+fn nodes(v: &[u8]) -> Result<u32, String> {
+    match std::str::from_utf8(v).ok().and_then(|t| t.parse::<u32>().ok()) {
+        Some(n) if (1..=MAX_NODES).contains(&n) && v[0].is_ascii_digit() => Ok(n),
+        _ => Err(format!(
+            "invalid nodes \"{}\": a number of nodes from 1 to {} expected",
+            show(v),
+            MAX_NODES
+        )),
+    }
+}
+
+/// `on_error=`.
+fn on_error(v: &[u8]) -> Result<OnError, String> {
+    match v {
+        b"local" => Ok(OnError::Local),
+        b"allow" => Ok(OnError::Allow),
+        b"deny" => Ok(OnError::Deny),
+        b"share" => Ok(OnError::Share),
+        _ => Err(format!("invalid on_error \"{}\": allow, deny, local or share expected", show(v))),
+    }
 }
 
 /// Puts the credentials a `password_file=` holds into the zone's URLs:

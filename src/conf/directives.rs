@@ -221,139 +221,181 @@ pub extern "C" fn cmd_limit(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    const D: &str = "redis_ratelimit";
     // SAFETY: `conf` is this module's configuration at the current level.
     let lcf = unsafe { &mut *conf.cast::<LocConf>() };
     // SAFETY: see `args`.
     let args = unsafe { args(cf) };
+    answer(cf, "redis_ratelimit", limit_line(cf, lcf, args))
+}
 
+/// Why a directive is refused: a message for the `[emerg]` line that names
+/// the directive, or nothing more to say (nginx said why: a variable it
+/// could not compile). `answer` turns it into nginx's answer, once.
+enum Refusal {
+    Say(String),
+    Said,
+}
+
+/// What reading a directive's arguments gives, or why it is refused.
+type Parsed<T> = Result<T, Refusal>;
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Refusal {
+        Refusal::Say(message)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(message: &str) -> Refusal {
+        Refusal::Say(message.to_string())
+    }
+}
+
+/// A directive handler's answer to nginx.
+fn answer(cf: *mut ngx_conf_t, directive: &str, r: Parsed<()>) -> *mut c_char {
+    match r {
+        Ok(()) => NGX_CONF_OK,
+        Err(Refusal::Say(message)) => refuse(cf, directive, message),
+        Err(Refusal::Said) => NGX_CONF_ERROR,
+    }
+}
+
+/// `source`, with nginx's own refusal.
+fn source_of(cf: *mut ngx_conf_t, text: ngx_str_t) -> Parsed<Source> {
+    source(cf, text).ok_or(Refusal::Said)
+}
+
+/// The parameters of a `redis_ratelimit` line after its zone and rate.
+#[derive(Default)]
+struct LineParams {
+    cost: Option<Cost>,
+    count_if: Option<Source>,
+    strict: bool,
+}
+
+/// `redis_ratelimit zone rate [params]` or `redis_ratelimit off`: the
+/// limit added to this level's list.
+fn limit_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Parsed<()> {
     if args.len() == 2 {
-        if args[1].as_bytes() != b"off" {
-            return refuse(
-                cf,
-                D,
-                format!(
-                    "\"{}\" needs a rate (zone rate, e.g. {} 10r/s) or is \"off\"",
-                    show(&args[1]),
-                    show(&args[1])
-                ),
-            );
-        }
-        if lcf.limits.as_ref().is_some_and(|l| !l.is_empty()) {
-            return refuse(cf, D, "\"off\" cannot be combined with limits at the same level");
-        }
-        lcf.off = true;
-        lcf.limits = Some(Vec::new());
-        return NGX_CONF_OK;
+        return limits_off(lcf, &args[1]);
     }
     if lcf.off {
-        return refuse(cf, D, "\"off\" cannot be combined with limits at the same level");
+        return Err("\"off\" cannot be combined with limits at the same level".into());
     }
-
-    let rate = if args[2].as_bytes().contains(&b'$') {
-        let Some(src) = source(cf, args[2]) else {
-            return NGX_CONF_ERROR;
-        };
-        RateSpec::Var(src)
-    } else {
-        match Rate::parse(args[2].as_bytes()) {
-            Ok(r) => RateSpec::Fixed(r),
-            Err(e) => return refuse(cf, D, format!("invalid rate \"{}\": {e}", show(&args[2]))),
-        }
-    };
-    let mut cost = None;
-    let mut count_if = None;
-    let mut strict = false;
-    for a in &args[3..] {
-        let bytes = a.as_bytes();
-        if bytes == b"strict" {
-            if strict {
-                return refuse(cf, D, "duplicate parameter \"strict\"");
-            }
-            strict = true;
-        } else if let Some(v) = bytes.strip_prefix(b"cost=") {
-            if cost.is_some() {
-                return refuse(cf, D, "duplicate parameter \"cost=\"");
-            }
-            cost = Some(if v.first() == Some(&b'$') {
-                let Some(src) = source(cf, bytes_str(v)) else {
-                    return NGX_CONF_ERROR;
-                };
-                Cost::Var(src)
-            } else {
-                match parse_cost(v) {
-                    Some(c) => Cost::Fixed(c),
-                    None => {
-                        return refuse(
-                            cf,
-                            D,
-                            format!(
-                                "invalid cost \"{}\": 0 to {MAX_COST} or a variable expected",
-                                show(a)
-                            ),
-                        )
-                    }
-                }
-            });
-        } else if let Some(v) = bytes.strip_prefix(b"count_if=") {
-            if count_if.is_some() {
-                return refuse(cf, D, "duplicate parameter \"count_if=\"");
-            }
-            if !v.contains(&b'$') {
-                return refuse(
-                    cf,
-                    D,
-                    format!(
-                        "invalid parameter \"{}\": count_if needs a variable \
-                         (count_if=$failed: counted when neither empty nor \"0\")",
-                        show(a)
-                    ),
-                );
-            }
-            let Some(src) = source(cf, bytes_str(v)) else {
-                return NGX_CONF_ERROR;
-            };
-            count_if = Some(src);
-        } else {
-            return refuse(cf, D, format!("invalid parameter \"{}\"", show(a)));
-        }
-    }
-    let cost = cost.unwrap_or(Cost::Fixed(1));
-    let Some(mcf) = main_conf(cf) else {
-        return NGX_CONF_ERROR;
-    };
-    let name = show(&args[1]);
-    let zone = match mcf.zones.iter().position(|z| z.name == name) {
-        Some(i) => i,
-        None => {
-            mcf.zones.push(Box::new(ZoneConf {
-                name,
-                declared: false,
-                used_at: position(cf),
-                params: None,
-                key: Source::Complex(ptr::null_mut()),
-                cycle: ptr::null_mut(),
-                shared: None,
-                strict_at: None,
-            }));
-            mcf.zones.len() - 1
-        }
-    };
-    mcf.count_if |= count_if.is_some();
-    if strict && mcf.zones[zone].strict_at.is_none() {
+    let rate = rate_spec(cf, args[2])?;
+    let p = line_params(cf, &args[3..])?;
+    let mcf = main_conf(cf).ok_or(Refusal::Said)?;
+    let zone = zone_used(cf, mcf, show(&args[1]));
+    mcf.count_if |= p.count_if.is_some();
+    if p.strict && mcf.zones[zone].strict_at.is_none() {
         mcf.zones[zone].strict_at = Some(position(cf));
     }
-    let limit = Limit { zone, rate, cost, count_if, strict, cache: Default::default() };
     let limits = lcf.limits.get_or_insert_with(Vec::new);
-    if strict && limits.iter().filter(|l| l.strict).count() >= MAX_STRICT {
-        return refuse(cf, D, format!("more than {MAX_STRICT} strict limits at one level"));
+    if p.strict && limits.iter().filter(|l| l.strict).count() >= MAX_STRICT {
+        return Err(format!("more than {MAX_STRICT} strict limits at one level").into());
     }
     if limits.iter().any(|l| l.zone == zone && l.rate == rate && matches!(rate, RateSpec::Fixed(_)))
     {
-        return refuse(cf, D, format!("duplicate limit \"{} {}\"", show(&args[1]), show(&args[2])));
+        return Err(format!("duplicate limit \"{} {}\"", show(&args[1]), show(&args[2])).into());
     }
-    limits.push(limit);
-    NGX_CONF_OK
+    limits.push(Limit {
+        zone,
+        rate,
+        cost: p.cost.unwrap_or(Cost::Fixed(1)),
+        count_if: p.count_if,
+        strict: p.strict,
+        cache: Default::default(),
+    });
+    Ok(())
+}
+
+/// `redis_ratelimit off`: no limits at this level, none inherited.
+fn limits_off(lcf: &mut LocConf, arg: &ngx_str_t) -> Parsed<()> {
+    if arg.as_bytes() != b"off" {
+        return Err(format!(
+            "\"{}\" needs a rate (zone rate, e.g. {} 10r/s) or is \"off\"",
+            show(arg),
+            show(arg)
+        )
+        .into());
+    }
+    if lcf.limits.as_ref().is_some_and(|l| !l.is_empty()) {
+        return Err("\"off\" cannot be combined with limits at the same level".into());
+    }
+    lcf.off = true;
+    lcf.limits = Some(Vec::new());
+    Ok(())
+}
+
+/// A line's rate: fixed, or text with variables read per request.
+fn rate_spec(cf: *mut ngx_conf_t, arg: ngx_str_t) -> Parsed<RateSpec> {
+    if arg.as_bytes().contains(&b'$') {
+        return Ok(RateSpec::Var(source_of(cf, arg)?));
+    }
+    Rate::parse(arg.as_bytes())
+        .map(RateSpec::Fixed)
+        .map_err(|e| format!("invalid rate \"{}\": {e}", show(&arg)).into())
+}
+
+/// `cost=`, `count_if=` and `strict`, each at most once.
+fn line_params(cf: *mut ngx_conf_t, args: &[ngx_str_t]) -> Parsed<LineParams> {
+    let mut p = LineParams::default();
+    for a in args {
+        let bytes = a.as_bytes();
+        if bytes == b"strict" {
+            if p.strict {
+                return Err("duplicate parameter \"strict\"".into());
+            }
+            p.strict = true;
+        } else if let Some(v) = bytes.strip_prefix(b"cost=") {
+            if p.cost.is_some() {
+                return Err("duplicate parameter \"cost=\"".into());
+            }
+            p.cost = Some(if v.first() == Some(&b'$') {
+                Cost::Var(source_of(cf, bytes_str(v))?)
+            } else {
+                let c = parse_cost(v).ok_or_else(|| {
+                    format!("invalid cost \"{}\": 0 to {MAX_COST} or a variable expected", show(a))
+                })?;
+                Cost::Fixed(c)
+            });
+        } else if let Some(v) = bytes.strip_prefix(b"count_if=") {
+            if p.count_if.is_some() {
+                return Err("duplicate parameter \"count_if=\"".into());
+            }
+            if !v.contains(&b'$') {
+                return Err(format!(
+                    "invalid parameter \"{}\": count_if needs a variable \
+                     (count_if=$failed: counted when neither empty nor \"0\")",
+                    show(a)
+                )
+                .into());
+            }
+            p.count_if = Some(source_of(cf, bytes_str(v))?);
+        } else {
+            return Err(format!("invalid parameter \"{}\"", show(a)).into());
+        }
+    }
+    Ok(p)
+}
+
+/// The zone a line names, by index: declared already, or declared later in
+/// the http block (`init_main_conf` checks that it is).
+fn zone_used(cf: *mut ngx_conf_t, mcf: &mut MainConf, name: String) -> usize {
+    if let Some(i) = mcf.zones.iter().position(|z| z.name == name) {
+        return i;
+    }
+    mcf.zones.push(Box::new(ZoneConf {
+        name,
+        declared: false,
+        used_at: position(cf),
+        params: None,
+        key: Source::Complex(ptr::null_mut()),
+        cycle: ptr::null_mut(),
+        shared: None,
+        strict_at: None,
+    }));
+    mcf.zones.len() - 1
 }
 
 /// Checks, once the http block is read, that every zone used was declared.

@@ -36,6 +36,7 @@ use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::window::window_index;
 
+use crate::backend::Channel;
 use crate::conf::module::Module;
 use crate::conf::{LocConf, MainConf, MAX_STRICT};
 use crate::engine::{self, Ask, Strict, Take};
@@ -83,7 +84,11 @@ struct Evaluated {
 }
 
 /// Decides a request with strict limits (`wants[i]`: `asks[i]` is one); out
-/// of line, so that the handler's path without them stays small.
+/// of line, so that the handler's path without them stays small. The
+/// steps: a woken request is answered from Redis's verdicts (`woken`);
+/// else each strict limit is asked of Redis if its backend is up (else
+/// `on_error` decides it), what this node knows decides first (a key over
+/// its limit needs no round trip), and the request waits (`wait`).
 #[inline(never)]
 pub(super) fn limit(
     r: &mut ngx_http_request_t,
@@ -94,50 +99,26 @@ pub(super) fn limit(
 ) -> Result<ngx_int_t, Failure> {
     let w = ctx(r);
     if !w.is_null() {
-        // woken: Redis's verdicts (or none, after the timeout)
         set_ctx(r, ptr::null_mut());
         // SAFETY: the wait lives in the request's pool until the request ends.
-        let wait = unsafe { &*w };
-        if let (Some(d), [a]) = (wait.decided, &mut *asks) {
-            // decided as Redis's answer was applied
-            a.strict = if d.allowed { Strict::Allowed } else { Strict::Rejected };
-            engine::trace_answered(debug_log(r), mcf, a, &d);
-            return finish(r, mcf, lcf, now_ms(), asks, &d);
-        }
-        let mut k = 0;
-        for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
-            a.strict = match wait.verdicts[k] {
-                Verdict::Allowed => Strict::Allowed,
-                Verdict::Rejected => Strict::Rejected,
-                Verdict::NotAsked | Verdict::Waiting | Verdict::Failed => Strict::Failed,
-            };
-            k += 1;
-        }
-        // a wait that ended without Redis's decision (timeout=, a failed
-        // exchange, an error reply)
-        if wait.verdicts[..k].iter().any(|v| matches!(v, Verdict::Waiting | Verdict::Failed)) {
-            count_undecided(mcf, asks, wants);
-        }
-        return decide(r, mcf, lcf, asks, Take::IfAllowed);
+        return woken(r, mcf, lcf, asks, wants, unsafe { &*w });
     }
-
     // without a thread for the zone, or a backend down, a strict limit is
     // decided by `on_error` at once
     let channel = crate::worker::channel::channel();
-    let mut waiting = 0;
+    let mut asking = 0;
     for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
         if channel.is_some_and(|ch| engine::backend_up(mcf, ch, a.zone)) {
             a.strict = Strict::Asking;
-            waiting += 1;
+            asking += 1;
         } else {
             a.strict = Strict::Failed;
         }
     }
-    let Some(ch) = channel.filter(|_| waiting > 0) else {
+    let Some(ch) = channel.filter(|_| asking > 0) else {
         return decide(r, mcf, lcf, asks, Take::IfAllowed);
     };
-
-    // what this node knows first: a key over its limit needs no round trip
+    // what this node knows first
     let now = now_ms();
     let (one, many);
     let (d, ids): (_, &[EntryId]) = if let [a] = &*asks {
@@ -152,9 +133,55 @@ pub(super) fn limit(
     if !d.allowed {
         return finish(r, mcf, lcf, now, asks, &d);
     }
+    wait(r, mcf, ch, asks, wants, ids, now)
+}
 
-    // wait: as long as its slowest zone's timeout= (past it, `on_error`
-    // decides, and a script that runs later counts nothing)
+/// A request woken with Redis's verdicts (or none, after the timeout):
+/// answered as decided when Redis's answer was applied (a request of one
+/// limit), or decided now with them.
+fn woken(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    asks: &mut [Ask<'_>],
+    wants: &[bool],
+    wait: &Wait,
+) -> Result<ngx_int_t, Failure> {
+    if let (Some(d), [a]) = (wait.decided, &mut *asks) {
+        a.strict = if d.allowed { Strict::Allowed } else { Strict::Rejected };
+        engine::trace_answered(debug_log(r), mcf, a, &d);
+        return finish(r, mcf, lcf, now_ms(), asks, &d);
+    }
+    let mut k = 0;
+    for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
+        a.strict = match wait.verdicts[k] {
+            Verdict::Allowed => Strict::Allowed,
+            Verdict::Rejected => Strict::Rejected,
+            Verdict::NotAsked | Verdict::Waiting | Verdict::Failed => Strict::Failed,
+        };
+        k += 1;
+    }
+    // a wait that ended without Redis's decision (timeout=, a failed
+    // exchange, an error reply)
+    if wait.verdicts[..k].iter().any(|v| matches!(v, Verdict::Waiting | Verdict::Failed)) {
+        count_undecided(mcf, asks, wants);
+    }
+    decide(r, mcf, lcf, asks, Take::IfAllowed)
+}
+
+/// Makes the request wait for Redis's verdicts on the limits it asks
+/// (`Strict::Asking`), as long as its slowest zone's timeout= (past it,
+/// `on_error` decides, and a script that runs later counts nothing), and
+/// sends them down the worker's strict link.
+fn wait(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    ch: &Channel,
+    asks: &[Ask<'_>],
+    wants: &[bool],
+    ids: &[EntryId],
+    now: u64,
+) -> Result<ngx_int_t, Failure> {
     let mut verdicts = [Verdict::NotAsked; MAX_STRICT];
     let (mut timeout, mut sent, mut k) = (0, 0u8, 0);
     for (a, _) in asks.iter().zip(wants).filter(|(_, w)| **w) {
