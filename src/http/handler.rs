@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 
 use crate::conf::module::Module;
 use crate::conf::{Cost, Limit, LocConf, MainConf, RateSpec, Source};
-use crate::engine::{self, Ask, Take};
+use crate::engine::{self, Ask, Strict, Take};
 use crate::http::answer::{ask, debug_log, finish, request_log, state};
 use crate::http::Failure;
 use crate::worker::time::now_ms;
@@ -65,8 +65,10 @@ fn failed(r: &ngx_http_request_t, why: Failure) -> ngx_int_t {
     NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t
 }
 
-/// Evaluates each zone's key once (an empty key is not limited), asks the
-/// engine, and answers.
+/// Evaluates the request's limits (`asks`), asks the engine, and answers;
+/// a request with a limit Redis decides waits for it (`strict::limit`).
+/// A location's one background limit takes `limit_one`, the same steps
+/// without the lists.
 fn limit(
     r: &mut ngx_http_request_t,
     mcf: &MainConf,
@@ -74,38 +76,19 @@ fn limit(
     limits: &[Limit],
 ) -> Result<ngx_int_t, Failure> {
     if let [l @ Limit { strict: false, .. }] = limits {
-        // one limit: no lists to build
         let Some(rate) = rate(r, mcf, l)? else {
             return Ok(NGX_DECLINED as ngx_int_t);
         };
-        if engine::small_in_redis(mcf, l.zone, rate) {
-            return limit_in_redis(r, mcf, lcf, l, rate);
+        if !engine::small_in_redis(mcf, l.zone, rate) {
+            return limit_one(r, mcf, lcf, l, rate);
         }
-        let key = key(r, mcf, l.zone)?;
-        if key.is_empty() {
-            not_limited(mcf, l.zone);
-            return Ok(NGX_DECLINED as ngx_int_t);
-        }
-        let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
-        let asks = [ask(mcf, l, 0, key, rate, cost)];
-        let now = now_ms();
-        let decision = engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r))?;
-        return finish(r, mcf, lcf, now, &asks, &decision);
-    }
-    if let [l] = limits {
-        // one strict limit
-        let Some(rate) = rate(r, mcf, l)? else {
-            return Ok(NGX_DECLINED as ngx_int_t);
-        };
-        return limit_in_redis(r, mcf, lcf, l, rate);
     }
     limit_all(r, mcf, lcf, limits)
 }
 
-/// A location's one limit, which Redis decides (`in_redis`): `limit_all`
-/// without its lists (out of line: the path above stays small).
-#[inline(never)]
-fn limit_in_redis(
+/// `limit_all` for a location's one limit, which this node decides.
+#[inline(always)]
+fn limit_one(
     r: &mut ngx_http_request_t,
     mcf: &MainConf,
     lcf: &LocConf,
@@ -118,18 +101,13 @@ fn limit_in_redis(
         return Ok(NGX_DECLINED as ngx_int_t);
     }
     let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
-    let mut asks = [ask(mcf, l, 0, key, rate, cost)];
-    crate::http::strict::limit(r, mcf, lcf, &mut asks, &[true])
+    let asks = [ask(mcf, l, 0, key, rate, cost)];
+    let now = now_ms();
+    let decision = engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r))?;
+    finish(r, mcf, lcf, now, &asks, &decision)
 }
 
-/// Whether Redis decides limit `l` at `rate`: `strict`, or a small limit.
-#[inline]
-pub(super) fn in_redis(mcf: &MainConf, l: &Limit, rate: Rate) -> bool {
-    l.strict || engine::small_in_redis(mcf, l.zone, rate)
-}
-
-/// Every limit of a location with several, each key evaluated once (out
-/// of line: the one-limit path above stays small).
+/// The general path: every limit (out of line: `limit_one` stays small).
 #[inline(never)]
 fn limit_all(
     r: &mut ngx_http_request_t,
@@ -137,9 +115,29 @@ fn limit_all(
     lcf: &LocConf,
     limits: &[Limit],
 ) -> Result<ngx_int_t, Failure> {
+    let mut asks = asks(r, mcf, limits)?;
+    if asks.is_empty() {
+        return Ok(NGX_DECLINED as ngx_int_t);
+    }
+    if asks.iter().any(|a| a.strict != Strict::Background) {
+        return crate::http::strict::limit(r, mcf, lcf, &mut asks);
+    }
+    let now = now_ms();
+    let decision = engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r))?;
+    finish(r, mcf, lcf, now, &asks, &decision)
+}
+
+/// What the engine is asked for each line that applies: its rate (a line
+/// whose rate is empty or `off` does not apply), its zone's key (evaluated
+/// once per zone; an empty key is not limited) and its cost; a limit
+/// Redis decides (`in_redis`) is `Strict::Asking`.
+fn asks<'r>(
+    r: &mut ngx_http_request_t,
+    mcf: &'r MainConf,
+    limits: &[Limit],
+) -> Result<SmallVec<[Ask<'r>; INLINE]>, Failure> {
     let mut keys: SmallVec<[(usize, &[u8]); INLINE]> = SmallVec::new();
-    let mut asks: SmallVec<[Ask<'_>; INLINE]> = SmallVec::new();
-    let mut wants: SmallVec<[bool; INLINE]> = SmallVec::new();
+    let mut asks = SmallVec::new();
     for (line, l) in limits.iter().enumerate() {
         let Some(rate) = rate(r, mcf, l)? else {
             continue;
@@ -161,18 +159,19 @@ fn limit_all(
         // a `count_if=` limit is only checked now: counted after the
         // response (`count.rs`)
         let cost = if l.count_if.is_some() { 0 } else { cost(r, mcf, l)? };
-        asks.push(ask(mcf, l, line as u32, key, rate, cost));
-        wants.push(in_redis(mcf, l, rate));
+        let mut a = ask(mcf, l, line as u32, key, rate, cost);
+        if in_redis(mcf, l, rate) {
+            a.strict = Strict::Asking;
+        }
+        asks.push(a);
     }
-    if asks.is_empty() {
-        return Ok(NGX_DECLINED as ngx_int_t);
-    }
-    if wants.contains(&true) {
-        return crate::http::strict::limit(r, mcf, lcf, &mut asks, &wants);
-    }
-    let now = now_ms();
-    let decision = engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r))?;
-    finish(r, mcf, lcf, now, &asks, &decision)
+    Ok(asks)
+}
+
+/// Whether Redis decides limit `l` at `rate`: `strict`, or a small limit.
+#[inline]
+pub(super) fn in_redis(mcf: &MainConf, l: &Limit, rate: Rate) -> bool {
+    l.strict || engine::small_in_redis(mcf, l.zone, rate)
 }
 
 /// The rate of `l` for this request: written out, or its variables

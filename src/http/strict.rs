@@ -83,8 +83,9 @@ struct Evaluated {
     cost: u32,
 }
 
-/// Decides a request with strict limits (`wants[i]`: `asks[i]` is one); out
-/// of line, so that the handler's path without them stays small. The
+/// Decides a request with limits Redis decides (those not
+/// `Strict::Background`); out of line, so that the handler's path without
+/// them stays small. The
 /// steps: a woken request is answered from Redis's verdicts (`woken`);
 /// else each strict limit is asked of Redis if its backend is up (else
 /// `on_error` decides it), what this node knows decides first (a key over
@@ -95,19 +96,18 @@ pub(super) fn limit(
     mcf: &MainConf,
     lcf: &LocConf,
     asks: &mut [Ask<'_>],
-    wants: &[bool],
 ) -> Result<ngx_int_t, Failure> {
     let w = ctx(r);
     if !w.is_null() {
         set_ctx(r, ptr::null_mut());
         // SAFETY: the wait lives in the request's pool until the request ends.
-        return woken(r, mcf, lcf, asks, wants, unsafe { &*w });
+        return woken(r, mcf, lcf, asks, unsafe { &*w });
     }
     // without a thread for the zone, or a backend down, a strict limit is
     // decided by `on_error` at once
     let channel = crate::worker::channel::channel();
     let mut asking = 0;
-    for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
+    for a in asks.iter_mut().filter(|a| a.strict != Strict::Background) {
         if channel.is_some_and(|ch| engine::backend_up(mcf, ch, a.zone)) {
             a.strict = Strict::Asking;
             asking += 1;
@@ -133,7 +133,7 @@ pub(super) fn limit(
     if !d.allowed {
         return finish(r, mcf, lcf, now, asks, &d);
     }
-    wait(r, mcf, ch, asks, wants, ids, now)
+    wait(r, mcf, ch, asks, ids, now)
 }
 
 /// A request woken with Redis's verdicts (or none, after the timeout):
@@ -144,7 +144,6 @@ fn woken(
     mcf: &MainConf,
     lcf: &LocConf,
     asks: &mut [Ask<'_>],
-    wants: &[bool],
     wait: &Wait,
 ) -> Result<ngx_int_t, Failure> {
     if let (Some(d), [a]) = (wait.decided, &mut *asks) {
@@ -153,7 +152,7 @@ fn woken(
         return finish(r, mcf, lcf, now_ms(), asks, &d);
     }
     let mut k = 0;
-    for (a, _) in asks.iter_mut().zip(wants).filter(|(_, w)| **w) {
+    for a in asks.iter_mut().filter(|a| a.strict != Strict::Background) {
         a.strict = match wait.verdicts[k] {
             Verdict::Allowed => Strict::Allowed,
             Verdict::Rejected => Strict::Rejected,
@@ -164,7 +163,7 @@ fn woken(
     // a wait that ended without Redis's decision (timeout=, a failed
     // exchange, an error reply)
     if wait.verdicts[..k].iter().any(|v| matches!(v, Verdict::Waiting | Verdict::Failed)) {
-        count_undecided(mcf, asks, wants);
+        count_undecided(mcf, asks);
     }
     decide(r, mcf, lcf, asks, Take::IfAllowed)
 }
@@ -178,13 +177,12 @@ fn wait(
     mcf: &MainConf,
     ch: &Channel,
     asks: &[Ask<'_>],
-    wants: &[bool],
     ids: &[EntryId],
     now: u64,
 ) -> Result<ngx_int_t, Failure> {
     let mut verdicts = [Verdict::NotAsked; MAX_STRICT];
     let (mut timeout, mut sent, mut k) = (0, 0u8, 0);
-    for (a, _) in asks.iter().zip(wants).filter(|(_, w)| **w) {
+    for a in asks.iter().filter(|a| a.strict != Strict::Background) {
         k += 1;
         if a.strict != Strict::Asking || k > verdicts.len() {
             continue; // decided by `on_error`
@@ -212,7 +210,7 @@ fn wait(
     let deadline_ms = now + timeout.max(1);
     let mut k = 0;
     for (i, a) in asks.iter().enumerate() {
-        if !wants.get(i).is_some_and(|w| *w) {
+        if a.strict == Strict::Background {
             continue;
         }
         k += 1;
@@ -258,8 +256,8 @@ fn decide(
 
 /// Counts a wait that ended without Redis's decision, in each strict zone.
 #[cold]
-fn count_undecided(mcf: &MainConf, asks: &[Ask<'_>], wants: &[bool]) {
-    for (a, _) in asks.iter().zip(wants).filter(|(_, w)| **w) {
+fn count_undecided(mcf: &MainConf, asks: &[Ask<'_>]) {
+    for a in asks.iter().filter(|a| a.strict != Strict::Background) {
         if let Some(s) = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()) {
             Stats::bump(&s.stats().strict_timeouts);
         }
