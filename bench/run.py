@@ -95,13 +95,6 @@ def share_figures(port):
     return json.loads(body.decode())["zones"]["sh"]["redis"]
 
 
-def commands(redis):
-    """Total calls of every command but INFO itself, from commandstats
-    (commands a script runs count too: an EVALSHA of strict mode is itself,
-    its MGET (one a call) and, per key it allows, an INCRBY)."""
-    return sum(int(d.get("calls", 0)) for c, d in redis.commandstats().items() if c != "info")
-
-
 def script_calls(redis):
     """EVALSHA calls so far (strict mode's decisions)."""
     return int(redis.commandstats().get("evalsha", {}).get("calls", 0))
@@ -769,7 +762,7 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
                     cpu = None if url.startswith(c_base) else cpu_wrk
                     wrk(url, 32, 1, script, cpu, args)  # warm-up
                     time.sleep(0.3)
-                    before, cpu0, calls0 = commands(redis), redis_cpu(redis), script_calls(redis)
+                    before, cpu0, calls0 = redis.commands(), redis_cpu(redis), script_calls(redis)
                     zone = {"strict-hot": "st", "strict-10k": "sk"}.get(name)
                     rtt0 = zone_rtt(a_port, zone) if zone else None
                     server = nc if url.startswith(c_base) else na
@@ -783,7 +776,7 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
                     # their limit wait up to hold= (5 s) first: they belong to this
                     # case's commands, not the next one's
                     time.sleep(HOLD_S + 0.5 if name.startswith("redis") else 0.5)
-                    r["cmds"] = commands(redis) - before
+                    r["cmds"] = redis.commands() - before
                     r["calls"] = script_calls(redis) - calls0
                     r["redis_cpu"] = redis_cpu(redis) - cpu0
                     runs[name].append(r)
@@ -888,12 +881,12 @@ def bench(a, duration, rounds, work, pin, cpu_nginx, cpu_wrk, cpu_nginx_b):
             srows = []
             for name, path, target in (("redis-10k-m", "/km", 0.05), ("redis-10k-s", "/ks", 0.15)):
                 wrk(base + path, 32, STEADY_WARM_S, keys, cpu_wrk, ("10000",))
-                before, cpu0 = commands(redis), redis_cpu(redis)
+                before, cpu0 = redis.commands(), redis_cpu(redis)
                 by0 = {c: int(d.get("calls", 0)) for c, d in redis.commandstats().items()}
                 r = wrk(base + path, 32, STEADY_S, keys, cpu_wrk, ("10000",))
                 # the commands of the same interval as the requests: in a steady
                 # state counts held over its start and over its end balance out
-                cmds, cpu = commands(redis) - before, redis_cpu(redis) - cpu0
+                cmds, cpu = redis.commands() - before, redis_cpu(redis) - cpu0
                 by = {c: int(d.get("calls", 0)) - by0.get(c, 0)
                       for c, d in redis.commandstats().items() if c != "info"}
                 mix = ", ".join(f"{c.upper()} {n / max(r['allowed'], 1):.3f}"

@@ -86,7 +86,7 @@ sys.path.insert(0, os.path.join(ROOT, "t", "scenarios"))
 import harness  # noqa: E402
 import cluster  # noqa: E402
 from harness import RedisError  # noqa: E402
-from servers import HttpClosed, HttpConn, RedisConn  # noqa: E402
+from servers import HttpClosed, HttpConn, RedisConn, commands_in, commandstats_of  # noqa: E402
 
 ZONE = "soak"
 MANY_RATE, HOT_RATE = 100, 50          # r/s of /m and /h
@@ -358,17 +358,6 @@ def rcmd(redis, *args):
     return redis.cmd(*args, timeout=5.0, raise_errors=False)
 
 
-def total_calls(info_text):
-    total = 0
-    for line in info_text.splitlines():
-        m = re.match(r"cmdstat_([^:]+):(.*)", line.strip())
-        if not m or m.group(1) == "info":
-            continue
-        d = dict(kv.partition("=")[::2] for kv in m.group(2).split(","))
-        total += int(d.get("calls", 0)) + int(d.get("rejected_calls", 0))
-    return total
-
-
 # --------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------
@@ -519,7 +508,7 @@ class Run:
                 vals = replies[1] if len(replies) > 1 else None
                 if isinstance(info, RedisError):
                     raise OSError(str(info))
-                total = total_calls(info)
+                total = commands_in(commandstats_of(info))
                 m = re.search(r"server_time_usec:(\d+)", info)
                 now = int(m.group(1)) / 1e6 if m else time.time()   # Redis's own clock
                 with OWN_LOCK:

@@ -59,12 +59,6 @@ http {{
 """
 
 
-def commands(redis):
-    own = ("info", "client|list", "config|get")
-    return sum(int(s.get("calls", 0)) + int(s.get("rejected_calls", 0))
-               for c, s in redis.commandstats().items() if c not in own)
-
-
 def module_connections(redis):
     n = 0
     for line in redis.cmd("CLIENT", "LIST").splitlines():
@@ -103,7 +97,7 @@ def one(work, workers, seconds):
     ng.start()
     try:
         time.sleep(1.0)
-        before = commands(redis)
+        before = redis.commands(own=("info", "client|list", "config|get"))
         out = subprocess.run(["wrk", "-t2", "-c32", "-d%ds" % seconds, "-s", KEYS,
                               "http://127.0.0.1:%d/t" % port],
                              capture_output=True, text=True, timeout=seconds + 60).stdout
@@ -111,7 +105,7 @@ def one(work, workers, seconds):
         # the holds (hold=5s by default) and the flushes after them
         time.sleep(6.5)
         allowed = passed(port)
-        cost = (commands(redis) - before) / max(1, allowed)
+        cost = (redis.commands(own=("info", "client|list", "config|get")) - before) / max(1, allowed)
         return {"workers": workers, "rps": float(m.group(1)) if m else 0.0, "allowed": allowed,
                 "cmds": cost, "conns": module_connections(redis), "rss": rss_mib(ng)}
     finally:

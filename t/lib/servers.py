@@ -715,6 +715,32 @@ class _Server:
 # --------------------------------------------------------------------------
 
 
+def commandstats_of(info_text):
+    """The text of INFO commandstats as {command: {calls: n, usec: n, ...}}."""
+    stats = {}
+    for line in info_text.splitlines():
+        m = re.match(r"cmdstat_([^:]+):(.*)", line.strip())
+        if not m:
+            continue
+        d = {}
+        for kv in m.group(2).split(","):
+            k, _, v = kv.partition("=")
+            try:
+                d[k] = float(v) if "." in v else int(v)
+            except ValueError:
+                d[k] = v
+        stats[m.group(1)] = d
+    return stats
+
+
+def commands_in(stats, own=("info",)):
+    """Commands a client sent, from `commandstats_of`: calls and
+    rejected_calls (a command Redis refuses before running it, OOM or
+    CLUSTERDOWN, is not in total_commands_processed), but those in `own`."""
+    return sum(int(d.get("calls", 0)) + int(d.get("rejected_calls", 0))
+               for c, d in stats.items() if c not in own)
+
+
 class RedisServer(_Server):
     """One redis-server of ours in the foreground, on 127.0.0.1:port, without
     persistence, its files (redis.log, a cluster node's nodes.conf) in `dir`.
@@ -780,20 +806,12 @@ class RedisServer(_Server):
 
     def commandstats(self):
         """INFO commandstats as {command: {calls: n, usec: n, ...}}."""
-        stats = {}
-        for line in self.cmd("INFO", "commandstats").splitlines():
-            m = re.match(r"cmdstat_([^:]+):(.*)", line.strip())
-            if not m:
-                continue
-            d = {}
-            for kv in m.group(2).split(","):
-                k, _, v = kv.partition("=")
-                try:
-                    d[k] = float(v) if "." in v else int(v)
-                except ValueError:
-                    d[k] = v
-            stats[m.group(1)] = d
-        return stats
+        return commandstats_of(self.cmd("INFO", "commandstats"))
+
+    def commands(self, own=("info",)):
+        """Commands Redis ran or refused so far (`commands_in`), but those
+        named in `own` (the caller's own: INFO, CLIENT LIST, ...)."""
+        return commands_in(self.commandstats(), own)
 
     def log_tail(self, n=15):
         """The last lines of its log (and of its stdout/stderr, if any)."""
