@@ -27,6 +27,7 @@ use smallvec::SmallVec;
 use crate::backend::{Channel, Increment};
 use crate::conf::MainConf;
 use crate::shm::{Locked, Shared};
+use crate::worker::waits::LimitVerdict;
 
 mod later;
 mod mode;
@@ -278,24 +279,16 @@ fn decide_many(
     Ok((d, ids))
 }
 
-/// The decision for a request whose one limit Redis decided (`allowed`),
+/// The decision for a request whose one limit Redis decided (`v`),
 /// made as Redis's answer is applied: `e` is the key's entry, locked by
 /// the caller, with the answer's counts in it. It is what
 /// `decide(.., Take::IfAllowed, ..)` gives for that limit with Redis's
 /// verdict (nothing counted here, nothing queued: Redis counted it), so
 /// the woken request answers without deciding again.
-pub fn answered(
-    mcf: &MainConf,
-    zone: usize,
-    e: &mut Entry,
-    rate: Rate,
-    cost: u32,
-    allowed: bool,
-    now: u64,
-) -> Decision {
+pub fn answered(mcf: &MainConf, e: &mut Entry, v: LimitVerdict, now: u64) -> Decision {
     let channel = crate::worker::channel::channel();
-    let strict = if allowed { Strict::Allowed } else { Strict::Rejected };
-    let l = limit_of(mcf, zone, rate, cost, strict, 0, channel);
+    let strict = if v.allowed { Strict::Allowed } else { Strict::Rejected };
+    let l = limit_of(mcf, v.zone, v.rate, v.cost, strict, 0, channel);
     decide::one(e, &l, now, Take::IfAllowed, channel.is_some()).0
 }
 

@@ -22,7 +22,7 @@ use ratelimit_core::text;
 use crate::backend::Level;
 use crate::conf::MainConf;
 use crate::worker::time::now_ms;
-use crate::worker::waits;
+use crate::worker::waits::{self, LimitVerdict};
 
 static MAIN_CONF: AtomicPtr<MainConf> = AtomicPtr::new(ptr::null_mut());
 
@@ -68,15 +68,9 @@ pub(super) fn strict_answered(
             tickets.clone(),
             |i| a.allowed(i),
             |one_limit, allowed| {
-                Some((one_limit.decide)(
-                    mcf,
-                    id.zone as usize,
-                    e,
-                    rate,
-                    one_limit.cost,
-                    allowed,
-                    now,
-                ))
+                let verdict =
+                    LimitVerdict { zone: id.zone as usize, rate, cost: one_limit.cost, allowed };
+                Some((one_limit.decide)(mcf, e, verdict, now))
             },
         );
         resolved = true;

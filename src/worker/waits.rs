@@ -66,9 +66,19 @@ pub(crate) struct OneLimit {
     pub(crate) decide: Answered,
 }
 
-/// `engine::answered`: (configuration, zone, the key's entry with Redis's
-/// counts, rate, cost, allowed, now) to the request's decision.
-pub(crate) type Answered = fn(&MainConf, usize, &mut Entry, Rate, u32, bool, u64) -> Decision;
+/// A request's one limit as Redis answered it: its zone, rate and cost,
+/// and whether Redis allowed it.
+#[derive(Clone, Copy)]
+pub(crate) struct LimitVerdict {
+    pub(crate) zone: usize,
+    pub(crate) rate: Rate,
+    pub(crate) cost: u32,
+    pub(crate) allowed: bool,
+}
+
+/// `engine::answered`: (configuration, the key's entry with Redis's
+/// counts, the verdict, now) to the request's decision.
+pub(crate) type Answered = fn(&MainConf, &mut Entry, LimitVerdict, u64) -> Decision;
 
 thread_local! {
     /// This worker's waiting requests (its thread only).
