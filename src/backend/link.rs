@@ -100,11 +100,52 @@ impl Links {
     }
 }
 
+/// Why a link could not be made, for the log line.
+#[derive(Debug)]
+enum LinkError {
+    /// The server (or the master the sentinels name) was not found.
+    Resolve(String),
+    /// A socket call failed (connect, a read or write, an option).
+    Io(std::io::Error),
+    /// No address of the host could be reached.
+    NoAddress,
+    /// The connection closed during the handshake.
+    Closed,
+    /// A reply that is not the Redis protocol.
+    NotRedis,
+    /// A command of the handshake was refused (`AUTH`, `SELECT`,
+    /// `SCRIPT LOAD`): the command, and Redis's error if it gave one.
+    Refused(&'static str, Option<String>),
+    /// A TLS or cluster zone (links are plain TCP or Unix sockets).
+    NotPlain,
+}
+
+impl From<std::io::Error> for LinkError {
+    fn from(e: std::io::Error) -> LinkError {
+        LinkError::Io(e)
+    }
+}
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkError::Resolve(why) => f.write_str(why),
+            LinkError::Io(e) => write!(f, "{e}"),
+            LinkError::NoAddress => f.write_str("no address"),
+            LinkError::Closed => f.write_str("connection closed"),
+            LinkError::NotRedis => f.write_str("not a Redis reply"),
+            LinkError::Refused(what, Some(e)) => write!(f, "{what}: {e}"),
+            LinkError::Refused(what, None) => write!(f, "{what}: unexpected reply"),
+            LinkError::NotPlain => f.write_str("strict links are plain TCP or Unix sockets"),
+        }
+    }
+}
+
 /// Connects and prepares a link (blocking, each step within the zone's
 /// `timeout=`), and learns Redis's clock (`TIME`) for the deadlines.
-fn open(spec: &ZoneSpec) -> Result<(OwnedFd, Option<i64>), String> {
+fn open(spec: &ZoneSpec) -> Result<(OwnedFd, Option<i64>), LinkError> {
     let info = io::master_info(&spec.urls, spec.sentinel.as_ref(), &spec.tls, spec.timeout)
-        .map_err(|e| error_text(&e, spec.timeout))?;
+        .map_err(|e| LinkError::Resolve(error_text(&e, spec.timeout)))?;
     let settings = info.redis_settings();
     let mut hello = Vec::new();
     let mut expect = Vec::new();
@@ -128,20 +169,20 @@ fn open(spec: &ZoneSpec) -> Result<(OwnedFd, Option<i64>), String> {
     match info.addr() {
         ConnectionAddr::Tcp(host, port) => {
             let s = tcp(host, *port, t)?;
-            s.set_nodelay(true).map_err(|e| e.to_string())?;
+            s.set_nodelay(true)?;
             handshake(&s, &hello, &expect, t)?;
             let offset = clock(&s);
-            s.set_nonblocking(true).map_err(|e| e.to_string())?;
+            s.set_nonblocking(true)?;
             Ok((s.into(), offset))
         }
         ConnectionAddr::Unix(path) => {
-            let s = UnixStream::connect(path).map_err(|e| e.to_string())?;
+            let s = UnixStream::connect(path)?;
             handshake(&s, &hello, &expect, t)?;
             let offset = clock(&s);
-            s.set_nonblocking(true).map_err(|e| e.to_string())?;
+            s.set_nonblocking(true)?;
             Ok((s.into(), offset))
         }
-        _ => Err("strict links are plain TCP or Unix sockets".into()),
+        _ => Err(LinkError::NotPlain),
     }
 }
 
@@ -172,12 +213,12 @@ fn clock<S: Timed>(mut s: S) -> Option<i64> {
     Some(strict::clock_offset(num(parts.first()?)?, num(parts.get(1)?)?, before, after))
 }
 
-fn tcp(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {
-    let mut last = String::from("no address");
-    for a in (host, port).to_socket_addrs().map_err(|e| e.to_string())? {
+fn tcp(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, LinkError> {
+    let mut last = LinkError::NoAddress;
+    for a in (host, port).to_socket_addrs()? {
         match TcpStream::connect_timeout(&a, timeout) {
             Ok(s) => return Ok(s),
-            Err(e) => last = e.to_string(),
+            Err(e) => last = LinkError::Io(e),
         }
     }
     Err(last)
@@ -204,12 +245,17 @@ impl Timed for &UnixStream {
 
 /// Sends the commands that prepare the link and checks each reply: `+OK`
 /// for `AUTH` and `SELECT`, the script's SHA for `SCRIPT LOAD`.
-fn handshake<S>(mut s: S, hello: &[u8], expect: &[&str], timeout: Duration) -> Result<(), String>
+fn handshake<S>(
+    mut s: S,
+    hello: &[u8],
+    expect: &[&'static str],
+    timeout: Duration,
+) -> Result<(), LinkError>
 where
     S: Timed,
 {
-    s.timeouts(timeout).map_err(|e| e.to_string())?;
-    s.write_all(hello).map_err(|e| e.to_string())?;
+    s.timeouts(timeout)?;
+    s.write_all(hello)?;
     let mut input = Vec::new();
     let mut buf = [0u8; 512];
     for what in expect {
@@ -220,11 +266,11 @@ where
                     break v;
                 }
                 Ok(None) => {}
-                Err(_) => return Err("not a Redis reply".into()),
+                Err(_) => return Err(LinkError::NotRedis),
             }
-            let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+            let n = s.read(&mut buf)?;
             if n == 0 {
-                return Err("connection closed".into());
+                return Err(LinkError::Closed);
             }
             input.extend_from_slice(&buf[..n]);
         };
@@ -235,10 +281,11 @@ where
             _ => false,
         };
         if !ok {
-            return Err(match v {
-                Value::Error(e) => format!("{what}: {e}"),
-                _ => format!("{what}: unexpected reply"),
-            });
+            let said = match v {
+                Value::Error(e) => Some(e.to_string()),
+                _ => None,
+            };
+            return Err(LinkError::Refused(what, said));
         }
     }
     Ok(())
