@@ -30,6 +30,7 @@ use crate::key::write_key_for_tag;
 use crate::key::EntryId;
 use crate::rate::Rate;
 use crate::resp;
+use crate::tickets::Ticket;
 
 #[path = "strict_answer.rs"]
 mod answer;
@@ -147,7 +148,7 @@ pub fn clock_offset(secs: u64, micros: u64, before_ms: u64, after_ms: u64) -> i6
 /// clock: 0 none, `COUNTED`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
-    pub ticket: u64,
+    pub ticket: Ticket,
     pub cost: u32,
     pub deadline_ms: u64,
 }

@@ -42,7 +42,7 @@ fn costs_and_rejected_requests_are_not_counted() {
 /// tickets 1, 2, ... (a test's: leaked).
 fn reqs(costs: &[u32], deadlines: &[u64]) -> &'static [Request] {
     let r = costs.iter().enumerate().map(|(i, &cost)| Request {
-        ticket: i as u64 + 1,
+        ticket: crate::tickets::Ticket(i as u64 + 1),
         cost,
         deadline_ms: deadlines.get(i).copied().unwrap_or(0),
     });

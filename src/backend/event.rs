@@ -2,6 +2,7 @@
 //! thread serves (`ZoneSpec`), and what it hands back (`Event`): Redis's
 //! counts, increments that stay local, log lines.
 
+use ratelimit_core::tickets::Ticket;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::time::Duration;
@@ -86,7 +87,7 @@ impl StatsRef {
 #[derive(Debug)]
 pub struct StrictAsk {
     /// Names the waiting request (and which of its limits) in the answer.
-    pub ticket: u64,
+    pub ticket: Ticket,
     pub id: ItemId,
     /// The key's hash tag (`key::redis_tag`).
     pub tag: Tag,
@@ -154,12 +155,12 @@ impl StrictGroup {
     }
 
     /// Adds a request: its ticket, cost and deadline.
-    pub fn push(&mut self, ticket: u64, cost: u32, deadline_ms: u64) {
+    pub fn push(&mut self, ticket: Ticket, cost: u32, deadline_ms: u64) {
         self.requests.push(Request { ticket, cost, deadline_ms });
     }
 
     /// Its requests' tickets, in order.
-    pub fn tickets(&self) -> impl Iterator<Item = u64> + Clone + '_ {
+    pub fn tickets(&self) -> impl Iterator<Item = Ticket> + Clone + '_ {
         self.requests.iter().map(|r| r.ticket)
     }
 
@@ -269,7 +270,7 @@ pub enum Event {
         /// What the group's counts after the response weigh (in flight
         /// here until the answer).
         counted: u32,
-        tickets: Each<u64>,
+        tickets: Each<Ticket>,
         answer: Option<Answer>,
     },
     Log {

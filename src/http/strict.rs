@@ -224,7 +224,7 @@ fn wait(
             Stats::bump(&shared.stats().strict_waits);
         }
         let ask = link::Ask {
-            ticket: base | (k - 1) as u64,
+            ticket: base.for_limit((k - 1) as u64),
             id: ItemId {
                 zone: a.zone as u32,
                 entry,
@@ -295,7 +295,7 @@ fn suspend(
         let s = (*c).data.cast::<PooledWait>();
         let w = s.cast::<Wait>();
         ptr::addr_of_mut!((*w).r).write(ptr::from_mut(r));
-        ptr::addr_of_mut!((*w).base).write(0);
+        ptr::addr_of_mut!((*w).base).write(waits::NO_TICKET);
         ptr::addr_of_mut!((*w).verdicts).write(awaiting.verdicts);
         ptr::addr_of_mut!((*w).waiting).write(awaiting.waiting);
         ptr::addr_of_mut!((*w).sub).write(sub);

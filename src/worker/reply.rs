@@ -4,6 +4,7 @@
 //! what the Redis thread hands back (`worker.rs`) and for what a strict
 //! link reads (`link.rs`).
 
+use ratelimit_core::tickets::Ticket;
 use std::cell::RefCell;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -41,7 +42,7 @@ pub(super) fn strict_answered(
     log: *mut ngx_log_t,
     id: ItemId,
     rate: Rate,
-    tickets: impl Iterator<Item = u64> + Clone,
+    tickets: impl Iterator<Item = Ticket> + Clone,
     counted: u32,
     answer: Option<&impl Verdicts>,
 ) {

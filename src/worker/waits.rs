@@ -35,8 +35,8 @@ pub(crate) enum Verdict {
 /// A suspended request, in its pool.
 pub(crate) struct Wait {
     pub(crate) r: *mut ngx_http_request_t,
-    /// Its tickets are `base | i` for its strict limits `i`.
-    pub(crate) base: u64,
+    /// Its tickets are `base.for_limit(i)` for its strict limits `i`.
+    pub(crate) base: Ticket,
     pub(crate) verdicts: [Verdict; MAX_STRICT],
     pub(crate) waiting: u8,
     /// A subrequest's own event (its timer, and what wakes it): a
@@ -111,7 +111,7 @@ pub(crate) unsafe extern "C" fn forget(data: *mut c_void) {
 /// `decide(one_limit, allowed)` makes the decision of a request of one limit
 /// (`Wait::one_limit`) that Redis decided. Worker thread only.
 pub fn resolve(
-    tickets: impl Iterator<Item = u64>,
+    tickets: impl Iterator<Item = Ticket>,
     allowed: impl Fn(usize) -> Option<bool>,
     mut decide: impl FnMut(&OneLimit, bool) -> Option<Decision>,
 ) {
@@ -123,7 +123,7 @@ pub fn resolve(
             };
             // SAFETY: a listed wait is alive (its cleanup takes it out).
             let wait = unsafe { &mut *w };
-            let k = (t & LIMIT_MASK) as usize;
+            let k = (t.0 & LIMIT_MASK) as usize;
             if wait.verdicts[k] != Verdict::Waiting {
                 continue;
             }
@@ -178,16 +178,16 @@ fn wake(wait: &mut Wait) {
 
 /// The ticket of a call no request waits for (a count after the
 /// response): never a wait's.
-pub use ratelimit_core::tickets::NO_TICKET;
+pub use ratelimit_core::tickets::{Ticket, NO_TICKET};
 
 /// A ticket's low bits say which of its request's strict limits it is for.
 const LIMIT_BITS: u32 = MAX_STRICT.trailing_zeros();
 const LIMIT_MASK: u64 = MAX_STRICT as u64 - 1;
 const _: () = assert!(MAX_STRICT.is_power_of_two());
 
-/// Lists a wait (in its request's pool): its tickets are `base | i`.
+/// Lists a wait (in its request's pool): its tickets are `base.for_limit(i)`.
 /// Returns the base.
-pub(crate) fn register(wait: *mut Wait) -> u64 {
+pub(crate) fn register(wait: *mut Wait) -> Ticket {
     let base = WAITS.with(|m| m.borrow_mut().insert(wait));
     // SAFETY: a wait just written in its request's pool (`suspend`).
     let w = unsafe { &mut *wait };

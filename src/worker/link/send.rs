@@ -7,6 +7,7 @@
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::key::redis_tag_inline;
 use ratelimit_core::strict;
+use ratelimit_core::tickets::Ticket;
 
 use super::link;
 use crate::backend::{Channel, StrictAsk, StrictGroup};
@@ -31,7 +32,7 @@ impl std::hash::Hash for Key {
 pub struct Ask<'a> {
     /// Names the waiting request and which of its limits this is
     /// (`waits::NO_TICKET`: a count no request waits for).
-    pub ticket: u64,
+    pub ticket: Ticket,
     pub id: ItemId,
     pub namespace: &'a [u8],
     pub key: &'a [u8],
