@@ -28,6 +28,7 @@
 //! | `sha1` | SHA-1, the name Redis gives the strict script |
 
 pub mod batch;
+pub mod bucket;
 pub mod calls;
 pub mod cost;
 pub mod counter;
