@@ -15,6 +15,7 @@
 //!   2 000.
 
 use crate::rate::Rate;
+use crate::table::Entry;
 
 /// A thousandth of a request: the unit of the excess.
 pub const MILLI: u64 = 1000;
@@ -141,6 +142,42 @@ fn ceil_drain_ms(rate: Rate, milli: u64) -> u64 {
 /// What an allowed request leaves in the key's bucket.
 pub fn commit(c: &Checked, now_ms: u64) -> Level {
     Level { excess: c.excess, last_ms: now_ms }
+}
+
+/// The largest rate a bucket takes (requests per period): what its entry
+/// id's period part has room for (`id_period`).
+pub const MAX_BUCKET_LIMIT: u32 = (1 << 29) - 1;
+
+/// What a bucket's entry id is made with in place of the period (the
+/// table's ids hash a namespace, a period and a key): a value no window's
+/// period takes (the top bit set), one per rate, so a key's bucket and its
+/// windows never share an entry, and lines of one zone with one rate share
+/// the bucket, as `limit_req` lines of one zone do. `None` for a rate
+/// above `MAX_BUCKET_LIMIT` or a period other than r/s, r/m, r/h, r/d.
+pub fn id_period(rate: Rate) -> Option<u32> {
+    let unit = match rate.period {
+        1 => 0,
+        60 => 1,
+        3600 => 2,
+        86400 => 3,
+        _ => return None,
+    };
+    (rate.limit <= MAX_BUCKET_LIMIT).then_some(1 << 31 | unit << 29 | rate.limit)
+}
+
+/// A bucket's level as its table entry keeps it: the excess in `cur`
+/// (thousandths; at most `MAX_BURST` requests of them), the time of its
+/// last change in `blocked_until_ms` (never after now, so never read as an
+/// open breaker). A new entry (all zero) reads as a key long idle, which
+/// is what a key not seen yet is.
+pub fn level_of(e: &Entry) -> Level {
+    Level { excess: u64::from(e.cur), last_ms: e.blocked_until_ms }
+}
+
+/// Stores what an allowed request leaves (`commit`) in the key's entry.
+pub fn store(e: &mut Entry, l: Level) {
+    e.cur = u32::try_from(l.excess).unwrap_or(u32::MAX);
+    e.blocked_until_ms = l.last_ms;
 }
 
 #[cfg(test)]

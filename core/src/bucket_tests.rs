@@ -147,3 +147,38 @@ fn a_fleet_of_paced_requests_holds_burst_plus_rate() {
     assert!(passed <= 21 + 10 * 20, "{passed}");
     assert!(passed >= 20 + 10 * 20 - 1, "{passed}");
 }
+
+#[test]
+fn a_bucket_s_entry_id_is_one_per_rate_and_never_a_window_s() {
+    let windows = [1u32, 60, 3600, 86400];
+    let mut seen = std::collections::HashSet::new();
+    for period in windows {
+        for limit in [1, 2, 10, 1000, MAX_BUCKET_LIMIT] {
+            let p = id_period(r(limit, period)).expect("a bucket's rate");
+            assert!(!windows.contains(&p));
+            assert!(seen.insert(p), "{limit} per {period}: one value per rate");
+        }
+    }
+    assert_eq!(id_period(r(MAX_BUCKET_LIMIT + 1, 1)), None);
+    assert_eq!(id_period(r(1, 7)), None);
+}
+
+#[test]
+fn an_entry_keeps_a_bucket_and_a_new_one_reads_as_idle() {
+    let mut e = Entry::default();
+    let fresh = check(Some(level_of(&e)), r(2, 1), &nodelay(1), 1, T0);
+    assert_eq!(fresh, check(None, r(2, 1), &nodelay(1), 1, T0), "new entry = new key");
+    store(&mut e, commit(&fresh, T0));
+    let second = check(Some(level_of(&e)), r(2, 1), &nodelay(1), 1, T0 + 1);
+    assert!(second.allowed);
+    store(&mut e, commit(&second, T0 + 1));
+    assert!(!check(Some(level_of(&e)), r(2, 1), &nodelay(1), 1, T0 + 2).allowed);
+    let full = Checked {
+        allowed: true,
+        excess: u64::from(MAX_BURST) * MILLI,
+        delay_ms: 0,
+        at_once_ms: T0,
+    };
+    store(&mut e, commit(&full, T0));
+    assert_eq!(level_of(&e).excess, u64::from(MAX_BURST) * MILLI, "the largest burst fits");
+}
