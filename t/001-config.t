@@ -843,3 +843,72 @@ redis_ratelimit_zone: invalid zone name "a:b": printable ASCII without braces or
 redis_ratelimit_zone: invalid Redis URL "redis://:***@127.0.0.1:6379": the user or password holds a "%" that is not followed by two hex digits (write "%" as %25)
 --- no_error_log
 pa%zz
+
+
+
+=== TEST 76: burst= that is not a number of requests
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 1r/s burst=-1; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid value "burst=-1": 0 to 1000000 requests expected
+
+
+
+=== TEST 77: delay= above burst=
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 1r/s burst=2 delay=3; }
+--- must_die
+--- error_log
+redis_ratelimit: delay=3 above burst=2: a request over the burst is rejected, never delayed
+
+
+
+=== TEST 78: nodelay and delay= together
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 1r/s burst=2 nodelay delay=1; }
+--- must_die
+--- error_log
+redis_ratelimit: "nodelay" and "delay=" given twice, or both
+
+
+
+=== TEST 79: a bucket that is strict
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:6379;
+--- config
+    location = /t { redis_ratelimit z 1r/s burst=2 strict; }
+--- must_die
+--- error_log
+redis_ratelimit: a bucket (burst=, delay=, nodelay) is not decided in Redis: "strict" cannot be one
+
+
+
+=== TEST 80: a bucket on a zone with Redis
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:6379;
+--- config
+    location = /t { redis_ratelimit z 1r/s burst=2 nodelay; }
+--- must_die
+--- error_log
+redis_ratelimit: burst=, delay= and nodelay (limit_req's bucket) count on one node only, and zone "z"
+
+
+
+=== TEST 81: a bucket and a window of one zone and rate, side by side
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 1r/m burst=0; redis_ratelimit z 1r/m; try_files /index.html =404; }
+--- user_files
+>>> index.html
+ok
+--- request
+GET /t?k=a
+--- error_code: 200

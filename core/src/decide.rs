@@ -15,6 +15,7 @@
 //! common request, one limit, without the bookkeeping for shared entries
 //! (a property test holds it to `many_into`).
 
+use crate::bucket::{self, Bucket};
 use crate::counter::{self, Check, Fresh};
 use crate::rate::Rate;
 use crate::share;
@@ -160,6 +161,9 @@ pub struct Limit {
     /// known): one node's part of a key it has no share of, while Redis
     /// is down with `on_error=share`.
     pub nodes: u32,
+    /// limit_req's bucket (`burst=`, `delay=`, `nodelay`) instead of the
+    /// sliding window.
+    pub bucket: Option<Bucket>,
 }
 
 /// What one limit said.
@@ -168,6 +172,8 @@ pub struct Checked {
     pub check: Check,
     /// The estimate after this request was counted (or not).
     pub after: Estimate,
+    /// A bucket's own answer (its excess, the delay), for a bucket.
+    pub bucket: Option<bucket::Checked>,
 }
 
 /// The decision for a request.
@@ -186,6 +192,13 @@ pub struct Decision {
     pub tightest: usize,
     /// What that limit said.
     pub checked: Checked,
+    /// How long an allowed request waits first (ms): the longest of its
+    /// buckets' delays, as `limit_req` takes it.
+    pub delay_ms: u64,
+    /// The limit that delays it (its index) and that bucket's excess with
+    /// the request (thousandths), for the log line.
+    pub delaying: usize,
+    pub delay_excess: u64,
 }
 
 impl Decision {
@@ -242,6 +255,9 @@ pub type Pushes = smallvec::SmallVec<[Push; INLINE]>;
 /// Checks one limit against its entry.
 #[inline(always)]
 fn check(e: &mut Entry, l: &Limit, now_ms: u64) -> Checked {
+    if let Some(b) = l.bucket {
+        return check_bucket(e, l, &b, now_ms);
+    }
     let mut check = if l.strict == Strict::Asking {
         counter::check_known(e, l.rate, now_ms, l.cost)
     } else {
@@ -258,7 +274,34 @@ fn check(e: &mut Entry, l: &Limit, now_ms: u64) -> Checked {
     };
     l.mode.apply(&mut check, now_ms);
     verdict(l.strict, &mut check, now_ms);
-    Checked { check, after: check.estimate }
+    Checked { check, after: check.estimate, bucket: None }
+}
+
+/// A bucket's check as the window's answer reads it: passes or not, when
+/// a request would pass at once, and an estimate whose headroom under
+/// `burst + 1` (`limit_of_bucket`) is what the burst has left.
+fn check_bucket(e: &Entry, l: &Limit, b: &Bucket, now_ms: u64) -> Checked {
+    let c = bucket::check(Some(bucket::level_of(e)), l.rate, b, l.cost, now_ms);
+    let used =
+        u32::try_from(c.excess.div_ceil(bucket::MILLI)).unwrap_or(u32::MAX).saturating_add(1);
+    let estimate = Estimate::new(0, used, 0, l.rate.period_ms());
+    let check = Check {
+        allowed: c.allowed,
+        cur: 0,
+        estimate,
+        retry_at_ms: c.at_once_ms,
+        window: 0,
+        window_start_ms: now_ms,
+    };
+    Checked { check, after: estimate, bucket: Some(c) }
+}
+
+/// The L a bucket's answer speaks of: its burst and the request itself.
+fn limit_of_bucket(l: &Limit) -> u32 {
+    match l.bucket {
+        Some(b) => b.burst.saturating_add(1),
+        None => l.rate.limit,
+    }
 }
 
 /// What Redis decided for a strict limit replaces the decision from the
@@ -300,6 +343,13 @@ pub fn one(
     take: Take,
     queue: bool,
 ) -> (Decision, Option<Push>) {
+    if l.bucket.is_some() {
+        let (mut all, mut pushes) = (CheckedAll::new(), Pushes::new());
+        let one = Limit { entry: 0, ..*l };
+        let entries = std::slice::from_mut(e);
+        let d = many_into(entries, &[one], now_ms, take, queue, &mut all, &mut pushes);
+        return (d, pushes.first().copied());
+    }
     let mut checked = check(e, l, now_ms);
     let allowed = checked.check.allowed;
     // what Redis decided it counted already
@@ -335,6 +385,9 @@ pub fn one(
         retry_at_ms: if allowed { now_ms } else { checked.check.retry_at_ms },
         tightest: 0,
         checked,
+        delay_ms: 0,
+        delaying: 0,
+        delay_excess: 0,
     };
     (d, push)
 }
@@ -372,6 +425,13 @@ pub fn many_into<E: Entries + ?Sized>(
             // limits sharing the entry (tiers of one period) count the
             // request once, at its heaviest (a `count_if=` limit's 0 in
             // preaccess does not hide another's cost)
+            if let Some(c) = all[i].bucket {
+                // a bucket keeps what the request leaves in it, here only
+                if l.mode.counts() {
+                    bucket::store(entries.entry(l.entry), bucket::commit(&c, now_ms));
+                }
+                continue;
+            }
             let cost = sharing().map(|o| o.cost).max().unwrap_or(l.cost);
             let limit = sharing().map(|o| o.rate.limit).min().unwrap_or(l.rate.limit);
             if count(entries.entry(l.entry), l.mode, cost) && l.strict != Strict::CountOnly {
@@ -380,7 +440,9 @@ pub fn many_into<E: Entries + ?Sized>(
         }
     }
     for (l, c) in limits.iter().zip(all.iter_mut()) {
-        c.after = counter::estimate(entries.entry(l.entry), l.rate, now_ms);
+        if c.bucket.is_none() {
+            c.after = counter::estimate(entries.entry(l.entry), l.rate, now_ms);
+        }
     }
 
     // when each increment goes, as the limits of its entry say (`sync`): a
@@ -410,7 +472,7 @@ pub fn many_into<E: Entries + ?Sized>(
         let mut tightest = 0;
         let mut remaining = u32::MAX;
         for (i, (l, c)) in limits.iter().zip(all.iter()).enumerate() {
-            let left = c.after.remaining(l.rate.limit);
+            let left = c.after.remaining(limit_of_bucket(l));
             if left < remaining {
                 remaining = left;
                 tightest = i;
@@ -423,12 +485,23 @@ pub fn many_into<E: Entries + ?Sized>(
             all.iter().filter(|c| !c.check.allowed).fold(now_ms, |r, c| r.max(c.check.retry_at_ms));
         (tightest, retry)
     };
+    let (mut delay_ms, mut delaying, mut delay_excess) = (0, 0, 0);
+    if allowed {
+        for (i, b) in all.iter().enumerate().filter_map(|(i, c)| Some((i, c.bucket?))) {
+            if b.delay_ms > delay_ms {
+                (delay_ms, delaying, delay_excess) = (b.delay_ms, i, b.excess);
+            }
+        }
+    }
     Decision {
         allowed,
-        limit: if allowed { limits[tightest].rate.limit } else { 0 },
+        limit: if allowed { limit_of_bucket(&limits[tightest]) } else { 0 },
         retry_at_ms,
         tightest,
         checked: all[tightest],
+        delay_ms,
+        delaying,
+        delay_excess,
     }
 }
 

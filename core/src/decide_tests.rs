@@ -27,6 +27,7 @@ fn lim(entry: usize, limit: u32, mode: Mode) -> Limit {
         stale_ms: 5,
         hold_ms: 5000,
         nodes: 0,
+        bucket: None,
     }
 }
 
@@ -255,6 +256,7 @@ fn random_limit(g: &mut Rng, entry: usize) -> Limit {
         stale_ms: g.pick(&[5, 40, u64::MAX]),
         hold_ms: g.pick(&[0, 5000]),
         nodes: g.pick(&[0, 1, 4]),
+        bucket: None,
     }
 }
 

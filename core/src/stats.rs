@@ -218,7 +218,7 @@ impl Stats {
     #[inline]
     pub fn add(&self, outcome: Outcome) {
         let c = match outcome {
-            Outcome::Passed => &self.passed,
+            Outcome::Passed | Outcome::Delayed | Outcome::DelayedDryRun => &self.passed,
             Outcome::Rejected => &self.rejected,
             Outcome::RejectedDryRun => &self.rejected_dry_run,
         };
@@ -256,7 +256,11 @@ impl Stats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Passed,
+    /// Passed after a bucket's delay (`burst=` without `nodelay`).
+    Delayed,
     Rejected,
+    /// Would have waited, in `redis_ratelimit_dry_run`: passed at once.
+    DelayedDryRun,
     RejectedDryRun,
 }
 
@@ -264,7 +268,9 @@ impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Passed => "PASSED",
+            Outcome::Delayed => "DELAYED",
             Outcome::Rejected => "REJECTED",
+            Outcome::DelayedDryRun => "DELAYED_DRY_RUN",
             Outcome::RejectedDryRun => "REJECTED_DRY_RUN",
         }
     }

@@ -15,6 +15,7 @@ use nginx_sys::{
 use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_conf_log_error;
+use ratelimit_core::bucket::{self, Bucket, Delay, MAX_BUCKET_LIMIT, MAX_BURST};
 use ratelimit_core::params;
 use ratelimit_core::rate::Rate;
 
@@ -189,6 +190,7 @@ pub extern "C" fn cmd_zone(
 
     // a limit that named the zone before its declaration may be strict
     let strict_at = existing.and_then(|i| mcf.zones[i].strict_at.take());
+    let bucket_at = existing.and_then(|i| mcf.zones[i].bucket_at.take());
     let zone = Box::new(ZoneConf {
         name: params.name.clone(),
         declared: true,
@@ -199,6 +201,7 @@ pub extern "C" fn cmd_zone(
         cycle: unsafe { (*cf).cycle },
         shared: None,
         strict_at,
+        bucket_at,
     });
     let slot = match existing {
         Some(i) => {
@@ -271,6 +274,48 @@ struct LineParams {
     cost: Option<Cost>,
     count_if: Option<Source>,
     strict: bool,
+    burst: Option<u32>,
+    delay: Option<Delay>,
+}
+
+impl LineParams {
+    /// The line's bucket, if any of `burst=`, `delay=`, `nodelay` is given
+    /// (`burst` 0 and `delay` 0 unless given, as `limit_req` reads them).
+    fn bucket(&self) -> Parsed<Option<Bucket>> {
+        if self.burst.is_none() && self.delay.is_none() {
+            return Ok(None);
+        }
+        let b =
+            Bucket { burst: self.burst.unwrap_or(0), delay: self.delay.unwrap_or(Delay::Above(0)) };
+        if let Delay::Above(d) = b.delay {
+            if d > b.burst {
+                return Err(format!(
+                    "delay={d} above burst={}: a request over the burst is rejected, never delayed",
+                    b.burst
+                )
+                .into());
+            }
+        }
+        if self.strict {
+            return Err("a bucket (burst=, delay=, nodelay) is not decided in Redis: \"strict\" cannot be one".into());
+        }
+        if self.count_if.is_some() {
+            return Err("a bucket (burst=, delay=, nodelay) counts in preaccess: \"count_if=\" cannot be one".into());
+        }
+        Ok(Some(b))
+    }
+}
+
+/// `burst=N` or `delay=N`: 0 to `MAX_BURST` requests.
+fn requests(a: &ngx_str_t, v: &[u8]) -> Parsed<u32> {
+    std::str::from_utf8(v)
+        .ok()
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|t| t.parse::<u32>().ok())
+        .filter(|&n| n <= MAX_BURST)
+        .ok_or_else(|| {
+            format!("invalid value \"{}\": 0 to {MAX_BURST} requests expected", show(a)).into()
+        })
 }
 
 /// `redis_ratelimit zone rate [params]` or `redis_ratelimit off`: the
@@ -284,17 +329,32 @@ fn limit_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Par
     }
     let rate = rate_spec(cf, args[2])?;
     let p = line_params(cf, &args[3..])?;
+    let bucket = p.bucket()?;
+    if let (Some(_), RateSpec::Fixed(r)) = (bucket, rate) {
+        if bucket::id_period(r).is_none() {
+            return Err(format!(
+                "a bucket's rate is at most {MAX_BUCKET_LIMIT} requests per period"
+            )
+            .into());
+        }
+    }
     let mcf = main_conf(cf).ok_or(Refusal::Said)?;
     let zone = zone_used(cf, mcf, show(&args[1]));
     mcf.count_if |= p.count_if.is_some();
     if p.strict && mcf.zones[zone].strict_at.is_none() {
         mcf.zones[zone].strict_at = Some(position(cf));
     }
+    if bucket.is_some() && mcf.zones[zone].bucket_at.is_none() {
+        mcf.zones[zone].bucket_at = Some(position(cf));
+    }
     let limits = lcf.limits.get_or_insert_with(Vec::new);
     if p.strict && limits.iter().filter(|l| l.strict).count() >= MAX_STRICT {
         return Err(format!("more than {MAX_STRICT} strict limits at one level").into());
     }
-    if limits.iter().any(|l| l.zone == zone && l.rate == rate && matches!(rate, RateSpec::Fixed(_)))
+    let same = |l: &Limit| l.bucket.is_some() == bucket.is_some();
+    if limits
+        .iter()
+        .any(|l| l.zone == zone && l.rate == rate && matches!(rate, RateSpec::Fixed(_)) && same(l))
     {
         return Err(format!("duplicate limit \"{} {}\"", show(&args[1]), show(&args[2])).into());
     }
@@ -304,6 +364,7 @@ fn limit_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Par
         cost: p.cost.unwrap_or(Cost::Fixed(1)),
         count_if: p.count_if,
         strict: p.strict,
+        bucket,
         cache: Default::default(),
     });
     Ok(())
@@ -359,6 +420,19 @@ fn line_params(cf: *mut ngx_conf_t, args: &[ngx_str_t]) -> Parsed<LineParams> {
                 })?;
                 Cost::Fixed(c)
             });
+        } else if let Some(v) = bytes.strip_prefix(b"burst=") {
+            if p.burst.is_some() {
+                return Err("duplicate parameter \"burst=\"".into());
+            }
+            p.burst = Some(requests(a, v)?);
+        } else if bytes == b"nodelay" || bytes.starts_with(b"delay=") {
+            if p.delay.is_some() {
+                return Err("\"nodelay\" and \"delay=\" given twice, or both".into());
+            }
+            p.delay = Some(match bytes.strip_prefix(b"delay=") {
+                Some(v) => Delay::Above(requests(a, v)?),
+                None => Delay::Never,
+            });
         } else if let Some(v) = bytes.strip_prefix(b"count_if=") {
             if p.count_if.is_some() {
                 return Err("duplicate parameter \"count_if=\"".into());
@@ -394,6 +468,7 @@ fn zone_used(cf: *mut ngx_conf_t, mcf: &mut MainConf, name: String) -> usize {
         cycle: ptr::null_mut(),
         shared: None,
         strict_at: None,
+        bucket_at: None,
     }));
     mcf.zones.len() - 1
 }
@@ -414,6 +489,16 @@ pub unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) 
             );
         }
         let redis = z.params.as_ref().is_some_and(|p| p.backend.is_some());
+        if let Some(at) = z.bucket_at.as_ref().filter(|_| redis) {
+            return refuse(
+                cf,
+                "redis_ratelimit",
+                format!(
+                    "burst=, delay= and nodelay (limit_req's bucket) count on one node only, and zone \"{}\" (used so at {}) has \"redis=\": use a zone without it",
+                    z.name, at
+                ),
+            );
+        }
         if let Some(at) = z.strict_at.as_ref().filter(|_| !redis) {
             return refuse(
                 cf,

@@ -14,6 +14,7 @@ use nginx_sys::{
     ngx_str_t, ngx_uint_t, NGX_CONF_UNSET, NGX_LOG_ERR, NGX_OK,
 };
 use ngx::http::{Merge, MergeConfigError};
+use ratelimit_core::bucket::Bucket;
 use ratelimit_core::params::ZoneParams;
 use ratelimit_core::rate::{Rate, RateCache};
 
@@ -40,6 +41,9 @@ pub struct ZoneConf {
     pub shared: Option<Shared>,
     /// Where a `strict` limit first used it (it then needs `redis=`).
     pub strict_at: Option<String>,
+    /// Where a bucket (`burst=`, `delay=`, `nodelay`) first used it: a
+    /// zone without `redis=` only, for now.
+    pub bucket_at: Option<String>,
 }
 
 #[derive(Default)]
@@ -63,6 +67,9 @@ pub struct Limit {
     pub count_if: Option<Source>,
     /// `strict`: the decision waits for Redis (`strict.rs`).
     pub strict: bool,
+    /// `burst=`, `delay=`, `nodelay`: the line is limit_req's bucket, not
+    /// a sliding window.
+    pub bucket: Option<Bucket>,
     /// The last rate read from variables, by its text: a `map` gives the
     /// same few values again and again (read and written by the worker's
     /// own thread only).

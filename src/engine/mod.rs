@@ -16,6 +16,7 @@ use nginx_sys::ngx_log_t;
 use ngx::log::DebugMask;
 use ngx::ngx_log_debug;
 use ratelimit_core::batch::ItemId;
+use ratelimit_core::bucket::{self, Bucket};
 use ratelimit_core::decide::{self, CheckedAll, Entries, Limit, Push, Pushes, INLINE};
 pub use ratelimit_core::decide::{Checked, Decision, Mode, Strict, Take};
 use ratelimit_core::key::EntryId;
@@ -53,6 +54,8 @@ pub struct Ask<'a> {
     /// caller): the log phase counts a `count_if=` line's key and rate as
     /// the preaccess phase checked them.
     pub line: u32,
+    /// limit_req's bucket instead of the sliding window.
+    pub bucket: Option<Bucket>,
 }
 
 /// `Ask::line` of a limit that no configuration line asks for (Lua).
@@ -313,7 +316,7 @@ fn limit(
     entry: usize,
     channel: Option<&std::sync::Arc<Channel>>,
 ) -> Limit {
-    limit_of(mcf, a.zone, a.rate, a.cost, a.strict, entry, channel)
+    Limit { bucket: a.bucket, ..limit_of(mcf, a.zone, a.rate, a.cost, a.strict, entry, channel) }
 }
 
 /// `limit`, of an ask's parts.
@@ -335,7 +338,8 @@ fn limit_of(
             Mode::Local
         };
         let stale_ms = ratelimit_core::counter::STALE_MIN_MS;
-        return Limit { entry, rate, cost, mode, strict, stale_ms, hold_ms: 0, nodes: 0 };
+        let (hold_ms, nodes, bucket) = (0, 0, None);
+        return Limit { entry, rate, cost, mode, strict, stale_ms, hold_ms, nodes, bucket };
     };
     let up = backend_up(mcf, ch, zone);
     let (index, zone) = (zone, &mcf.zones[zone]);
@@ -355,7 +359,7 @@ fn limit_of(
         }
         _ => 0,
     };
-    Limit { entry, rate, cost, mode, strict, stale_ms, hold_ms, nodes }
+    Limit { entry, rate, cost, mode, strict, stale_ms, hold_ms, nodes, bucket: None }
 }
 
 /// Whether a zone's Redis works: as this worker's thread last saw it, and
@@ -401,7 +405,12 @@ fn identify<'m>(mcf: &'m MainConf, a: &Ask<'_>) -> Result<(&'m Shared, EntryId),
 #[inline]
 pub fn entry_id(shared: &Shared, a: &Ask<'_>) -> EntryId {
     let ns = if a.zone_named { shared.name } else { shared.ids.namespace(a.namespace) };
-    shared.ids.id_in(ns, a.rate.period, a.key)
+    // a bucket's entry is not its key's window's (`bucket::id_period`)
+    let period = match a.bucket {
+        Some(_) => bucket::id_period(a.rate).unwrap_or(a.rate.period),
+        None => a.rate.period,
+    };
+    shared.ids.id_in(ns, period, a.key)
 }
 
 /// Queues one counted request for the zone's Redis thread.

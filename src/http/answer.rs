@@ -9,10 +9,11 @@ use std::ptr;
 
 use nginx_sys::{
     ngx_http_request_t, ngx_int_t, ngx_log_t, ngx_palloc, ngx_pnalloc, ngx_pool_cleanup_t,
-    ngx_uint_t, NGX_DECLINED,
+    ngx_uint_t, NGX_DECLINED, NGX_LOG_INFO,
 };
 use ngx::http::Request;
 use ngx::ngx_log_error;
+use ratelimit_core::bucket;
 use ratelimit_core::params::OnError;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Outcome;
@@ -203,24 +204,64 @@ pub(super) fn finish(
 ) -> Result<ngx_int_t, Failure> {
     let rejected = !d.allowed;
     let dry_run = lcf.dry_run == 1;
-    let outcome = match (rejected, dry_run) {
-        (false, _) => Outcome::Passed,
-        (true, false) => Outcome::Rejected,
-        (true, true) => Outcome::RejectedDryRun,
+    let delayed = d.delay_ms > 0;
+    let outcome = match (rejected, delayed, dry_run) {
+        (false, false, _) => Outcome::Passed,
+        (false, true, false) => Outcome::Delayed,
+        (false, true, true) => Outcome::DelayedDryRun,
+        (true, _, false) => Outcome::Rejected,
+        (true, _, true) => Outcome::RejectedDryRun,
     };
     let tightest = limits.get(d.tightest).ok_or(Failure::NoLimit)?;
     count_outcome(mcf, limits, tightest.zone, outcome);
     if rejected {
         log_rejection(r, mcf, lcf, tightest, d);
+    } else if delayed {
+        log_delay(r, mcf, lcf, limits, d);
     }
     let deferred = if mcf.count_if && !rejected { defer(r, lcf, limits)? } else { ptr::null() };
     if !record(r, RequestState { outcome, after: d.checked.after, limit: d.limit, deferred }) {
         return Err(Failure::NoMemory);
     }
-    if lcf.headers == HEADERS_OFF && !rejected {
-        return Ok(NGX_DECLINED as ngx_int_t);
+    let rc = if lcf.headers == HEADERS_OFF && !rejected {
+        NGX_DECLINED as ngx_int_t
+    } else {
+        headers(r, mcf, lcf, now, limits, *d)?
+    };
+    if outcome == Outcome::Delayed {
+        return crate::http::delay::delay(r, d.delay_ms);
     }
-    headers(r, mcf, lcf, now, limits, *d)
+    Ok(rc)
+}
+
+/// The log line of a delayed request, one level below the rejection's
+/// (as `limit_req` writes it: the excess of the bucket that delays it).
+#[cold]
+#[inline(never)]
+fn log_delay(
+    r: &ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    limits: &[Ask<'_>],
+    d: &Decision,
+) {
+    let level = if lcf.log_level as ngx_uint_t >= NGX_LOG_INFO as ngx_uint_t {
+        NGX_LOG_INFO as ngx_uint_t
+    } else {
+        lcf.log_level as ngx_uint_t + 1
+    };
+    let (Some(a), excess) = (limits.get(d.delaying), d.delay_excess) else {
+        return;
+    };
+    ngx_log_error!(
+        level,
+        request_log(r),
+        "delaying request{}, excess: {}.{:03}, by zone \"{}\"",
+        if lcf.dry_run == 1 { ", dry run" } else { "" },
+        excess / 1000,
+        excess % 1000,
+        mcf.zones[a.zone].name
+    );
 }
 
 /// Keeps the `count_if=` limits the request passed, with their keys and
@@ -291,11 +332,25 @@ fn log_rejection(
         Some(_) => ", Redis down (on_error=local: this node's counts)",
         None => "",
     };
+    let dry = if lcf.dry_run == 1 { ", dry run" } else { "" };
+    if let Some(b) = d.checked.bucket {
+        // a bucket's line, as `limit_req` writes it
+        ngx_log_error!(
+            lcf.log_level as ngx_uint_t,
+            request_log(r),
+            "limiting requests{}, excess: {}.{:03} by zone \"{}\"",
+            dry,
+            b.excess / 1000,
+            b.excess % 1000,
+            zone.name
+        );
+        return;
+    }
     ngx_log_error!(
         lcf.log_level as ngx_uint_t,
         request_log(r),
         "limiting requests{}, estimate: {:.3} of {} by zone \"{}\"{}",
-        if lcf.dry_run == 1 { ", dry run" } else { "" },
+        dry,
         d.checked.check.estimate.value(),
         tightest.rate,
         zone.name,
@@ -327,19 +382,28 @@ fn headers(
         // pass
         let check = &d.checked.check;
         let counted = if rejected { 0 } else { tightest.cost };
-        let back = quota_back_at(
-            now,
-            check.window_start_ms,
-            tightest.rate.period_ms(),
-            u64::from(check.cur) + u64::from(counted),
-            d.checked.after,
-        );
+        let back = match d.checked.bucket {
+            // a bucket's burst is whole again once its excess has drained
+            Some(b) => {
+                // (a rejected request's excess is what it would have left)
+                let cost = u64::from(tightest.cost) * bucket::MILLI;
+                let excess = if rejected { b.excess.saturating_sub(cost) } else { b.excess };
+                now + bucket::drain_ms(tightest.rate, excess).div_ceil(1000) * 1000
+            }
+            None => quota_back_at(
+                now,
+                check.window_start_ms,
+                tightest.rate.period_ms(),
+                u64::from(check.cur) + u64::from(counted),
+                d.checked.after,
+            ),
+        };
         let reset = back.saturating_sub(now).div_ceil(1000);
         if lcf.headers == HEADERS_LEGACY {
             // GitHub's convention, which the clients of these headers
             // follow: the Unix time (s) the quota is back
             let at = if reset == 0 { now / 1000 } else { back.div_ceil(1000) };
-            req.add_header_out("X-RateLimit-Limit", &tightest.rate.limit.to_string())
+            req.add_header_out("X-RateLimit-Limit", &quota(tightest).0.to_string())
                 .ok_or(Failure::NoMemory)?;
             req.add_header_out("X-RateLimit-Remaining", &remaining.to_string())
                 .ok_or(Failure::NoMemory)?;
@@ -356,7 +420,8 @@ fn headers(
                     policy.push_str(", ");
                 }
                 policy_name(&mut policy, mcf, limits, i);
-                let _ = write!(policy, ";q={};w={}", l.rate.limit, l.rate.period);
+                let (q, w) = quota(l);
+                let _ = write!(policy, ";q={q};w={w}");
             }
             let state = format!("{};r={};t={}", name(d.tightest), remaining, reset);
             req.add_header_out("RateLimit-Policy", &policy).ok_or(Failure::NoMemory)?;
@@ -370,6 +435,21 @@ fn headers(
         return Ok(lcf.status);
     }
     Ok(NGX_DECLINED as ngx_int_t)
+}
+
+/// A limit's quota as `RateLimit-Policy` states it: `q` requests per `w`
+/// seconds. A window's is its rate; a bucket's is its burst and the
+/// request itself, per the time its rate takes to let that many through
+/// (rounded up: `10r/s burst=20` is 21 per 3 s).
+fn quota(l: &Ask<'_>) -> (u64, u64) {
+    match l.bucket {
+        None => (u64::from(l.rate.limit), u64::from(l.rate.period)),
+        Some(b) => {
+            let q = u64::from(b.burst) + 1;
+            let w = (q * u64::from(l.rate.period)).div_ceil(u64::from(l.rate.limit.max(1)));
+            (q, w.max(1))
+        }
+    }
 }
 
 /// The name of the `i`-th limit of a response in `RateLimit-Policy` and
@@ -418,5 +498,6 @@ pub(super) fn ask<'a>(
         cost,
         strict: Strict::Background,
         line,
+        bucket: l.bucket,
     }
 }

@@ -31,7 +31,7 @@ pub unsafe extern "C" fn preaccess(r: *mut ngx_http_request_t) -> ngx_int_t {
     // decided once per request: a request nginx has not redirected
     // internally (nor a subrequest) runs this phase once, so only those
     // look for an earlier decision
-    if r.internal() != 0 && state(r).is_some() {
+    if r.internal() != 0 && state(r).is_some() || crate::http::delay::delayed(r) {
         return NGX_DECLINED as ngx_int_t;
     }
     // SAFETY: the request is valid; `Request` is a transparent wrapper.

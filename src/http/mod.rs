@@ -7,6 +7,7 @@
 
 pub mod answer;
 pub mod count;
+pub mod delay;
 pub mod handler;
 pub mod metrics;
 pub mod strict;

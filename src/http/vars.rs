@@ -47,8 +47,12 @@ unsafe extern "C" fn get(
     // SAFETY: nginx calls variable handlers with a valid request and value.
     let (r, v) = unsafe { (&mut *r, &mut *v) };
     let Some(st) = state(r) else {
-        // No limit applied to this request: an empty value.
+        // No limit applied to this request: the status is not found (`-`
+        // in a log, as `$limit_req_status`), the remaining count empty.
         set(v, std::ptr::null_mut(), 0);
+        if data == STATUS {
+            v.set_not_found(1);
+        }
         return NGX_OK as ngx_int_t;
     };
     match data {

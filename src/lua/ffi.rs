@@ -228,6 +228,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
         cost,
         strict,
         line: NO_LINE,
+        bucket: None,
     };
     let now = now_ms();
     // SAFETY: `ngx_cycle` is the running cycle (checked by `Call::new`).

@@ -1,0 +1,85 @@
+//! A request a bucket delays (`burst=` without `nodelay`) waits on its
+//! connection's write event timer, as `limit_req` delays one: the worker
+//! goes on, a client that goes away ends the wait (`ngx_http_test_reading`;
+//! what it added to the bucket stays), and when the timer fires the phases
+//! run again from this one, whose handler then lets the request through
+//! (`delayed`).
+
+use std::ffi::c_void;
+use std::ptr;
+
+use nginx_sys::{
+    ngx_add_timer, ngx_handle_read_event, ngx_handle_write_event, ngx_http_block_reading,
+    ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_request_t, ngx_http_test_reading,
+    ngx_int_t, ngx_post_event, ngx_posted_events, NGX_AGAIN, NGX_DECLINED,
+    NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+};
+use ngx::http::HttpModule;
+
+use crate::conf::module::Module;
+use crate::http::Failure;
+
+/// What the module's context slot of a delayed request points to: the
+/// request was decided and waited, its handler lets it through.
+static DELAYED: u8 = 0;
+
+/// Whether the request waited for a bucket's delay (its phases run again).
+#[inline]
+pub fn delayed(r: &ngx_http_request_t) -> bool {
+    let i = Module::module().ctx_index;
+    // SAFETY: every request has a context array with a slot per module.
+    let slot = unsafe { *r.ctx.add(i) };
+    ptr::eq(slot.cast::<u8>(), &DELAYED)
+}
+
+/// Makes the request wait `ms` before its next phase. A subrequest is not
+/// delayed (it shares its main request's connection and events).
+pub fn delay(r: &mut ngx_http_request_t, ms: u64) -> Result<ngx_int_t, Failure> {
+    if !ptr::eq(r.main, r) {
+        return Ok(NGX_DECLINED as ngx_int_t);
+    }
+    let i = Module::module().ctx_index;
+    // SAFETY: the request's connection and its events are valid; this is
+    // what `limit_req` does to delay a request. The context slot holds a
+    // pointer to a static that is never written.
+    unsafe {
+        *r.ctx.add(i) = ptr::from_ref(&DELAYED).cast_mut().cast::<c_void>();
+        let c = r.connection;
+        let rev = (*c).read;
+        if (*rev).ready() != 0 {
+            ngx_post_event(rev, ptr::addr_of_mut!(ngx_posted_events));
+        } else if ngx_handle_read_event(rev, 0) != NGX_OK as ngx_int_t {
+            return Err(Failure::Event);
+        }
+        r.read_event_handler = Some(ngx_http_test_reading);
+        r.write_event_handler = Some(wake);
+        let wev = (*c).write;
+        (*wev).set_delayed(1);
+        ngx_add_timer(wev, ms.max(1) as _);
+    }
+    Ok(NGX_AGAIN as ngx_int_t)
+}
+
+/// The write event handler of a delayed request: the timer ran out (nginx
+/// clears `delayed` then), so the phases run again; a write event before
+/// it only re-arms the event.
+unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx passes the request whose event fired; as in
+    // `limit_req`'s delay handler.
+    unsafe {
+        let wev = (*(*r).connection).write;
+        if (*wev).delayed() != 0 {
+            if ngx_handle_write_event(wev, 0) != NGX_OK as ngx_int_t {
+                ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+            }
+            return;
+        }
+        if ngx_handle_read_event((*(*r).connection).read, 0) != NGX_OK as ngx_int_t {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+            return;
+        }
+        (*r).read_event_handler = Some(ngx_http_block_reading);
+        (*r).write_event_handler = Some(ngx_http_core_run_phases);
+        ngx_http_core_run_phases(r);
+    }
+}
