@@ -39,11 +39,26 @@ pub fn delay(r: &mut ngx_http_request_t, ms: u64) -> Result<ngx_int_t, Failure> 
         return Ok(NGX_DECLINED as ngx_int_t);
     }
     let i = Module::module().ctx_index;
-    // SAFETY: the request's connection and its events are valid; this is
-    // what `limit_req` does to delay a request. The context slot holds a
-    // pointer to a static that is never written.
+    // SAFETY: the context slot holds a pointer to a static that is never
+    // written.
+    unsafe { *r.ctx.add(i) = ptr::from_ref(&DELAYED).cast_mut().cast::<c_void>() };
+    park(r, wake, ms)?;
+    Ok(NGX_AGAIN as ngx_int_t)
+}
+
+/// Parks a main request on its connection's write event for `ms`, as
+/// `limit_req` delays one: a client that goes away ends the wait
+/// (`ngx_http_test_reading`), and `then` runs when the timer fires (or a
+/// write event comes first: it re-arms while `delayed` is set). Also a
+/// strict request's wait for Redis.
+pub fn park(
+    r: &mut ngx_http_request_t,
+    then: unsafe extern "C" fn(*mut ngx_http_request_t),
+    ms: u64,
+) -> Result<(), Failure> {
+    // SAFETY: the request's connection and its events are valid while the
+    // request lives.
     unsafe {
-        *r.ctx.add(i) = ptr::from_ref(&DELAYED).cast_mut().cast::<c_void>();
         let c = r.connection;
         let rev = (*c).read;
         if (*rev).ready() != 0 {
@@ -52,12 +67,12 @@ pub fn delay(r: &mut ngx_http_request_t, ms: u64) -> Result<ngx_int_t, Failure> 
             return Err(Failure::Event);
         }
         r.read_event_handler = Some(ngx_http_test_reading);
-        r.write_event_handler = Some(wake);
+        r.write_event_handler = Some(then);
         let wev = (*c).write;
         (*wev).set_delayed(1);
         ngx_add_timer(wev, ms.max(1) as _);
     }
-    Ok(NGX_AGAIN as ngx_int_t)
+    Ok(())
 }
 
 /// The write event handler of a delayed request: the timer ran out (nginx

@@ -26,9 +26,8 @@ use nginx_sys::{
     ngx_add_timer, ngx_del_timer, ngx_event_t, ngx_handle_read_event, ngx_handle_write_event,
     ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_finalize_request,
     ngx_http_post_request, ngx_http_request_empty_handler, ngx_http_request_t,
-    ngx_http_run_posted_requests, ngx_http_test_reading, ngx_int_t, ngx_pool_cleanup_add,
-    ngx_post_event, ngx_posted_events, NGX_AGAIN, NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR,
-    NGX_OK,
+    ngx_http_run_posted_requests, ngx_int_t, ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED,
+    NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ratelimit_core::batch::ItemId;
@@ -322,22 +321,7 @@ fn suspend(
         r.write_event_handler = Some(ngx_http_request_empty_handler);
         return Ok(w);
     }
-    // SAFETY: the request's connection and its events are valid; this is
-    // what `limit_req` does to delay a request.
-    unsafe {
-        let c = r.connection;
-        let rev = (*c).read;
-        if (*rev).ready() != 0 {
-            ngx_post_event(rev, ptr::addr_of_mut!(ngx_posted_events));
-        } else if ngx_handle_read_event(rev, 0) != NGX_OK as ngx_int_t {
-            return Err(Failure::Event);
-        }
-        r.read_event_handler = Some(ngx_http_test_reading);
-        r.write_event_handler = Some(wake);
-        let wev = (*c).write;
-        (*wev).set_delayed(1);
-        ngx_add_timer(wev, timeout_ms.max(1) as _);
-    }
+    crate::http::delay::park(r, wake, timeout_ms)?;
     Ok(w)
 }
 
