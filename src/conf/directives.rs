@@ -308,14 +308,11 @@ impl LineParams {
 
 /// `burst=N` or `delay=N`: 0 to `MAX_BURST` requests.
 fn requests(a: &ngx_str_t, v: &[u8]) -> Parsed<u32> {
-    std::str::from_utf8(v)
-        .ok()
-        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|t| t.parse::<u32>().ok())
-        .filter(|&n| n <= MAX_BURST)
-        .ok_or_else(|| {
-            format!("invalid value \"{}\": 0 to {MAX_BURST} requests expected", show(a)).into()
-        })
+    // the digits as `cost=` reads them (its maximum is at least this one)
+    const _: () = assert!(MAX_BURST <= MAX_COST);
+    parse_cost(v).filter(|&n| n <= MAX_BURST).ok_or_else(|| {
+        format!("invalid value \"{}\": 0 to {MAX_BURST} requests expected", show(a)).into()
+    })
 }
 
 /// `redis_ratelimit zone rate [params]` or `redis_ratelimit off`: the
