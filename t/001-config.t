@@ -879,25 +879,32 @@ redis_ratelimit: "nodelay" and "delay=" given twice, or both
 
 
 
-=== TEST 79: a bucket that is strict
+=== TEST 79: a bucket on a zone with Redis, strict or not (its Redis down: on_error decides)
 --- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:6379;
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 timeout=100ms;
 --- config
-    location = /t { redis_ratelimit z 1r/s burst=2 strict; }
---- must_die
---- error_log
-redis_ratelimit: a bucket (burst=, delay=, nodelay) is not decided in Redis: "strict" cannot be one
+    location = /t { redis_ratelimit z 1r/s burst=2 nodelay; try_files /index.html =404; }
+    location = /s { redis_ratelimit z 1r/s burst=2 strict; try_files /index.html =404; }
+--- user_files
+>>> index.html
+ok
+--- request
+GET /t?k=a
+--- error_code: 200
 
 
 
-=== TEST 80: a bucket on a zone with Redis
+=== TEST 80: a bucket on a zone with Redis, strict
 --- http_config
-    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:6379;
+    redis_ratelimit_zone $arg_k zone=z:1m redis=redis://127.0.0.1:1 timeout=100ms;
 --- config
-    location = /t { redis_ratelimit z 1r/s burst=2 nodelay; }
---- must_die
---- error_log
-redis_ratelimit: burst=, delay= and nodelay (limit_req's bucket) count on one node only, and zone "z"
+    location = /s { redis_ratelimit z 1r/s burst=2 delay=1 strict; try_files /index.html =404; }
+--- user_files
+>>> index.html
+ok
+--- request
+GET /s?k=a
+--- error_code: 200
 
 
 

@@ -144,6 +144,36 @@ pub fn commit(c: &Checked, now_ms: u64) -> Level {
     Level { excess: c.excess, last_ms: now_ms }
 }
 
+/// A request Redis's script admitted (`strict.lua`), on the key's level as
+/// Redis left it (`mirror`), which holds the request: its excess and its
+/// delay as `check` would have given them there.
+pub fn admitted(level: Option<Level>, rate: Rate, b: &Bucket, now_ms: u64) -> Checked {
+    let excess = u64::try_from(before(level, rate, now_ms).max(0)).unwrap_or(0);
+    let delay_ms = drain_ms(rate, excess.saturating_sub(b.at_once()));
+    Checked { allowed: true, excess, delay_ms, at_once_ms: now_ms + delay_ms }
+}
+
+/// A request Redis's script rejected, on the key's level as Redis left it:
+/// what `check` says there, rejected whatever it says (a level that
+/// drained meanwhile is retried a request's drain from now).
+pub fn refused(level: Option<Level>, rate: Rate, b: &Bucket, cost: u32, now_ms: u64) -> Checked {
+    let c = check(level, rate, b, cost, now_ms);
+    let at_once_ms = if c.allowed { now_ms + ceil_drain_ms(rate, MILLI) } else { c.at_once_ms };
+    Checked { allowed: false, delay_ms: 0, at_once_ms, ..c }
+}
+
+/// The level Redis's script answers for a key (`held`: its excess plus
+/// one request, never below 0), as this node keeps it at `now_ms`: a
+/// level below empty is an empty one that much earlier.
+pub fn mirror(held: u64, rate: Rate, now_ms: u64) -> Level {
+    match held.checked_sub(MILLI) {
+        Some(excess) => Level { excess, last_ms: now_ms },
+        None => {
+            Level { excess: 0, last_ms: now_ms.saturating_sub(ceil_drain_ms(rate, MILLI - held)) }
+        }
+    }
+}
+
 /// The largest rate a bucket takes (requests per period): what its entry
 /// id's period part has room for (`id_period`).
 pub const MAX_BUCKET_LIMIT: u32 = (1 << 29) - 1;

@@ -182,3 +182,28 @@ fn an_entry_keeps_a_bucket_and_a_new_one_reads_as_idle() {
     store(&mut e, commit(&full, T0));
     assert_eq!(level_of(&e).excess, u64::from(MAX_BURST) * MILLI, "the largest burst fits");
 }
+
+#[test]
+fn redis_s_level_kept_here_decides_as_the_script_did() {
+    let (rate, b) = (r(10, 1), Bucket { burst: 5, delay: Delay::Above(2) });
+    // an idle key's level (one request below empty) reads as idle here
+    let idle = mirror(0, rate, T0);
+    assert_eq!(check(Some(idle), rate, &b, 1, T0), check(None, rate, &b, 1, T0));
+    // half a request below empty: a request leaves the excess at 500
+    let half = check(Some(mirror(500, rate, T0)), rate, &b, 1, T0);
+    assert!(half.allowed);
+    assert!(half.excess.abs_diff(500) <= 10, "{half:?}");
+    // the script admitted a request that left 4 requests of excess: it
+    // waits for 2 of them to drain (200 ms at 10 r/s)
+    let held = mirror(5 * MILLI, rate, T0);
+    let a = admitted(Some(held), rate, &b, T0);
+    assert_eq!((a.allowed, a.excess, a.delay_ms), (true, 4 * MILLI, 200));
+    // rejected: told when a request would pass at once
+    let full = mirror(6 * MILLI, rate, T0);
+    let no = refused(Some(full), rate, &b, 1, T0);
+    assert!(!no.allowed);
+    assert_eq!(no.at_once_ms, T0 + 400, "{no:?}");
+    // rejected although it drained since: a request's drain from now
+    let later = refused(Some(held), rate, &b, 1, T0 + 1000);
+    assert_eq!((later.allowed, later.at_once_ms), (false, T0 + 1100));
+}

@@ -280,8 +280,27 @@ fn check(e: &mut Entry, l: &Limit, now_ms: u64) -> Checked {
 /// A bucket's check as the window's answer reads it: passes or not, when
 /// a request would pass at once, and an estimate whose headroom under
 /// `burst + 1` (`limit_of_bucket`) is what the burst has left.
+///
+/// A bucket Redis decides (a Redis zone's) is checked here on the fleet's
+/// level as Redis last answered it (`Strict::Asking`: a key over its burst
+/// is rejected without a round trip), and decided by Redis's verdict on
+/// the level its answer left (`Allowed`, `Rejected`); without an answer,
+/// `on_error` decides on this node's level, as for a bucket of its own.
 fn check_bucket(e: &Entry, l: &Limit, b: &Bucket, now_ms: u64) -> Checked {
-    let c = bucket::check(Some(bucket::level_of(e)), l.rate, b, l.cost, now_ms);
+    let level = Some(bucket::level_of(e));
+    let mut c = match l.strict {
+        Strict::Allowed => bucket::admitted(level, l.rate, b, now_ms),
+        Strict::Rejected => bucket::refused(level, l.rate, b, l.cost, now_ms),
+        _ => bucket::check(level, l.rate, b, l.cost, now_ms),
+    };
+    match l.mode {
+        Mode::Allow if !l.strict.decided() => c.allowed = true,
+        Mode::Deny if !l.strict.decided() => {
+            c.allowed = false;
+            c.at_once_ms = now_ms + DENY_RETRY_MS;
+        }
+        _ => {}
+    }
     let used =
         u32::try_from(c.excess.div_ceil(bucket::MILLI)).unwrap_or(u32::MAX).saturating_add(1);
     let estimate = Estimate::new(0, used, 0, l.rate.period_ms());

@@ -262,6 +262,26 @@ pub fn write_key_for_tag(out: &mut Vec<u8>, prefix: &[u8], tag: &[u8], period: u
     crate::resp::push_u64(out, start);
 }
 
+/// A bucket's Redis key (`redis_ratelimit ... burst=`): the fleet's level
+/// of the key's bucket of `limit` requests per `period`,
+/// `<prefix>{<tag>}:<period>:b<limit>` (the `b` keeps it apart from the
+/// key's window counters, which end in a number).
+pub fn write_bucket_key_for_tag(
+    out: &mut Vec<u8>,
+    prefix: &[u8],
+    tag: &[u8],
+    period: u32,
+    limit: u32,
+) {
+    out.extend_from_slice(prefix);
+    out.push(b'{');
+    out.extend_from_slice(tag);
+    out.extend_from_slice(b"}:");
+    crate::resp::push_u64(out, u64::from(period));
+    out.extend_from_slice(b":b");
+    crate::resp::push_u64(out, u64::from(limit));
+}
+
 /// `<prefix>{<namespace>:<key>}:<period>:<window start>` (the format the
 /// tests check; the thread builds names from a tag).
 #[cfg(test)]

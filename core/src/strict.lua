@@ -4,6 +4,12 @@
 -- read once, before any write); then per group: time into the window
 -- (ms), limit, period (ms), TTL (s), or '=' for the four of the group
 -- before; then n, and n times cost, deadline.
+-- A bucket's group (limit_req's burst=) names its bucket key twice; its
+-- first argument is BUCKET plus its burst. Its level is kept as
+-- 'excess:ms' (thousandths of a request, and Redis's clock when it was
+-- written), drains at the rate, and lives until it is empty (its TTL).
+-- It answers the excess after its requests plus 1000 (an idle key's level
+-- is one request below empty) in place of cur, and 0 for prev.
 -- Answers per group: cur, prev, and a flag per request. A group that
 -- fails (a counter that is not an integer, an INCRBY refused) counts
 -- nothing and answers cur -1, and the others go on; a call of one group
@@ -26,7 +32,8 @@ end
 local out = {}
 local j = 0
 local a = 2
-local p, left, cap, ttl
+local p, left, cap, ttl, limit, burst
+local BUCKET = 1099511627776
 local counts = redis.call('MGET', unpack(KEYS))
 local wrote = {}
 for g = 1, #KEYS, 2 do
@@ -35,56 +42,119 @@ for g = 1, #KEYS, 2 do
     a = a - 3
   else
     p = tonumber(ARGV[a + 2])
-    left = p - tonumber(ARGV[a])
-    if left < 0 then left = 0 end
-    cap = tonumber(ARGV[a + 1]) * p
-    ttl = ARGV[a + 3]
+    limit = tonumber(ARGV[a + 1])
+    local first = tonumber(ARGV[a])
+    if first >= BUCKET then
+      burst = (first - BUCKET) * 1000
+    else
+      burst = nil
+      left = p - first
+      if left < 0 then left = 0 end
+      cap = limit * p
+      ttl = ARGV[a + 3]
+    end
   end
   local n = ARGV[a + 4]
   if n == '1' then n = 1 else n = tonumber(n) end
-  local cur = tonumber(wrote[KEYS[g]] or counts[g] or 0)
-  local prev = tonumber(wrote[KEYS[g + 1]] or counts[g + 1] or 0)
-  local err
-  if not cur or not prev or cur < 0 or prev < 0 or cur % 1 ~= 0 or prev % 1 ~= 0 then
-    err = redis.error_reply('ERR redis_ratelimit: the counter is not an integer')
-  else
-    local weighted = prev * left
-    local at = j + 2
-    local added = 0
-    local one
-    for i = a + 5, a + 3 + 2 * n, 2 do
-      local c = ARGV[i]
-      if c == '1' then c = 1 else c = tonumber(c) end
-      local dl = ARGV[i + 1]
-      if dl == '0' then dl = 0 else dl = tonumber(dl) end
-      local k = c
-      if k < 1 then k = 1 end
-      at = at + 1
-      if dl < 0 then
-        added = added + c
-        one = one == nil and ARGV[i] or false
-        out[at] = 1
-      elseif dl > 0 and now and now > dl then
-        out[at] = 2
-      elseif weighted + (cur + added + k - 1) * p < cap then
-        added = added + c
-        one = one == nil and ARGV[i] or false
-        out[at] = 1
+  local cur, prev, err
+  if burst then
+    -- limit_req's arithmetic (bucket.rs): drained since it was written,
+    -- never below one request under empty; a request over the burst adds
+    -- nothing
+    local level = wrote[KEYS[g]] or counts[g]
+    local e = -1000
+    if level then
+      local le, lt = string.match(level, '^(%-?%d+):(%d+)$')
+      if not le then
+        err = redis.error_reply('ERR redis_ratelimit: the bucket is not a level')
       else
-        out[at] = 0
+        e = tonumber(le)
+        local gone = now - tonumber(lt)
+        if gone > 0 then e = e - math.floor(limit * gone * 1000 / p) end
+        if e < -1000 then e = -1000 end
       end
     end
-    if added > 0 then
-      -- one request's cost as it came: no number written back as text
-      local r = redis.pcall('INCRBY', KEYS[g], one or added)
-      if type(r) == 'table' then
-        err = r
-      else
-        if r == added then
-          redis.call('EXPIRE', KEYS[g], ttl)
+    if not err then
+      local at = j + 2
+      local added = false
+      for i = a + 5, a + 3 + 2 * n, 2 do
+        local c = tonumber(ARGV[i]) * 1000
+        local dl = tonumber(ARGV[i + 1])
+        at = at + 1
+        local with = e + c
+        if with < 0 then with = 0 end
+        if dl < 0 then
+          e = with
+          added = true
+          out[at] = 1
+        elseif dl > 0 and now > dl then
+          out[at] = 2
+        elseif with > burst then
+          out[at] = 0
+        else
+          e = with
+          added = true
+          out[at] = 1
         end
-        cur = r
-        wrote[KEYS[g]] = r
+      end
+      if added then
+        -- it lives until it is empty, and a second more
+        local v = string.format('%d:%d', e, now)
+        local r = redis.pcall('SET', KEYS[g], v, 'PX',
+          math.floor((e + 1000) * p / (limit * 1000)) + 1000)
+        if type(r) == 'table' and r.err then
+          err = r
+        else
+          wrote[KEYS[g]] = v
+        end
+      end
+      cur = e + 1000
+      prev = 0
+    end
+  else
+    cur = tonumber(wrote[KEYS[g]] or counts[g] or 0)
+    prev = tonumber(wrote[KEYS[g + 1]] or counts[g + 1] or 0)
+    if not cur or not prev or cur < 0 or prev < 0 or cur % 1 ~= 0 or prev % 1 ~= 0 then
+      err = redis.error_reply('ERR redis_ratelimit: the counter is not an integer')
+    else
+      local weighted = prev * left
+      local at = j + 2
+      local added = 0
+      local one
+      for i = a + 5, a + 3 + 2 * n, 2 do
+        local c = ARGV[i]
+        if c == '1' then c = 1 else c = tonumber(c) end
+        local dl = ARGV[i + 1]
+        if dl == '0' then dl = 0 else dl = tonumber(dl) end
+        local k = c
+        if k < 1 then k = 1 end
+        at = at + 1
+        if dl < 0 then
+          added = added + c
+          one = one == nil and ARGV[i] or false
+          out[at] = 1
+        elseif dl > 0 and now and now > dl then
+          out[at] = 2
+        elseif weighted + (cur + added + k - 1) * p < cap then
+          added = added + c
+          one = one == nil and ARGV[i] or false
+          out[at] = 1
+        else
+          out[at] = 0
+        end
+      end
+      if added > 0 then
+        -- one request's cost as it came: no number written back as text
+        local r = redis.pcall('INCRBY', KEYS[g], one or added)
+        if type(r) == 'table' then
+          err = r
+        else
+          if r == added then
+            redis.call('EXPIRE', KEYS[g], ttl)
+          end
+          cur = r
+          wrote[KEYS[g]] = r
+        end
       end
     end
   end

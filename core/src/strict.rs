@@ -26,8 +26,8 @@
 //! the script counts it whatever the estimate. On the worker's strict link
 //! it is then in Redis before any later check of the key from that worker.
 
-use crate::key::write_key_for_tag;
 use crate::key::EntryId;
+use crate::key::{write_bucket_key_for_tag, write_key_for_tag};
 use crate::rate::Rate;
 use crate::resp;
 use crate::tickets::Ticket;
@@ -55,6 +55,11 @@ pub const SMALL_MAX: u32 = 20;
 pub fn small(rate: Rate) -> bool {
     rate.limit <= SMALL_MAX && rate.limit <= rate.period
 }
+
+/// What a bucket group's first argument (the time into the window for a
+/// window's group) is made of: this plus its `burst=`, a value no time
+/// into a window reaches (the script tells the two apart by it).
+pub const BUCKET_MARK: u64 = 1 << 40;
 
 /// The deadline of a request that happened already: the script counts it
 /// whatever the estimate and whenever it runs (written `-1`).
@@ -154,7 +159,9 @@ pub struct Request {
 }
 
 /// One key's requests in a call: its two windows (under the call's prefix
-/// and the key's hash `tag`), its limit, and its requests.
+/// and the key's hash `tag`), its limit, and its requests; or, for a
+/// bucket (`burst`), the key's bucket of that rate (named twice, where a
+/// window's group names its two windows).
 #[derive(Clone, Copy, Debug)]
 pub struct Group<'a> {
     pub tag: &'a [u8],
@@ -166,6 +173,8 @@ pub struct Group<'a> {
     pub period: u32,
     pub window: u64,
     pub limit: u32,
+    /// limit_req's bucket of this burst (`burst=`), not the window.
+    pub burst: Option<u32>,
     pub requests: &'a [Request],
 }
 
@@ -175,6 +184,21 @@ impl Group<'_> {
     #[inline(always)]
     fn has_deadline(&self) -> bool {
         self.requests.iter().any(|r| r.deadline_ms > 0 && r.deadline_ms != COUNTED)
+    }
+
+    /// The script reads `TIME` for it: a bucket drains by Redis's clock
+    /// (one clock for every node), a request's deadline is in it.
+    #[inline(always)]
+    fn timed(&self, offset_known: bool) -> bool {
+        self.burst.is_some() || offset_known && self.has_deadline()
+    }
+
+    /// Its key's name in full (both of a bucket's are its bucket's).
+    fn write_key(&self, out: &mut Vec<u8>, prefix: &[u8], start: u64) {
+        match self.burst {
+            Some(_) => write_bucket_key_for_tag(out, prefix, self.tag, self.period, self.limit),
+            None => write_key_for_tag(out, prefix, self.tag, self.period, start),
+        }
     }
 
     /// When its current window and the one before start (s).
@@ -190,12 +214,16 @@ impl Group<'_> {
     /// period and window (at one time): a group whose four are those of
     /// the group before it in the call sends `SAME_AS_BEFORE` instead
     /// (`same_limit`). The rate's three are the same for every group of
-    /// the rate, and a writer keeps their text (`Texts`).
+    /// the rate, and a writer keeps their text (`Texts`). A bucket's first
+    /// is `BUCKET_MARK` plus its burst.
     #[inline(always)]
     fn limit_args(&self, now_ms: u64) -> [u64; 4] {
         let p = u64::from(self.period) * 1000;
-        let elapsed = now_ms.saturating_sub(self.starts().0 * 1000);
-        [elapsed.min(p), u64::from(self.limit), p, 2 * u64::from(self.period)]
+        let first = match self.burst {
+            Some(b) => BUCKET_MARK + u64::from(b),
+            None => now_ms.saturating_sub(self.starts().0 * 1000).min(p),
+        };
+        [first, u64::from(self.limit), p, 2 * u64::from(self.period)]
     }
 
     /// The rest of its arguments: the number of requests, then per
@@ -212,7 +240,10 @@ impl Group<'_> {
     /// Whether `limit_args` are the same as `other`'s (at any one time).
     #[inline(always)]
     fn same_limit(&self, other: &Group) -> bool {
-        self.limit == other.limit && self.period == other.period && self.window == other.window
+        self.limit == other.limit
+            && self.period == other.period
+            && self.window == other.window
+            && self.burst == other.burst
     }
 }
 
@@ -234,7 +265,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
     /// Some request has a deadline in Redis's clock: the script reads
     /// `TIME`.
     fn timed(&self) -> bool {
-        self.clock_offset_ms.is_some() && self.groups.clone().any(|g| g.has_deadline())
+        self.groups.clone().any(|g| g.timed(self.clock_offset_ms.is_some()))
     }
 
     /// Its groups, each with whether its limit arguments are those of the
@@ -279,7 +310,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
                 Word::Number(n) => n.to_string().into_bytes(),
                 Word::Key(g, start) => {
                     let mut key = Vec::new();
-                    write_key_for_tag(&mut key, self.prefix, g.tag, g.period, start);
+                    g.write_key(&mut key, self.prefix, start);
                     key
                 }
             })
@@ -300,8 +331,8 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             self.write_args(&mut w, texts);
             return;
         };
-        let timed = self.clock_offset_ms.is_some() && g.has_deadline();
-        let shape = (g.period, g.window, g.requests.len(), timed);
+        let timed = g.timed(self.clock_offset_ms.is_some());
+        let shape = (g.period, g.window, g.requests.len(), timed, g.burst.map(|_| g.limit));
         let room = 28 * (5 + 2 * g.requests.len());
         if texts.one_shape == Some(shape) && texts.one_names(self.prefix, &g) {
             out.reserve(texts.one.len() + room);
@@ -343,9 +374,8 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             // most 20 digits
             room +=
                 2 * (self.prefix.len() + g.tag.len() + 14 + 28) + (5 + 2 * g.requests.len()) * 27;
-            timed = timed || g.has_deadline();
+            timed = timed || g.timed(self.clock_offset_ms.is_some());
         }
-        let timed = timed && self.clock_offset_ms.is_some();
         let mut w = resp::Writer::new(out, room);
         w.array(words);
         w.put(head);

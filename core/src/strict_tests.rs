@@ -56,6 +56,7 @@ fn group(costs: &[u32], deadlines: &[u64]) -> Group<'static> {
         period: 60,
         window: 100,
         limit: 100,
+        burst: None,
         requests: reqs(costs, deadlines),
     }
 }
@@ -341,4 +342,40 @@ fn text_kept_from_one_call_is_written_as_it_would_be_again() {
         resp::command(&mut want, &c.words());
         assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&want), "call {i}");
     }
+}
+
+#[test]
+fn a_bucket_group_names_its_bucket_and_reads_the_time() {
+    let g = Group { burst: Some(20), limit: 10, period: 1, window: 0, ..group(&[1], &[]) };
+    // its first argument is the mark and its burst, whatever the time
+    assert_eq!(collect(&g, 6_001_500, None), [BUCKET_MARK + 20, 10, 1000, 2, 1, 1, 0]);
+    let groups = [g];
+    let call = Call {
+        prefix: b"rl:",
+        now_ms: 6_001_500,
+        clock_offset_ms: None,
+        groups: groups.iter().copied(),
+    };
+    let words = call.words();
+    let text: Vec<String> = words.iter().map(|w| String::from_utf8_lossy(w).into_owned()).collect();
+    assert_eq!(&text[2..6], ["2", "rl:{z:k}:1:b10", "rl:{z:k}:1:b10", "1"], "{text:?}");
+    // written as RESP, the same words
+    let mut out = Vec::new();
+    call.write(&mut out, &mut Texts::default());
+    let mut again = Vec::new();
+    crate::resp::array(&mut again, words.len());
+    for w in &words {
+        crate::resp::bulk(&mut again, w);
+    }
+    assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&again));
+    // a window's group after it is not "the same as before"
+    let both = [g, group(&[1], &[])];
+    let call = Call { groups: both.iter().copied(), ..call };
+    let text: Vec<String> =
+        call.words().iter().map(|w| String::from_utf8_lossy(w).into_owned()).collect();
+    assert!(!text.contains(&"=".to_string()), "{text:?}");
+    assert_eq!(
+        text[3..7],
+        ["rl:{z:k}:1:b10", "rl:{z:k}:1:b10", "rl:{z:k}:60:6000", "rl:{z:k}:60:5940"]
+    );
 }

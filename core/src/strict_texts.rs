@@ -13,17 +13,19 @@ pub struct Texts {
     /// A rate's three arguments (limit, period, TTL: the last three of
     /// `Group::limit_args`).
     pub(super) rate_text: smallvec::SmallVec<[u8; 64]>,
-    /// The window (period, index) of the tails; `None`: none yet.
-    pub(super) window: Option<(u32, u64)>,
+    /// The window (period, index) of the tails, or for a bucket's its
+    /// period and limit; `None`: none yet.
+    pub(super) window: Option<(u32, u64, bool)>,
     /// How a key's name ends after its tag: `}:<period>:<start>` and CRLF,
-    /// for the window's counter, then for the one before.
+    /// for the window's counter, then for the one before (a bucket's:
+    /// `}:<period>:b<limit>`, twice).
     pub(super) tails: [smallvec::SmallVec<[u8; 40]>; 2],
     /// The last call of one group: its text up to its arguments, of the
     /// shape (period, window, requests, whether `TIME` is read) and for
     /// the prefix and tag (`one_name`: `<prefix>{<tag>`) it was written
     /// for.
     pub(super) one: Vec<u8>,
-    pub(super) one_shape: Option<(u32, u64, usize, bool)>,
+    pub(super) one_shape: Option<(u32, u64, usize, bool, Option<u32>)>,
     pub(super) one_name: Vec<u8>,
     /// The group's `key`, if it had one.
     pub(super) one_key: Option<EntryId>,
@@ -35,7 +37,9 @@ impl Texts {
     /// The tails of a group's two keys.
     #[inline(always)]
     pub(super) fn tails(&mut self, g: &Group) -> (&[u8], &[u8]) {
-        if self.window != Some((g.period, g.window)) {
+        let bucket = g.burst.is_some();
+        let at = if bucket { u64::from(g.limit) } else { g.window };
+        if self.window != Some((g.period, at, bucket)) {
             let (cur, prev) = g.starts();
             let p = Digits::of(g.period.into());
             for (tail, start) in self.tails.iter_mut().zip([cur, prev]) {
@@ -43,10 +47,15 @@ impl Texts {
                 tail.extend_from_slice(b"}:");
                 tail.extend_from_slice(p.as_bytes());
                 tail.push(b':');
-                tail.extend_from_slice(Digits::of(start).as_bytes());
+                if bucket {
+                    tail.push(b'b');
+                    tail.extend_from_slice(Digits::of(at).as_bytes());
+                } else {
+                    tail.extend_from_slice(Digits::of(start).as_bytes());
+                }
                 tail.extend_from_slice(b"\r\n");
             }
-            self.window = Some((g.period, g.window));
+            self.window = Some((g.period, at, bucket));
         }
         (&self.tails[0], &self.tails[1])
     }

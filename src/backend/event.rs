@@ -93,6 +93,9 @@ pub struct StrictAsk {
     pub tag: Tag,
     pub period: u32,
     pub limit: u32,
+    /// A bucket's burst (`burst=`): Redis decides the key's bucket, not
+    /// its window.
+    pub burst: Option<u32>,
     pub cost: u32,
     /// When the request stops waiting (ms since the epoch, this node's
     /// clock; 0: none): a script that runs later does not count it.
@@ -107,6 +110,7 @@ pub struct StrictGroup {
     pub tag: Tag,
     pub period: u32,
     pub limit: u32,
+    pub burst: Option<u32>,
     pub requests: Each<Request>,
 }
 
@@ -123,6 +127,7 @@ impl StrictGroup {
             tag: a.tag,
             period: a.period,
             limit: a.limit,
+            burst: a.burst,
             requests: SmallVec::new(),
         }
     }
@@ -146,6 +151,7 @@ impl StrictGroup {
             period: self.period,
             window: self.id.window,
             limit: self.limit,
+            burst: self.burst,
             requests: &self.requests,
         }
     }
@@ -180,13 +186,14 @@ impl StrictGroup {
 
     /// Back to one ask per request (to be sent another way).
     pub fn into_asks(self) -> impl Iterator<Item = StrictAsk> {
-        let StrictGroup { id, tag, period, limit, requests } = self;
+        let StrictGroup { id, tag, period, limit, burst, requests } = self;
         requests.into_iter().map(move |r| StrictAsk {
             ticket: r.ticket,
             id,
             tag: tag.clone(),
             period,
             limit,
+            burst,
             cost: r.cost,
             deadline_ms: r.deadline_ms,
         })
@@ -215,6 +222,7 @@ impl StrictGroup {
             id: self.id,
             period: self.period,
             limit: self.limit,
+            bucket: self.burst.is_some(),
             counted: self.counted(),
             tickets: self.tickets().collect(),
             answer,
@@ -267,6 +275,8 @@ pub enum Event {
         id: ItemId,
         period: u32,
         limit: u32,
+        /// Redis decided the key's bucket (its answer is the level).
+        bucket: bool,
         /// What the group's counts after the response weigh (in flight
         /// here until the answer).
         counted: u32,

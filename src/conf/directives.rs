@@ -190,7 +190,6 @@ pub extern "C" fn cmd_zone(
 
     // a limit that named the zone before its declaration may be strict
     let strict_at = existing.and_then(|i| mcf.zones[i].strict_at.take());
-    let bucket_at = existing.and_then(|i| mcf.zones[i].bucket_at.take());
     let zone = Box::new(ZoneConf {
         name: params.name.clone(),
         declared: true,
@@ -201,7 +200,6 @@ pub extern "C" fn cmd_zone(
         cycle: unsafe { (*cf).cycle },
         shared: None,
         strict_at,
-        bucket_at,
     });
     let slot = match existing {
         Some(i) => {
@@ -296,9 +294,6 @@ impl LineParams {
                 .into());
             }
         }
-        if self.strict {
-            return Err("a bucket (burst=, delay=, nodelay) is not decided in Redis: \"strict\" cannot be one".into());
-        }
         if self.count_if.is_some() {
             return Err("a bucket (burst=, delay=, nodelay) counts in preaccess: \"count_if=\" cannot be one".into());
         }
@@ -340,9 +335,6 @@ fn limit_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Par
     mcf.count_if |= p.count_if.is_some();
     if p.strict && mcf.zones[zone].strict_at.is_none() {
         mcf.zones[zone].strict_at = Some(position(cf));
-    }
-    if bucket.is_some() && mcf.zones[zone].bucket_at.is_none() {
-        mcf.zones[zone].bucket_at = Some(position(cf));
     }
     let limits = lcf.limits.get_or_insert_with(Vec::new);
     if p.strict && limits.iter().filter(|l| l.strict).count() >= MAX_STRICT {
@@ -465,7 +457,6 @@ fn zone_used(cf: *mut ngx_conf_t, mcf: &mut MainConf, name: String) -> usize {
         cycle: ptr::null_mut(),
         shared: None,
         strict_at: None,
-        bucket_at: None,
     }));
     mcf.zones.len() - 1
 }
@@ -486,16 +477,6 @@ pub unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) 
             );
         }
         let redis = z.params.as_ref().is_some_and(|p| p.backend.is_some());
-        if let Some(at) = z.bucket_at.as_ref().filter(|_| redis) {
-            return refuse(
-                cf,
-                "redis_ratelimit",
-                format!(
-                    "burst=, delay= and nodelay (limit_req's bucket) count on one node only, and zone \"{}\" (used so at {}) has \"redis=\": use a zone without it",
-                    z.name, at
-                ),
-            );
-        }
         if let Some(at) = z.strict_at.as_ref().filter(|_| !redis) {
             return refuse(
                 cf,

@@ -41,9 +41,6 @@ pub struct ZoneConf {
     pub shared: Option<Shared>,
     /// Where a `strict` limit first used it (it then needs `redis=`).
     pub strict_at: Option<String>,
-    /// Where a bucket (`burst=`, `delay=`, `nodelay`) first used it: a
-    /// zone without `redis=` only, for now.
-    pub bucket_at: Option<String>,
 }
 
 #[derive(Default)]

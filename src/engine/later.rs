@@ -18,11 +18,11 @@ use crate::conf::MainConf;
 use crate::worker::{link, waits};
 
 /// Whether Redis decides a limit of `rate` in `zone` for the directive
-/// although it is not `strict`: a small limit (`strict::small`) on a zone
-/// with Redis.
+/// although it is not `strict`: a small limit (`strict::small`) or a
+/// bucket (`bucket`: the fleet's level is Redis's), on a zone with Redis.
 #[inline]
-pub fn small_in_redis(mcf: &MainConf, zone: usize, rate: Rate) -> bool {
-    strict::small(rate)
+pub fn in_redis(mcf: &MainConf, zone: usize, rate: Rate, bucket: bool) -> bool {
+    (bucket || strict::small(rate))
         && mcf
             .zones
             .get(zone)
@@ -63,6 +63,7 @@ pub(super) fn send(asks: &[Ask<'_>], ids: &[EntryId], now: u64) {
             key: a.key,
             period: a.rate.period,
             limit: a.rate.limit,
+            burst: None,
             cost,
             deadline_ms: strict::COUNTED,
         };

@@ -33,7 +33,7 @@ use crate::worker::waits::LimitVerdict;
 mod later;
 mod mode;
 
-pub use later::small_in_redis;
+pub use later::in_redis;
 
 /// One limit to decide: a zone, the key's namespace (the zone's name, or a
 /// Lua caller's) and bytes, and the rate.
@@ -291,7 +291,7 @@ fn decide_many(
 pub fn answered(mcf: &MainConf, e: &mut Entry, v: LimitVerdict, now: u64) -> Decision {
     let channel = crate::worker::channel::channel();
     let strict = if v.allowed { Strict::Allowed } else { Strict::Rejected };
-    let l = limit_of(mcf, v.zone, v.rate, v.cost, strict, 0, channel);
+    let l = Limit { bucket: v.bucket, ..limit_of(mcf, v.zone, v.rate, v.cost, strict, 0, channel) };
     decide::one(e, &l, now, Take::IfAllowed, channel.is_some()).0
 }
 

@@ -79,7 +79,7 @@ fn limit(
         let Some(rate) = rate(r, mcf, l)? else {
             return Ok(NGX_DECLINED as ngx_int_t);
         };
-        if !engine::small_in_redis(mcf, l.zone, rate) {
+        if !in_redis(mcf, l, rate) {
             return limit_one(r, mcf, lcf, l, rate);
         }
     }
@@ -168,10 +168,11 @@ fn asks<'r>(
     Ok(asks)
 }
 
-/// Whether Redis decides limit `l` at `rate`: `strict`, or a small limit.
+/// Whether Redis decides limit `l` at `rate`: `strict`, a small limit, or
+/// a bucket on a zone with Redis.
 #[inline]
 pub(super) fn in_redis(mcf: &MainConf, l: &Limit, rate: Rate) -> bool {
-    l.strict || engine::small_in_redis(mcf, l.zone, rate)
+    l.strict || engine::in_redis(mcf, l.zone, rate, l.bucket.is_some())
 }
 
 /// The rate of `l` for this request: written out, or its variables

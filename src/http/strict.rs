@@ -202,7 +202,11 @@ fn wait(
     let awaiting = Awaiting {
         verdicts,
         waiting: sent,
-        one_limit: one_limit.then(|| OneLimit { cost: asks[0].cost, decide: engine::answered }),
+        one_limit: one_limit.then(|| OneLimit {
+            cost: asks[0].cost,
+            bucket: asks[0].bucket,
+            decide: engine::answered,
+        }),
     };
     let wait = suspend(r, awaiting, evaluated, timeout)?;
     let base = waits::register(wait);
@@ -227,12 +231,14 @@ fn wait(
             id: ItemId {
                 zone: a.zone as u32,
                 entry,
-                window: window_index(now, a.rate.period_ms()),
+                // a bucket has no window
+                window: if a.bucket.is_some() { 0 } else { window_index(now, a.rate.period_ms()) },
             },
             namespace: a.namespace,
             key: a.key,
             period: a.rate.period,
             limit: a.rate.limit,
+            burst: a.bucket.map(|b| b.burst),
             cost: a.cost,
             deadline_ms,
         };
@@ -379,7 +385,11 @@ unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
         if !w.is_null() {
             if let Some(rc) = answer_evaluated(r, w) {
                 // what nginx's phase engine does with a preaccess
-                // handler's answer: on to the next handler, or the end
+                // handler's answer: on to the next handler, a wait (a
+                // bucket's delay), or the end
+                if rc == NGX_AGAIN as ngx_int_t {
+                    return;
+                }
                 if rc == NGX_DECLINED as ngx_int_t {
                     r.phase_handler += 1;
                     ngx_http_core_run_phases(r);

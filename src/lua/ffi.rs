@@ -214,7 +214,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
     // a limit the directive has Redis decide is decided here (a Lua caller
     // does not wait), and counted down the strict link, ahead of the
     // worker's next strict check of the key (`Strict::CountOnly`)
-    let strict = if engine::small_in_redis(mcf, index, rate) {
+    let strict = if engine::in_redis(mcf, index, rate, false) {
         Strict::CountOnly
     } else {
         Strict::Background

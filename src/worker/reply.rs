@@ -13,6 +13,7 @@ use nginx_sys::{ngx_log_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_INFO};
 use ngx::log::DebugMask;
 use ngx::{ngx_log_debug, ngx_log_error};
 use ratelimit_core::batch::ItemId;
+use ratelimit_core::bucket;
 use ratelimit_core::counter;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
@@ -20,7 +21,7 @@ use ratelimit_core::strict::Verdicts;
 use ratelimit_core::table::Entry;
 use ratelimit_core::text;
 
-use crate::backend::Level;
+use crate::backend::{Level, StrictGroup};
 use crate::conf::MainConf;
 use crate::worker::time::now_ms;
 use crate::worker::waits::{self, LimitVerdict};
@@ -32,6 +33,24 @@ pub(super) fn set_main_conf(mcf: &mut MainConf) {
     MAIN_CONF.store(ptr::from_mut(mcf), Ordering::Release);
 }
 
+/// What Redis decided for a group of strict requests: their key's entry,
+/// the limit's rate, and whether it is the key's bucket (`burst=`: the
+/// answer is the bucket's level) or its window.
+#[derive(Clone, Copy)]
+pub(crate) struct Decided {
+    pub(crate) id: ItemId,
+    pub(crate) rate: Rate,
+    pub(crate) bucket: bool,
+}
+
+impl Decided {
+    /// What a group's answer is applied as.
+    pub(crate) fn of(g: &StrictGroup) -> Decided {
+        let rate = Rate { limit: g.limit, period: g.period };
+        Decided { id: g.id, rate, bucket: g.burst.is_some() }
+    }
+}
+
 /// Redis's decision for strict requests of one key (`None`: none): its
 /// counts applied to the entry as for a flush, the requests woken. What
 /// the script checked and allowed it counted (never in flight here); its
@@ -40,12 +59,12 @@ pub(super) fn set_main_conf(mcf: &mut MainConf) {
 pub(super) fn strict_answered(
     mcf: &MainConf,
     log: *mut ngx_log_t,
-    id: ItemId,
-    rate: Rate,
+    of: Decided,
     tickets: impl Iterator<Item = Ticket> + Clone,
     counted: u32,
     answer: Option<&impl Verdicts>,
 ) {
+    let Decided { id, rate, bucket } = of;
     let Some(a) = answer else {
         if counted > 0 {
             with_entry(mcf, id, |e| counter::keep_local(e, id.window, counted));
@@ -62,20 +81,34 @@ pub(super) fn strict_answered(
     };
     let now = now_ms();
     let mut resolved = false;
-    confirmed(mcf, log, id, rate, &c, now, |e| {
+    let mut then = |e: &mut Entry| {
         // the requests of one limit decided on the entry as it is now,
         // under the same lock
         waits::resolve(
             tickets.clone(),
             |i| a.allowed(i),
             |one_limit, allowed| {
-                let verdict =
-                    LimitVerdict { zone: id.zone as usize, rate, cost: one_limit.cost, allowed };
+                let verdict = LimitVerdict {
+                    zone: id.zone as usize,
+                    rate,
+                    cost: one_limit.cost,
+                    bucket: one_limit.bucket,
+                    allowed,
+                };
                 Some((one_limit.decide)(mcf, e, verdict, now))
             },
         );
         resolved = true;
-    });
+    };
+    if bucket {
+        // the fleet's level of the key's bucket, as Redis left it
+        with_entry(mcf, id, |e| {
+            bucket::store(e, bucket::mirror(a.cur(), rate, now));
+            then(e);
+        });
+    } else {
+        confirmed(mcf, log, id, rate, &c, now, then);
+    }
     if !resolved {
         // the entry is gone: the woken requests decide as they would
         waits::resolve(tickets, |i| a.allowed(i), |_, _| None);

@@ -13,6 +13,7 @@ use nginx_sys::{
     ngx_del_timer, ngx_delete_posted_event, ngx_event_t, ngx_http_request_t, ngx_post_event,
     ngx_posted_events,
 };
+use ratelimit_core::bucket::Bucket;
 use ratelimit_core::decide::Decision;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::table::Entry;
@@ -63,6 +64,7 @@ pub(crate) struct Wait {
 #[derive(Clone, Copy)]
 pub(crate) struct OneLimit {
     pub(crate) cost: u32,
+    pub(crate) bucket: Option<Bucket>,
     pub(crate) decide: Answered,
 }
 
@@ -73,6 +75,7 @@ pub(crate) struct LimitVerdict {
     pub(crate) zone: usize,
     pub(crate) rate: Rate,
     pub(crate) cost: u32,
+    pub(crate) bucket: Option<Bucket>,
     pub(crate) allowed: bool,
 }
 

@@ -1,15 +1,24 @@
-"""limit_req's bucket (`burst=`, `delay=`, `nodelay`) on a zone without
-Redis: every assertion of nginx's own limit_req.t, limit_req2.t,
-limit_req_delay.t and limit_req_dry_run.t (nginx/nginx-tests), on their
-configurations as scripts/limit-req-tests converts them."""
+"""limit_req's bucket (`burst=`, `delay=`, `nodelay`): every assertion of
+nginx's own limit_req.t, limit_req2.t, limit_req_delay.t and
+limit_req_dry_run.t (nginx/nginx-tests), on their configurations as
+scripts/limit-req-tests converts them, on zones without Redis and on
+zones with Redis (the fleet's bucket, decided in Redis)."""
 
 import os
+import re
 import socket
 import time
 
 import harness
 
 HTTP = "    redis_ratelimit_status 503;\n"
+
+
+def on(redis, conf):
+    """`conf` with every zone counting through `redis` (None: as it is)."""
+    if redis is None:
+        return conf
+    return re.sub(r"(redis_ratelimit_zone [^;]*);", r"\1 redis=%s;" % redis.url, conf)
 
 
 def raw_get(port, path, read_after=0.0, timeout=10.0):
@@ -41,12 +50,12 @@ def header(resp, name):
     return None
 
 
-def test_limit_req_t(h):
-    n = h.nginx(
+def limit_req_t(h, redis=None):
+    n = h.nginx(on(redis,
         HTTP
         + "    redis_ratelimit_zone $binary_remote_addr zone=one:1m;\n"
         "    redis_ratelimit_zone $binary_remote_addr zone=long:1m;\n"
-        "    redis_ratelimit_zone $binary_remote_addr zone=fast:1m;\n",
+        "    redis_ratelimit_zone $binary_remote_addr zone=fast:1m;\n"),
         "        location / { redis_ratelimit one 2r/s burst=1 nodelay; }\n"
         "        location /status { redis_ratelimit one 2r/s burst=1 nodelay;"
         " redis_ratelimit_status 501; }\n"
@@ -75,11 +84,11 @@ def test_limit_req_t(h):
     n.stop()
 
 
-def test_limit_req2_t(h):
-    n = h.nginx(
+def limit_req2_t(h, redis=None):
+    n = h.nginx(on(redis,
         HTTP
         + "    redis_ratelimit_zone $arg_a zone=slow:1m;\n"
-        "    redis_ratelimit_zone $arg_b zone=fast:1m;\n",
+        "    redis_ratelimit_zone $arg_b zone=fast:1m;\n"),
         "        location / { redis_ratelimit fast 1000r/s burst=0;"
         " redis_ratelimit slow 1r/m burst=0; }\n"
         "        location /t2.html { redis_ratelimit fast 1000r/s nodelay;"
@@ -99,9 +108,9 @@ def test_limit_req2_t(h):
     n.stop()
 
 
-def test_limit_req_delay_t(h):
-    n = h.nginx(
-        HTTP + "    redis_ratelimit_zone $binary_remote_addr zone=one:1m;\n",
+def limit_req_delay_t(h, redis=None):
+    n = h.nginx(on(redis,
+        HTTP + "    redis_ratelimit_zone $binary_remote_addr zone=one:1m;\n"),
         "        location / { redis_ratelimit one 30r/m delay=1 burst=2;"
         " add_header X-Time $request_time; }\n",
         files={"delay.html": "XtestX"})
@@ -125,11 +134,11 @@ def test_limit_req_delay_t(h):
     n.stop()
 
 
-def test_limit_req_dry_run_t(h):
-    n = h.nginx(
+def limit_req_dry_run_t(h, redis=None):
+    n = h.nginx(on(redis,
         HTTP
         + "    redis_ratelimit_zone $binary_remote_addr zone=one:1m;\n"
-        "    log_format test $uri:$redis_ratelimit_status;\n",
+        "    log_format test $uri:$redis_ratelimit_status;\n"),
         "        redis_ratelimit_dry_run on;\n"
         "        add_header X-Status $redis_ratelimit_status always;\n"
         "        access_log logs/test.log test;\n"
@@ -180,3 +189,35 @@ def test_a_bucket_s_headers_and_retry_after(h):
     h.check(seen[3][3] == "1" and seen[3][2] == '"b";r=0;t=2',
             "the rejected one: Retry-After %s, %s" % (seen[3][3], seen[3][2]))
     n.stop()
+
+
+def test_limit_req_t(h):
+    limit_req_t(h)
+
+
+def test_limit_req2_t(h):
+    limit_req2_t(h)
+
+
+def test_limit_req_delay_t(h):
+    limit_req_delay_t(h)
+
+
+def test_limit_req_dry_run_t(h):
+    limit_req_dry_run_t(h)
+
+
+def test_limit_req_t_on_redis(h):
+    limit_req_t(h, h.redis())
+
+
+def test_limit_req2_t_on_redis(h):
+    limit_req2_t(h, h.redis())
+
+
+def test_limit_req_delay_t_on_redis(h):
+    limit_req_delay_t(h, h.redis())
+
+
+def test_limit_req_dry_run_t_on_redis(h):
+    limit_req_dry_run_t(h, h.redis())

@@ -2,14 +2,13 @@
 //! and applied, or its keys handed to the thread; a reset's `DEL` (a call
 //! of no key) taken out in its turn.
 
-use ratelimit_core::rate::Rate;
 use ratelimit_core::resp::Value;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::strict::{Answers, Outcome};
 
 use super::{Link, Reply, LOST};
 use crate::backend::{Level, StrictAsk};
-use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats};
+use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats, Decided};
 use crate::worker::time::{mono_us, now_ms};
 
 impl Link {
@@ -75,8 +74,7 @@ impl Link {
                     None
                 }
             };
-            let rate = Rate { limit: g.limit, period: g.period };
-            strict_answered(mcf, log, g.id, rate, g.tickets(), g.counted(), answer.as_ref());
+            strict_answered(mcf, log, Decided::of(g), g.tickets(), g.counted(), answer.as_ref());
         })?;
         self.answered_at(mcf, sent_at);
         if bad {

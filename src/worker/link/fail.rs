@@ -4,14 +4,13 @@
 use std::ptr;
 
 use nginx_sys::ngx_close_connection;
-use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
 
 use super::Link;
 use crate::backend::{Level, StrictAsk, StrictGroup};
 use ratelimit_core::strict::Answer;
 
-use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats};
+use crate::worker::reply::{main_conf, strict_answered, zone_log, zone_stats, Decided};
 
 /// Why a link is dropped.
 enum Drop<'a> {
@@ -75,15 +74,7 @@ impl Link {
             Stats::bump(&st.errors_transport);
         }
         for g in flight {
-            strict_answered(
-                mcf,
-                log,
-                g.id,
-                Rate { limit: g.limit, period: g.period },
-                g.tickets(),
-                g.counted(),
-                None::<&Answer>,
-            );
+            strict_answered(mcf, log, Decided::of(&g), g.tickets(), g.counted(), None::<&Answer>);
         }
         let message = format!(
             "redis_ratelimit: zone \"{name}\": the strict link to Redis failed: {why}; strict requests go through the background thread until a new one is made"

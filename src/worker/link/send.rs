@@ -38,6 +38,7 @@ pub struct Ask<'a> {
     pub key: &'a [u8],
     pub period: u32,
     pub limit: u32,
+    pub burst: Option<u32>,
     pub cost: u32,
     /// As `StrictAsk`'s.
     pub deadline_ms: u64,
@@ -51,6 +52,7 @@ impl Ask<'_> {
             tag: redis_tag_inline(self.namespace, self.key),
             period: self.period,
             limit: self.limit,
+            burst: self.burst,
             cost: self.cost,
             deadline_ms: self.deadline_ms,
         }
@@ -67,6 +69,7 @@ impl Ask<'_> {
         g.id = self.id;
         g.period = self.period;
         g.limit = self.limit;
+        g.burst = self.burst;
         g.requests.clear();
     }
 }
