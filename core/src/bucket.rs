@@ -72,6 +72,12 @@ pub struct Checked {
     /// since the epoch; `now` if it would now): `Retry-After` of a
     /// rejected request.
     pub at_once_ms: u64,
+    /// A bucket of a zone with Redis (`fleet`): this node may decide the
+    /// request on its own (far from the burst).
+    pub local: bool,
+    /// And what the node owes Redis of the key, taken to be sent with this
+    /// request (thousandths; 0: nothing).
+    pub owed: u64,
 }
 
 impl Checked {
@@ -81,6 +87,9 @@ impl Checked {
         u32::try_from(room).unwrap_or(u32::MAX)
     }
 }
+
+#[path = "bucket_fleet.rs"]
+pub mod fleet;
 
 /// Thousandths of a request a bucket of `rate` drains in `ms`.
 pub fn drained(rate: Rate, ms: u64) -> u64 {
@@ -125,11 +134,20 @@ pub fn check(level: Option<Level>, rate: Rate, b: &Bucket, cost: u32, now_ms: u6
             excess: with,
             delay_ms: 0,
             at_once_ms: now_ms + ceil_drain_ms(rate, with.saturating_sub(at_once)),
+            local: false,
+            owed: 0,
         };
     }
     // it waits until the excess above `at_once` has drained
     let delay_ms = drain_ms(rate, with.saturating_sub(at_once));
-    Checked { allowed: true, excess: with, delay_ms, at_once_ms: now_ms + delay_ms }
+    Checked {
+        allowed: true,
+        excess: with,
+        delay_ms,
+        at_once_ms: now_ms + delay_ms,
+        local: false,
+        owed: 0,
+    }
 }
 
 /// `drain_ms` rounded up: the first whole ms by which `milli` has drained.
@@ -150,8 +168,12 @@ pub fn commit(c: &Checked, now_ms: u64) -> Level {
 pub fn admitted(level: Option<Level>, rate: Rate, b: &Bucket, now_ms: u64) -> Checked {
     let excess = u64::try_from(before(level, rate, now_ms).max(0)).unwrap_or(0);
     let delay_ms = drain_ms(rate, excess.saturating_sub(b.at_once()));
-    Checked { allowed: true, excess, delay_ms, at_once_ms: now_ms + delay_ms }
+    Checked { allowed: true, excess, delay_ms, at_once_ms: now_ms + delay_ms, ..NONE }
 }
+
+/// A `Checked` with nothing in it (for `..` in the others).
+const NONE: Checked =
+    Checked { allowed: false, excess: 0, delay_ms: 0, at_once_ms: 0, local: false, owed: 0 };
 
 /// A request Redis's script rejected, on the key's level as Redis left it:
 /// what `check` says there, rejected whatever it says (a level that

@@ -178,6 +178,8 @@ fn an_entry_keeps_a_bucket_and_a_new_one_reads_as_idle() {
         excess: u64::from(MAX_BURST) * MILLI,
         delay_ms: 0,
         at_once_ms: T0,
+        local: false,
+        owed: 0,
     };
     store(&mut e, commit(&full, T0));
     assert_eq!(level_of(&e).excess, u64::from(MAX_BURST) * MILLI, "the largest burst fits");

@@ -281,11 +281,13 @@ fn check(e: &mut Entry, l: &Limit, now_ms: u64) -> Checked {
 /// a request would pass at once, and an estimate whose headroom under
 /// `burst + 1` (`limit_of_bucket`) is what the burst has left.
 ///
-/// A bucket Redis decides (a Redis zone's) is checked here on the fleet's
-/// level as Redis last answered it (`Strict::Asking`: a key over its burst
-/// is rejected without a round trip), and decided by Redis's verdict on
-/// the level its answer left (`Allowed`, `Rejected`); without an answer,
-/// `on_error` decides on this node's level, as for a bucket of its own.
+/// A bucket Redis decides (a Redis zone's) is checked here on this node's
+/// view of the fleet's level (`Strict::Asking`: a key over its burst is
+/// rejected without a round trip, and one far from it may be decided
+/// here, `local`, then counted as `Strict::CountOnly`), and decided by
+/// Redis's verdict on the level its answer left (`Allowed`, `Rejected`);
+/// without an answer, `on_error` decides on this node's view, as for a
+/// bucket of its own.
 fn check_bucket(e: &Entry, l: &Limit, b: &Bucket, now_ms: u64) -> Checked {
     let level = Some(bucket::level_of(e));
     let mut c = match l.strict {
@@ -293,6 +295,10 @@ fn check_bucket(e: &Entry, l: &Limit, b: &Bucket, now_ms: u64) -> Checked {
         Strict::Rejected => bucket::refused(level, l.rate, b, l.cost, now_ms),
         _ => bucket::check(level, l.rate, b, l.cost, now_ms),
     };
+    if l.strict == Strict::Asking && l.mode == Mode::Remote {
+        // far from the burst, this node may decide it (`bucket::fleet`)
+        c.local = bucket::fleet::local(e, l.rate, b.burst, &c, l.cost, l.nodes, now_ms);
+    }
     match l.mode {
         Mode::Allow if !l.strict.decided() => c.allowed = true,
         Mode::Deny if !l.strict.decided() => {
@@ -447,7 +453,17 @@ pub fn many_into<E: Entries + ?Sized>(
             if let Some(c) = all[i].bucket {
                 // a bucket keeps what the request leaves in it, here only
                 if l.mode.counts() {
-                    bucket::store(entries.entry(l.entry), bucket::commit(&c, now_ms));
+                    let e = entries.entry(l.entry);
+                    bucket::store(e, bucket::commit(&c, now_ms));
+                    if l.strict == Strict::CountOnly && l.mode == Mode::Remote {
+                        // decided here (far from the burst): what the
+                        // node owes Redis goes, once it is enough
+                        let b = l.bucket.map_or(0, |b| b.burst);
+                        let owed = bucket::fleet::owe(e, l.rate, b, l.cost, l.nodes, now_ms);
+                        if let Some(c) = all[i].bucket.as_mut() {
+                            c.owed = owed;
+                        }
+                    }
                 }
                 continue;
             }

@@ -9,7 +9,9 @@
 -- 'excess:ms' (thousandths of a request, and Redis's clock when it was
 -- written), drains at the rate, and lives until it is empty (its TTL).
 -- It answers the excess after its requests plus 1000 (an idle key's level
--- is one request below empty) in place of cur, and 0 for prev.
+-- is one request below empty) in place of cur, and 0 for prev. A counted
+-- request (deadline -1) of a bucket is what a node owes it: its cost is
+-- thousandths of a request, added as they are.
 -- Answers per group: cur, prev, and a flag per request. A group that
 -- fails (a counter that is not an integer, an INCRBY refused) counts
 -- nothing and answers cur -1, and the others go on; a call of one group
@@ -78,13 +80,14 @@ for g = 1, #KEYS, 2 do
       local at = j + 2
       local added = false
       for i = a + 5, a + 3 + 2 * n, 2 do
-        local c = tonumber(ARGV[i]) * 1000
+        local c = tonumber(ARGV[i])
         local dl = tonumber(ARGV[i + 1])
         at = at + 1
-        local with = e + c
+        local with = e + c * 1000
         if with < 0 then with = 0 end
         if dl < 0 then
-          e = with
+          -- what a node owes (thousandths, drained on the node already)
+          e = e + c
           added = true
           out[at] = 1
         elseif dl > 0 and now > dl then

@@ -29,6 +29,28 @@ pub fn in_redis(mcf: &MainConf, zone: usize, rate: Rate, bucket: bool) -> bool {
             .is_some_and(|z| z.params.as_ref().is_some_and(|p| p.backend.is_some()))
 }
 
+/// Sends what this node owes Redis of a fleet's bucket (`milli`
+/// thousandths, `bucket::fleet`) down the zone's strict link, as a count
+/// no request waits for: ahead of the worker's next request of the key
+/// that asks Redis.
+pub fn owe(a: &Ask<'_>, id: EntryId, milli: u64) {
+    let Some(ch) = crate::worker::channel::channel() else {
+        return;
+    };
+    let count = link::Ask {
+        ticket: waits::NO_TICKET,
+        id: ItemId { zone: a.zone as u32, entry: id, window: 0 },
+        namespace: a.namespace,
+        key: a.key,
+        period: a.rate.period,
+        limit: a.rate.limit,
+        burst: a.bucket.map(|b| b.burst),
+        cost: u32::try_from(milli).unwrap_or(u32::MAX),
+        deadline_ms: strict::COUNTED,
+    };
+    link::send_one(ch, &count);
+}
+
 /// Sends the counts of the `Strict::CountOnly` limits among `asks` (the engine
 /// counted them in flight; `ids`: their entries) down their zones' strict
 /// links. One per entry, at the heaviest cost of the limits sharing it, as

@@ -33,7 +33,7 @@ use crate::worker::waits::LimitVerdict;
 mod later;
 mod mode;
 
-pub use later::in_redis;
+pub use later::{in_redis, owe};
 
 /// One limit to decide: a zone, the key's namespace (the zone's name, or a
 /// Lua caller's) and bytes, and the rate.
@@ -104,8 +104,14 @@ pub fn decide_with_ids(
         // with the verdict), or a count of one that is not waited for
         [one] => {
             let (d, id) = decide_one(mcf, one, now, take, log)?;
-            if one.strict == Strict::CountOnly && take.counts(d.allowed) {
-                later::send(asks, &[id], now);
+            match d.checked.bucket {
+                // a fleet's bucket decided here: what the node owes Redis
+                Some(b) if b.owed > 0 => later::owe(one, id, b.owed),
+                Some(_) => {}
+                None if one.strict == Strict::CountOnly && take.counts(d.allowed) => {
+                    later::send(asks, &[id], now)
+                }
+                None => {}
             }
             let mut ids = Ids::new();
             ids.push(id);
@@ -118,6 +124,20 @@ pub fn decide_with_ids(
             }
             Ok((d, ids))
         }
+    }
+}
+
+/// What this node owes Redis of a fleet's bucket (`a`, of entry `id`),
+/// taken to be sent ahead of a request that asks Redis
+/// (`bucket::fleet::take`; 0: nothing).
+pub fn take_owed(mcf: &MainConf, a: &Ask<'_>, id: EntryId, now: u64) -> u64 {
+    let Some(shared) = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()) else {
+        return 0;
+    };
+    let mut locked = shared.lock();
+    match locked.table.find(id) {
+        Some(i) => bucket::fleet::take(locked.table.entry_mut(i), a.rate, now),
+        None => 0,
     }
 }
 
@@ -316,7 +336,22 @@ fn limit(
     entry: usize,
     channel: Option<&std::sync::Arc<Channel>>,
 ) -> Limit {
-    Limit { bucket: a.bucket, ..limit_of(mcf, a.zone, a.rate, a.cost, a.strict, entry, channel) }
+    let l = limit_of(mcf, a.zone, a.rate, a.cost, a.strict, entry, channel);
+    match a.bucket {
+        // a fleet's bucket: this node's part of it (`bucket::fleet`)
+        Some(_) if l.mode == Mode::Remote => {
+            Limit { bucket: a.bucket, nodes: fleet_nodes(mcf, a.zone), ..l }
+        }
+        _ => Limit { bucket: a.bucket, ..l },
+    }
+}
+
+/// The nodes that count through a zone's Redis, as the zone last learnt
+/// (at least its `nodes=`).
+fn fleet_nodes(mcf: &MainConf, zone: usize) -> u32 {
+    let z = &mcf.zones[zone];
+    let seen = z.shared.as_ref().map_or(0, |s| Stats::get(&s.stats().fleet_nodes));
+    u32::try_from(seen).unwrap_or(u32::MAX).max(z.params.as_ref().map_or(0, |p| p.nodes))
 }
 
 /// `limit`, of an ask's parts.
@@ -352,13 +387,7 @@ fn limit_of(
     // (`on_error` decides then)
     let stale_ms = if up { ch.stale_ms(index) } else { u64::MAX };
     let hold_ms = zone.params.as_ref().map_or(0, |p| p.hold_ms);
-    let nodes = match zone.params.as_ref() {
-        Some(p) if mode == Mode::Share => {
-            let seen = zone.shared.as_ref().map_or(0, |s| Stats::get(&s.stats().fleet_nodes));
-            u32::try_from(seen).unwrap_or(u32::MAX).max(p.nodes)
-        }
-        _ => 0,
-    };
+    let nodes = if mode == Mode::Share { fleet_nodes(mcf, index) } else { 0 };
     Limit { entry, rate, cost, mode, strict, stale_ms, hold_ms, nodes, bucket: None }
 }
 

@@ -132,6 +132,21 @@ pub(super) fn limit(
     if !d.allowed {
         return finish(r, mcf, lcf, now, asks, &d);
     }
+    if let ([a], Some(b)) = (&mut *asks, d.checked.bucket) {
+        if b.local {
+            // a fleet's bucket far from its burst: decided here, what the
+            // node owes Redis sent without a wait (`bucket::fleet`)
+            a.strict = Strict::CountOnly;
+            return decide(r, mcf, lcf, asks, Take::IfAllowed);
+        }
+        if let Some(&id) = ids.first() {
+            // what the node owes goes ahead of the request, in its call
+            let owed = engine::take_owed(mcf, a, id, now);
+            if owed > 0 {
+                crate::engine::owe(a, id, owed);
+            }
+        }
+    }
     wait(r, mcf, ch, asks, ids, now)
 }
 

@@ -66,7 +66,11 @@ pub(super) fn strict_answered(
 ) {
     let Decided { id, rate, bucket } = of;
     let Some(a) = answer else {
-        if counted > 0 {
+        if counted > 0 && bucket {
+            // what the node owed did not reach Redis: owed again
+            let milli = u64::from(counted);
+            with_entry(mcf, id, |e| bucket::fleet::unanswered(e, milli, rate, now_ms()));
+        } else if counted > 0 {
             with_entry(mcf, id, |e| counter::keep_local(e, id.window, counted));
         }
         waits::resolve(tickets, |_| None, |_, _| None);
@@ -101,9 +105,10 @@ pub(super) fn strict_answered(
         resolved = true;
     };
     if bucket {
-        // the fleet's level of the key's bucket, as Redis left it
+        // the fleet's level of the key's bucket, as Redis left it, and
+        // what this node owes it since
         with_entry(mcf, id, |e| {
-            bucket::store(e, bucket::mirror(a.cur(), rate, now));
+            bucket::fleet::answered(e, a.cur(), rate, now);
             then(e);
         });
     } else {

@@ -19,6 +19,8 @@ SERVER = """
         location = /five    { redis_ratelimit b 10r/s burst=5 nodelay; try_files /t =404; }
         location = /delay   { redis_ratelimit b 2r/s burst=4 delay=1; try_files /t =404; }
         location = /slow    { redis_ratelimit b 1r/m burst=2 nodelay; try_files /t =404; }
+        location = /wide    { redis_ratelimit b 50r/s burst=100 nodelay; try_files /t =404; }
+        location = /hot     { redis_ratelimit b 100000r/s burst=5000 nodelay; try_files /t =404; }
 """
 
 
@@ -101,6 +103,62 @@ def test_two_nodes_at_the_rate_each_share_it(h):
     h.note("2 nodes x 30 requests at 10 r/s: %d admitted (one limit_req: about 6 + 30)" % ok)
     h.check(len(got) == 60 and set(got) <= {200, 429}, "every request answered: %s" % got)
     h.check(30 <= ok <= 38, "the fleet admits about the burst and the rate: %d" % ok)
+
+
+def test_nodes_deciding_on_their_own_still_share_the_rate(h):
+    """`50r/s burst=100 nodelay`, two nodes each at 50 r/s (paced) for 4 s:
+    far from the burst each node decides on its own and sends what it
+    admitted in batches; the fleet still gets the burst and the rate (about
+    301 of 400), not each node's, and a few fewer at most (a batch reaches
+    Redis after some of it drained)."""
+    r = h.redis()
+    a, b = nodes(h, r, 2)
+    k = h.key("wide")
+    got, lock = [], threading.Lock()
+    before = script_calls(r)
+
+    def paced(n, offset):
+        time.sleep(offset)
+        t0 = time.monotonic()
+        for i in range(200):
+            time.sleep(max(0.0, t0 + i * 0.02 - time.monotonic()))
+            st = n.get("/wide?k=" + k)[0]
+            with lock:
+                got.append(st)
+
+    ts = [threading.Thread(target=paced, args=(n, off)) for n, off in ((a, 0), (b, 0.01))]
+    t0 = time.monotonic()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    took = time.monotonic() - t0
+    ok, calls = got.count(200), script_calls(r) - before
+    most = 101 + 50 * took
+    h.note("2 nodes x 200 requests at 50 r/s in %.2f s: %d admitted (one limit_req: %.0f), "
+           "%d script calls" % (took, ok, most, calls))
+    h.check(len(got) == 400 and set(got) <= {200, 429}, "every request answered: %s" % set(got))
+    # a debt sent late counts a little more than it drained: a few fewer
+    h.check(0.92 * most <= ok <= most + 2, "the fleet admits about the burst and the rate: %d" % ok)
+    h.check(calls < 400, "some requests decided without a call: %d calls" % calls)
+
+
+def test_a_hot_key_far_from_its_burst_costs_a_call_per_many_requests(h):
+    """One node floods a key far below `100000r/s burst=5000`: it decides
+    on its own and sends its debt in batches (a script call per many
+    requests), and Redis holds the fleet's level."""
+    r = h.redis()
+    (n,) = nodes(h, r, 1, workers=2)
+    k = h.key("hot")
+    before = script_calls(r)
+    got, took = flood_for([n], "/hot?k=" + k, 2.0)
+    calls = script_calls(r) - before
+    level = r.cmd("GET", "rl:{b:%s}:1:b100000" % k)
+    h.note("%d requests in %.1f s, %d script calls (%.3f a request); level %s"
+           % (len(got), took, calls, calls / max(1, len(got)), level))
+    h.check(set(got) == {200}, "all admitted: %s" % set(got))
+    h.check(calls * 10 <= len(got), "a call per ten requests or fewer: %d for %d" % (calls, len(got)))
+    h.check(level is not None, "Redis holds the key's level")
 
 
 def test_a_delay_follows_the_fleet_s_level(h):
