@@ -13,10 +13,13 @@
 --   local lim, err = ratelimit.new("login", "100r/s", { host = "127.0.0.1", port = 6379, timeout = 100 })
 --   local lim, err = ratelimit.new("login", "100r/s", "login_zone", redis_cfg)   -- the older form
 --
+--   -- limit_req's bucket: burst = n, and delay = n or nodelay = true
+--   local lim, err = ratelimit.new("api", "10r/s", { zone = "api_zone", burst = 20, nodelay = true })
+--
 --   local limited, err, extra = lim:is_rate_limited(key)
 --   local limited, err, extra = lim:is_rate_limited(key, ngx.req.start_time())
 --   local limited, err, extra = lim:is_rate_limited(key, nil, { cost = 5 })
---   local estimate, err       = lim:measure(key)
+--   local estimate, err       = lim:measure(key)     -- a bucket's: its excess after it
 --   local estimate, err       = lim:measure(key, nil, { cost = 5 })
 --   local ok, err             = lim:reset(key)
 --
@@ -27,6 +30,15 @@
 -- library read from cfg (host, port, timeout, dbid, connection_pool_size,
 -- idle_keepalive_ms, expire_after_seconds), and its fourth argument, are
 -- accepted and not used: Redis is configured on the zone.
+--
+-- A bucket (cfg.burst, cfg.delay, cfg.nodelay, as `redis_ratelimit ...
+-- burst=N [nodelay | delay=N]` reads them: any of them makes one, burst 0
+-- unless given) is limit_req's leaky bucket instead of the sliding window.
+-- is_rate_limited then returns a fourth value when allowed: the seconds
+-- the request is to wait (limit_req's delay; 0 with nodelay or below
+-- delay=); the caller sleeps (ngx.sleep), as lua-resty-limit-traffic's
+-- callers do. On a zone with Redis the bucket is the fleet's, decided on
+-- this node's view of it (a Lua call never waits for Redis).
 --
 -- The zone's key expression is not used here: callers pass their own key.
 -- The namespace takes the zone name's place in the Redis keys
@@ -89,6 +101,17 @@ int ngx_http_redis_ratelimit_take(int zone, const unsigned char *ns, size_t ns_l
                                   const unsigned char *key, size_t key_len, int take,
                                   uint32_t cost, double *estimate, uint32_t *remaining,
                                   uint64_t *retry_ms);
+typedef struct {
+    double excess;
+    uint32_t remaining;
+    uint64_t retry_ms;
+    uint64_t delay_ms;
+} ngx_http_redis_ratelimit_bucket_answer_t;
+int ngx_http_redis_ratelimit_take_bucket(int zone, const unsigned char *ns, size_t ns_len,
+                                         uint32_t limit, uint32_t period,
+                                         const unsigned char *key, size_t key_len, int take,
+                                         uint32_t cost, uint32_t burst, uint32_t delay,
+                                         ngx_http_redis_ratelimit_bucket_answer_t *out);
 int ngx_http_redis_ratelimit_reset(int zone, const unsigned char *ns, size_t ns_len,
                                    uint32_t period, const unsigned char *key, size_t key_len);
 ]])
@@ -109,6 +132,10 @@ local u32_b = ffi.new("uint32_t[1]")
 local est = ffi.new("double[1]")
 local rem = ffi.new("uint32_t[1]")
 local retry = ffi.new("uint64_t[1]")
+local bucket_answer = ffi.new("ngx_http_redis_ratelimit_bucket_answer_t")
+-- `delay` for nodelay (the module's NODELAY)
+local NODELAY = 4294967295
+local MAX_BURST = 1000000
 
 local _M = { _VERSION = "0.2.0" }
 local mt = { __index = _M }
@@ -217,6 +244,29 @@ function _M.new(namespace, rate, cfg, redis_cfg)
     elseif type(zone) ~= "string" then
         error("new: the zone name must be a string, got " .. type(zone), 2)
     end
+    local burst, delay
+    if tcfg == "table" and (cfg.burst ~= nil or cfg.delay ~= nil or cfg.nodelay ~= nil) then
+        burst = cfg.burst or 0
+        if type(burst) ~= "number" or burst % 1 ~= 0 or burst < 0 or burst > MAX_BURST then
+            error("new: burst must be an integer from 0 to " .. MAX_BURST .. ", got "
+                  .. tostring(cfg.burst), 2)
+        end
+        if cfg.nodelay ~= nil and type(cfg.nodelay) ~= "boolean" then
+            error("new: nodelay must be a boolean, got " .. type(cfg.nodelay), 2)
+        end
+        if cfg.nodelay and cfg.delay ~= nil then
+            error("new: nodelay and delay together", 2)
+        end
+        if cfg.nodelay then
+            delay = NODELAY
+        else
+            delay = cfg.delay or 0
+            if type(delay) ~= "number" or delay % 1 ~= 0 or delay < 0 or delay > burst then
+                error("new: delay must be an integer from 0 to burst (" .. burst .. "), got "
+                      .. tostring(cfg.delay), 2)
+            end
+        end
+    end
     if redis_cfg ~= nil and type(redis_cfg) ~= "table" then
         error("new: the 4th argument (Redis settings, not used) must be a table, got "
               .. type(redis_cfg), 2)
@@ -249,6 +299,8 @@ function _M.new(namespace, rate, cfg, redis_cfg)
         rate = rate,
         limit = u32_a[0],
         period = u32_b[0],
+        burst = burst,
+        delay = delay,
     }, mt)
 end
 
@@ -272,9 +324,19 @@ local function take(self, k, how, cost)
         return nil, zerr
     end
     local ns = self.namespace
-    local rc = C.ngx_http_redis_ratelimit_take(zi, ns, #ns, self.limit,
-                                               self.period, k, #k, how, cost, est, rem,
-                                               retry)
+    local rc
+    if self.burst then
+        rc = C.ngx_http_redis_ratelimit_take_bucket(zi, ns, #ns, self.limit, self.period, k, #k,
+                                                    how, cost, self.burst, self.delay,
+                                                    bucket_answer)
+        est[0] = bucket_answer.excess
+        rem[0] = bucket_answer.remaining
+        retry[0] = bucket_answer.retry_ms
+    else
+        rc = C.ngx_http_redis_ratelimit_take(zi, ns, #ns, self.limit,
+                                             self.period, k, #k, how, cost, est, rem,
+                                             retry)
+    end
     if rc < 0 then
         return nil, errmsg(rc, self.zone)
     end
@@ -310,7 +372,8 @@ end
 -- false when it is allowed (and counts it); nil, err when the zone cannot
 -- be used. A third value is the number of seconds until a request is
 -- allowed again (when limited) or the number of requests left (when
--- allowed).
+-- allowed). A bucket's limiter adds a fourth when allowed: the seconds the
+-- request is to wait first (its delay; 0: none).
 function _M.is_rate_limited(self, key, when, opts)
     local k, cost = check_call(self, key, when, opts, "is_rate_limited")
     if not k then
@@ -322,6 +385,9 @@ function _M.is_rate_limited(self, key, when, opts)
     end
     if rc == 1 then
         return true, nil, tonumber(retry[0]) / 1000
+    end
+    if self.burst then
+        return false, nil, tonumber(rem[0]), tonumber(bucket_answer.delay_ms) / 1000
     end
     return false, nil, tonumber(rem[0])
 end

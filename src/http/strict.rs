@@ -133,7 +133,9 @@ pub(super) fn limit(
         return finish(r, mcf, lcf, now, asks, &d);
     }
     if let ([a], Some(b)) = (&mut *asks, d.checked.bucket) {
-        if b.local {
+        // a `strict` line is decided in Redis whatever the level
+        let strict_line = lcf.limits.as_deref().and_then(|ls| ls.get(a.line as usize));
+        if b.local && !strict_line.is_some_and(|l| l.strict) {
             // a fleet's bucket far from its burst: decided here, what the
             // node owes Redis sent without a wait (`bucket::fleet`)
             a.strict = Strict::CountOnly;

@@ -9,6 +9,7 @@ use std::ffi::c_int;
 use nginx_sys::{ngx_cycle, ngx_process, ngx_uint_t, NGX_PROCESS_SINGLE, NGX_PROCESS_WORKER};
 use ngx::http::HttpModuleMainConf;
 use ratelimit_core::batch::Delete;
+use ratelimit_core::bucket::{self, Bucket, Delay, MAX_BURST};
 use ratelimit_core::key::{redis_tag, MAX_NAMESPACE_BYTES};
 use ratelimit_core::rate::Rate;
 use ratelimit_core::window::window_index;
@@ -202,19 +203,132 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
         Ok(c) => c,
         Err(rc) => return rc,
     };
-    if limit == 0 || cost > MAX_COST {
+    let rate = Rate { limit, period };
+    let (d, now) = match decide(call, rate, take, cost, None) {
+        Ok(d) => d,
+        Err(rc) => return rc,
+    };
+    let after = d.checked.after;
+    // SAFETY: out-pointers are checked for null; the caller owns them.
+    unsafe {
+        if !estimate.is_null() {
+            *estimate = after.value();
+        }
+        if !remaining.is_null() {
+            *remaining = if d.allowed { after.remaining(limit) } else { 0 };
+        }
+        if !retry_ms.is_null() {
+            *retry_ms = if d.allowed { 0 } else { d.retry_at_ms.saturating_sub(now) };
+        }
+    }
+    if d.allowed {
+        OK
+    } else {
+        LIMITED
+    }
+}
+
+/// `delay` of `ngx_http_redis_ratelimit_take_bucket` for `nodelay`.
+pub const NODELAY: u32 = u32::MAX;
+
+/// What `ngx_http_redis_ratelimit_take_bucket` answers besides its return
+/// value.
+#[repr(C)]
+pub struct BucketAnswer {
+    /// The bucket's excess after the request, in requests.
+    pub excess: f64,
+    /// Requests left in the burst after this one (0 when limited).
+    pub remaining: u32,
+    /// When limited: ms until a request would pass without waiting.
+    pub retry_ms: u64,
+    /// When allowed: ms the caller waits before going on (`delay=`).
+    pub delay_ms: u64,
+}
+
+/// `ngx_http_redis_ratelimit_take` for limit_req's bucket: `burst`
+/// requests (0 to 1000000) and `delay` (at most `burst`, or `NODELAY`).
+/// On a zone with Redis the fleet's bucket, decided on this node's view
+/// (a Lua caller does not wait), what it owes sent to Redis in batches.
+///
+/// # Safety
+/// Pointers must be valid for their lengths; `out` may be null.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_redis_ratelimit_take_bucket(
+    zone: c_int,
+    namespace: *const u8,
+    namespace_len: usize,
+    limit: u32,
+    period: u32,
+    key: *const u8,
+    key_len: usize,
+    take: c_int,
+    cost: u32,
+    burst: u32,
+    delay: u32,
+    out: *mut BucketAnswer,
+) -> c_int {
+    // SAFETY: per the function's contract.
+    let call = match unsafe { Call::new(zone, (namespace, namespace_len), period, (key, key_len)) }
+    {
+        Ok(c) => c,
+        Err(rc) => return rc,
+    };
+    let rate = Rate { limit, period };
+    let delay = match delay {
+        NODELAY => Delay::Never,
+        d if d <= burst => Delay::Above(d),
+        _ => return ERR_ARGS,
+    };
+    if burst > MAX_BURST || bucket::id_period(rate).is_none() {
         return ERR_ARGS;
+    }
+    let b = Bucket { burst, delay };
+    let (d, now) = match decide(call, rate, take, cost, Some(b)) {
+        Ok(d) => d,
+        Err(rc) => return rc,
+    };
+    let c = d.checked.bucket;
+    if !out.is_null() {
+        // SAFETY: checked for null; the caller owns it.
+        unsafe {
+            *out = BucketAnswer {
+                excess: c.map_or(0.0, |c| c.excess as f64 / bucket::MILLI as f64),
+                remaining: match c {
+                    Some(c) if d.allowed => c.remaining(&b),
+                    _ => 0,
+                },
+                retry_ms: if d.allowed { 0 } else { d.retry_at_ms.saturating_sub(now) },
+                delay_ms: if d.allowed { d.delay_ms } else { 0 },
+            };
+        }
+    }
+    if d.allowed {
+        OK
+    } else {
+        LIMITED
+    }
+}
+
+/// The decision for a Lua caller's request, and when it was made.
+fn decide(
+    call: Call<'_>,
+    rate: Rate,
+    take: c_int,
+    cost: u32,
+    bucket: Option<Bucket>,
+) -> Result<(engine::Decision, u64), c_int> {
+    if rate.limit == 0 || cost > MAX_COST {
+        return Err(ERR_ARGS);
     }
     // counts made before this module's `init_process` (Lua's
     // `init_worker_by_lua*`) go to Redis too: the thread starts now
     worker_started();
     let Call { mcf, index, ns, key, .. } = call;
-    let rate = Rate { limit, period };
     let how = if take == TAKE_ALWAYS { Take::Always } else { Take::IfAllowed };
     // a limit the directive has Redis decide is decided here (a Lua caller
     // does not wait), and counted down the strict link, ahead of the
     // worker's next strict check of the key (`Strict::CountOnly`)
-    let strict = if engine::in_redis(mcf, index, rate, false) {
+    let strict = if engine::in_redis(mcf, index, rate, bucket.is_some()) {
         Strict::CountOnly
     } else {
         Strict::Background
@@ -228,33 +342,13 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_take(
         cost,
         strict,
         line: NO_LINE,
-        bucket: None,
+        bucket,
     };
     let now = now_ms();
     // SAFETY: `ngx_cycle` is the running cycle (checked by `Call::new`).
     let log = unsafe { (*ngx_cycle).log };
-    let Ok(d) = engine::decide(mcf, &[ask], now, how, log) else {
-        return ERR_ZONE;
-    };
-    let allowed = d.allowed;
-    let after = d.checked.after;
-    // SAFETY: out-pointers are checked for null; the caller owns them.
-    unsafe {
-        if !estimate.is_null() {
-            *estimate = after.value();
-        }
-        if !remaining.is_null() {
-            *remaining = if allowed { after.remaining(limit) } else { 0 };
-        }
-        if !retry_ms.is_null() {
-            *retry_ms = if allowed { 0 } else { d.retry_at_ms.saturating_sub(now) };
-        }
-    }
-    if allowed {
-        OK
-    } else {
-        LIMITED
-    }
+    let d = engine::decide(mcf, &[ask], now, how, log).map_err(|_| ERR_ZONE)?;
+    Ok((d, now))
 }
 
 /// Forgets `key` (for the period) in this node's zone and in Redis.

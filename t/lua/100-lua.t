@@ -424,3 +424,66 @@ counted.
 --- no_error_log
 [alert]
 [crit]
+
+
+
+=== TEST 12: limit_req's bucket from Lua (cfg.burst, cfg.delay, cfg.nodelay): on a local zone and on the fleet's (Redis), with the delay it asks for
+burst=1 nodelay at 1r/m: two pass, the third is limited (and told when
+one passes again); burst=2 delay=1: the third passes with a wait of 60 s
+(the excess above delay=1, drained at 1r/m).
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        content_by_lua_block {
+            local ratelimit = require "resty.redis_ratelimit"
+            local out = {}
+            for _, zone in ipairs({ "local", "ratelimit_circuit_breaker" }) do
+                local lim = assert(ratelimit.new("b", "1r/m", { zone = zone, burst = 1, nodelay = true }))
+                local k = zone .. ngx.var.arg_k
+                for i = 1, 3 do
+                    local limited, err, extra, delay = lim:is_rate_limited(k)
+                    out[#out + 1] = tostring(limited) .. ":" .. tostring(delay or extra)
+                end
+                local d = assert(ratelimit.new("d", "1r/m", { zone = zone, burst = 2, delay = 1 }))
+                for i = 1, 3 do
+                    local limited, err, left, delay = d:is_rate_limited(k)
+                    out[#out + 1] = tostring(limited) .. ":" .. tostring(delay)
+                end
+            end
+            ngx.say(table.concat(out, " "))
+        }
+    }
+--- request
+GET /t?k=x
+--- response_body
+false:0 false:0 true:60 false:0 false:0 false:60 false:0 false:0 true:60 false:0 false:0 false:60
+--- no_error_log
+[error]
+
+
+
+=== TEST 13: a bucket's options that are wrong raise
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        content_by_lua_block {
+            local ratelimit = require "resty.redis_ratelimit"
+            local out = {}
+            for _, cfg in ipairs({ { burst = -1 }, { burst = 2, delay = 3 },
+                                   { burst = 2, delay = 1, nodelay = true }, { nodelay = "yes" } }) do
+                cfg.zone = "local"
+                local ok, err = pcall(ratelimit.new, "b", "1r/m", cfg)
+                out[#out + 1] = tostring(ok) .. " " .. err:gsub("^.-: ", "")
+            end
+            ngx.say(table.concat(out, "\n"))
+        }
+    }
+--- request
+GET /t
+--- response_body
+false burst must be an integer from 0 to 1000000, got -1
+false delay must be an integer from 0 to burst (2), got 3
+false nodelay and delay together
+false nodelay must be a boolean, got string
+--- no_error_log
+[error]
