@@ -144,6 +144,7 @@ test: build build-debian deb
 bench: build
 	python3 bench/run.py --with-trace
 	python3 bench/workers.py
+	python3 bench/bucket.py
 	$(CARGO) test --release -p ratelimit-core --test multi_node_sim -- --nocapture --exact workers_per_node
 
 soak: build
