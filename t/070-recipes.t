@@ -177,3 +177,34 @@ my $s = time % 60; sleep(61 - $s) if $s > 55;
 # a: 3 (its own limit), b: 2 more (the total's 5), c and a request without a key: none left
 [200, 200, 200, 429, 200, 200, 429, 429, 429]
 --- wait: 0.2
+
+
+
+=== TEST 6: limit_req's line for the fleet: a burst at once, then the rate; past delay= a client's requests spaced out
+--- http_config
+    redis_ratelimit_zone $binary_remote_addr zone=paced:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070f:;
+    server {
+        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+        location / { return 200 "backend\n"; }
+    }
+--- config
+    location /find/ {
+        redis_ratelimit paced 1r/m burst=2 nodelay;
+        add_header X-RL "[$redis_ratelimit_status]" always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+    }
+    location /put/ {
+        redis_ratelimit paced 20r/s burst=2 delay=1;
+        add_header X-RL "[$redis_ratelimit_status]" always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+    }
+--- request eval
+[("GET /find/a") x 4, ("GET /put/a") x 4]
+--- error_code eval
+# put: the third and the fourth wait 50 ms each (20r/s): one client's
+# requests one after the other are spaced out, never refused
+[200, 200, 200, 429, 200, 200, 200, 200]
+--- response_headers eval
+["X-RL: [PASSED]", "X-RL: [PASSED]", "X-RL: [PASSED]", "X-RL: [REJECTED]",
+ "X-RL: [PASSED]", "X-RL: [PASSED]", "X-RL: [DELAYED]", "X-RL: [DELAYED]"]
+
