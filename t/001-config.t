@@ -19,6 +19,7 @@ __DATA__
     redis_ratelimit_zone $arg_v zone=units:1M redis=redis://127.0.0.1:1 timeout=1m hold=250ms;
     redis_ratelimit_zone $arg_w zone=eager:1m redis=redis://127.0.0.1:1 hold=0;
     redis_ratelimit local 1000r/d;
+    redis_ratelimit_conn local 100;
     redis_ratelimit_status 503;
     redis_ratelimit_dry_run off;
     redis_ratelimit_log_level warn;
@@ -919,3 +920,85 @@ ok
 --- request
 GET /t?k=a
 --- error_code: 200
+
+
+
+=== TEST 82: redis_ratelimit_conn: a number that is not 1 to 1000000
+--- http_config
+    redis_ratelimit_zone $arg_k zone=c:1m;
+--- config
+    location = /t { redis_ratelimit_conn c 0; }
+--- must_die
+--- error_log
+redis_ratelimit_conn: invalid number "0": 1 to 1000000 requests expected
+
+
+
+=== TEST 83: redis_ratelimit_conn: an unknown parameter
+--- http_config
+    redis_ratelimit_zone $arg_k zone=c:1m;
+--- config
+    location = /t { redis_ratelimit_conn c 5 nodelay; }
+--- must_die
+--- error_log
+redis_ratelimit_conn: invalid parameter "nodelay"
+
+
+
+=== TEST 84: redis_ratelimit_conn: one zone twice at one level
+--- http_config
+    redis_ratelimit_zone $arg_k zone=c:1m;
+--- config
+    location = /t { redis_ratelimit_conn c 5; redis_ratelimit_conn c 6; }
+--- must_die
+--- error_log
+redis_ratelimit_conn: zone "c" is limited twice at one level
+
+
+
+=== TEST 85: redis_ratelimit_conn: an unknown zone
+--- config
+    location = /t { redis_ratelimit_conn nowhere 5; }
+--- must_die
+--- error_log
+unknown zone "nowhere"
+
+
+
+=== TEST 86: redis_ratelimit_conn strict on a zone without Redis
+--- http_config
+    redis_ratelimit_zone $arg_k zone=c:1m;
+--- config
+    location = /t { redis_ratelimit_conn c 5 strict; }
+--- must_die
+--- error_log
+"strict" needs a zone with Redis: zone "c"
+
+
+
+=== TEST 87: redis_ratelimit_conn on a zone with Redis: not available, said loudly
+--- http_config
+    redis_ratelimit_zone $arg_k zone=c:1m redis=redis://127.0.0.1:1;
+--- config
+    location = /t { redis_ratelimit_conn c 5; }
+--- must_die
+--- error_log
+redis_ratelimit_conn: the fleet's concurrency limit (a zone with "redis=") is not available: zone "c"
+
+
+
+=== TEST 88: redis_ratelimit_conn at every level, inherited by a level with none, beside rate limits
+--- http_config
+    redis_ratelimit_zone $arg_k zone=c:1m;
+    redis_ratelimit_conn c 100;
+--- config
+    redis_ratelimit_conn c 50;
+    location = /t { redis_ratelimit c 10r/s; add_header X-Conn $redis_ratelimit_conn_status; try_files /index.html =404; }
+--- user_files
+>>> index.html
+ok
+--- request
+GET /t?k=a
+--- error_code: 200
+--- response_headers
+X-Conn: PASSED

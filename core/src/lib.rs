@@ -30,6 +30,7 @@
 pub mod batch;
 pub mod bucket;
 pub mod calls;
+pub mod conn;
 pub mod cost;
 pub mod counter;
 pub mod decide;

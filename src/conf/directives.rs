@@ -20,9 +20,11 @@ use ratelimit_core::params;
 use ratelimit_core::rate::Rate;
 
 use crate::conf::module::Module;
+use ratelimit_core::conn::MAX_CONN;
+
 use crate::conf::{
-    parse_cost, Cost, Limit, LocConf, MainConf, RateSpec, Source, ZoneConf, HEADERS_LEGACY,
-    HEADERS_OFF, HEADERS_ON, MAX_COST, MAX_STRICT, UNSET_UINT,
+    parse_cost, ConnLimit, Cost, Limit, LocConf, MainConf, RateSpec, Source, ZoneConf,
+    HEADERS_LEGACY, HEADERS_OFF, HEADERS_ON, MAX_COST, MAX_STRICT, UNSET_UINT,
 };
 use crate::shm;
 
@@ -190,6 +192,7 @@ pub extern "C" fn cmd_zone(
 
     // a limit that named the zone before its declaration may be strict
     let strict_at = existing.and_then(|i| mcf.zones[i].strict_at.take());
+    let conn_at = existing.and_then(|i| mcf.zones[i].conn_at.take());
     let zone = Box::new(ZoneConf {
         name: params.name.clone(),
         declared: true,
@@ -200,6 +203,7 @@ pub extern "C" fn cmd_zone(
         cycle: unsafe { (*cf).cycle },
         shared: None,
         strict_at,
+        conn_at,
     });
     let slot = match existing {
         Some(i) => {
@@ -227,6 +231,52 @@ pub extern "C" fn cmd_limit(
     // SAFETY: see `args`.
     let args = unsafe { args(cf) };
     answer(cf, "redis_ratelimit", limit_line(cf, lcf, args))
+}
+
+/// `redis_ratelimit_conn zone number [strict]`.
+pub extern "C" fn cmd_conn(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: `conf` is this module's configuration at the current level.
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    // SAFETY: see `args`.
+    let args = unsafe { args(cf) };
+    answer(cf, "redis_ratelimit_conn", conn_line(cf, lcf, args))
+}
+
+/// A `redis_ratelimit_conn` line: its zone, its number (1 to `MAX_CONN`),
+/// and `strict` (which needs a zone with Redis).
+fn conn_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Parsed<()> {
+    let n = show(&args[2]);
+    let max = std::str::from_utf8(args[2].as_bytes())
+        .ok()
+        .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<u32>().ok())
+        .filter(|m| (1..=MAX_CONN).contains(m))
+        .ok_or_else(|| format!("invalid number \"{n}\": 1 to {MAX_CONN} requests expected"))?;
+    let strict = match args.get(3).map(|a| a.as_bytes()) {
+        None => false,
+        Some(b"strict") if args.len() == 4 => true,
+        Some(_) => {
+            return Err(format!("invalid parameter \"{}\"", show(&args[args.len() - 1])).into())
+        }
+    };
+    let mcf = main_conf(cf).ok_or(Refusal::Said)?;
+    let zone = zone_used(cf, mcf, show(&args[1]));
+    if mcf.zones[zone].conn_at.is_none() {
+        mcf.zones[zone].conn_at = Some(position(cf));
+    }
+    if strict && mcf.zones[zone].strict_at.is_none() {
+        mcf.zones[zone].strict_at = Some(position(cf));
+    }
+    let conns = lcf.conns.get_or_insert_with(Vec::new);
+    if conns.iter().any(|c| c.zone == zone) {
+        return Err(format!("zone \"{}\" is limited twice at one level", show(&args[1])).into());
+    }
+    conns.push(ConnLimit { zone, max });
+    Ok(())
 }
 
 /// Why a directive is refused: a message for the `[emerg]` line that names
@@ -457,6 +507,7 @@ fn zone_used(cf: *mut ngx_conf_t, mcf: &mut MainConf, name: String) -> usize {
         cycle: ptr::null_mut(),
         shared: None,
         strict_at: None,
+        conn_at: None,
     }));
     mcf.zones.len() - 1
 }
@@ -477,6 +528,16 @@ pub unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) 
             );
         }
         let redis = z.params.as_ref().is_some_and(|p| p.backend.is_some());
+        if let Some(at) = z.conn_at.as_ref().filter(|_| redis) {
+            return refuse(
+                cf,
+                "redis_ratelimit_conn",
+                format!(
+                    "the fleet's concurrency limit (a zone with \"redis=\") is not available: zone \"{}\" (used at {}) has \"redis=\"; use a zone without it (each node its own limit, as limit_conn)",
+                    z.name, at
+                ),
+            );
+        }
         if let Some(at) = z.strict_at.as_ref().filter(|_| !redis) {
             return refuse(
                 cf,

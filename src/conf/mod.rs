@@ -41,6 +41,8 @@ pub struct ZoneConf {
     pub shared: Option<Shared>,
     /// Where a `strict` limit first used it (it then needs `redis=`).
     pub strict_at: Option<String>,
+    /// Where a concurrency limit (`redis_ratelimit_conn`) first used it.
+    pub conn_at: Option<String>,
 }
 
 #[derive(Default)]
@@ -71,6 +73,14 @@ pub struct Limit {
     /// same few values again and again (read and written by the worker's
     /// own thread only).
     pub cache: RateCache,
+}
+
+/// One `redis_ratelimit_conn`: at most `max` requests of the zone's key in
+/// flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnLimit {
+    pub zone: usize,
+    pub max: u32,
 }
 
 /// A value given with variables, read per request.
@@ -110,6 +120,8 @@ pub enum Cost {
 pub struct LocConf {
     /// `None`: not set here; `Some(empty)` after `redis_ratelimit off`.
     pub limits: Option<Vec<Limit>>,
+    /// `redis_ratelimit_conn` lines (`None`: not set here; inherited).
+    pub conns: Option<Vec<ConnLimit>>,
     pub off: bool,
     /// `redis_ratelimit_status` (400 to 599).
     pub status: ngx_int_t,
@@ -129,6 +141,7 @@ impl Default for LocConf {
     fn default() -> LocConf {
         LocConf {
             limits: None,
+            conns: None,
             off: false,
             status: UNSET,
             dry_run: UNSET,
@@ -157,6 +170,9 @@ impl Merge for LocConf {
     fn merge(&mut self, prev: &LocConf) -> Result<(), MergeConfigError> {
         if self.limits.is_none() {
             self.limits = prev.limits.clone();
+        }
+        if self.conns.is_none() {
+            self.conns = prev.conns.clone();
         }
         merge(&mut self.status, prev.status, UNSET, 429);
         merge(&mut self.dry_run, prev.dry_run, UNSET, 0);

@@ -21,7 +21,7 @@ use ratelimit_core::window::{quota_back_at, seconds_until, Estimate};
 
 use crate::conf::{Limit, LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF};
 use crate::engine::{Ask, Decision, Strict};
-use crate::http::Failure;
+use crate::http::{request_log, Failure};
 
 /// What the limiter decided for a request, kept for the variables. It hangs
 /// off the main request's pool (as a cleanup entry) rather than the module
@@ -144,12 +144,6 @@ fn record(r: &ngx_http_request_t, st: RequestState) -> bool {
         (*pool).cleanup = ptr::addr_of_mut!((*rec).cleanup);
     }
     true
-}
-
-/// The request's log (its connection's).
-pub(super) fn request_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
-    // SAFETY: a request being processed has its connection.
-    unsafe { (*r.connection).log }
 }
 
 /// The request's log for the engine's debug lines; none (and no cost) in a

@@ -19,7 +19,8 @@ use smallvec::SmallVec;
 use crate::conf::module::Module;
 use crate::engine::{self, Ask, Strict, Take};
 use crate::http::answer::{ask, debug_log, state};
-use crate::http::handler::{cost, read};
+use crate::http::handler::cost;
+use crate::http::values::read;
 use crate::worker::time::now_ms;
 
 pub unsafe extern "C" fn log_phase(r: *mut ngx_http_request_t) -> ngx_int_t {

@@ -2,11 +2,7 @@
 //! (`engine/`) for the decision on every limit of the location (strict
 //! limits through `strict.rs`), and answers (`answer.rs`).
 
-use nginx_sys::{
-    ngx_http_complex_value, ngx_http_complex_value_t, ngx_http_get_flushed_variable,
-    ngx_http_request_t, ngx_int_t, ngx_str_t, ngx_uint_t, ngx_variable_value_t, NGX_DECLINED,
-    NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_LOG_ERR, NGX_OK,
-};
+use nginx_sys::{ngx_http_request_t, ngx_int_t, NGX_DECLINED, NGX_LOG_ERR};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 use ratelimit_core::rate::Rate;
@@ -17,8 +13,10 @@ use smallvec::SmallVec;
 use crate::conf::module::Module;
 use crate::conf::{Cost, Limit, LocConf, MainConf, RateSpec, Source};
 use crate::engine::{self, Ask, Strict, Take};
-use crate::http::answer::{ask, debug_log, finish, request_log, state};
+use crate::http::answer::{ask, debug_log, finish, state};
+use crate::http::values::{key, read};
 use crate::http::Failure;
+use crate::http::{failed, request_log};
 use crate::worker::time::now_ms;
 
 /// Limits of one location, with their keys evaluated: few enough to stay
@@ -28,6 +26,22 @@ const INLINE: usize = 4;
 pub unsafe extern "C" fn preaccess(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls phase handlers with a valid request.
     let r = unsafe { &mut *r };
+    // SAFETY: the request is valid; `Request` is a transparent wrapper.
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    let Some(lcf) = Module::location_conf(req) else {
+        return NGX_DECLINED as ngx_int_t;
+    };
+    let rc = rates(r, lcf);
+    match lcf.conns.as_deref() {
+        // a request the rates let through takes its slots
+        Some(c) if !c.is_empty() => crate::http::conn::after_rates(r, rc),
+        _ => rc,
+    }
+}
+
+/// The location's rate limits (`redis_ratelimit`).
+#[inline(always)]
+fn rates(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
     // decided once per request: a request nginx has not redirected
     // internally (nor a subrequest) runs this phase once, so only those
     // look for an earlier decision
@@ -36,9 +50,6 @@ pub unsafe extern "C" fn preaccess(r: *mut ngx_http_request_t) -> ngx_int_t {
     }
     // SAFETY: the request is valid; `Request` is a transparent wrapper.
     let req = unsafe { Request::from_ngx_http_request(r) };
-    let Some(lcf) = Module::location_conf(req) else {
-        return NGX_DECLINED as ngx_int_t;
-    };
     let Some(limits) = lcf.limits.as_deref().filter(|l| !l.is_empty()) else {
         return NGX_DECLINED as ngx_int_t;
     };
@@ -49,20 +60,6 @@ pub unsafe extern "C" fn preaccess(r: *mut ngx_http_request_t) -> ngx_int_t {
         Ok(rc) => rc,
         Err(why) => failed(r, why),
     }
-}
-
-/// A request that could not be limited: said in the error log, answered
-/// 500.
-#[cold]
-#[inline(never)]
-fn failed(r: &ngx_http_request_t, why: Failure) -> ngx_int_t {
-    ngx_log_error!(
-        NGX_LOG_ERR,
-        request_log(r),
-        "redis_ratelimit: the request could not be limited: {}",
-        why
-    );
-    NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t
 }
 
 /// Evaluates the request's limits (`asks`), asks the engine, and answers;
@@ -210,70 +207,6 @@ fn rate_of(
     Ok(None)
 }
 
-/// A value with variables, for this request.
-pub(super) fn read<'r>(r: &mut ngx_http_request_t, src: Source) -> Result<&'r [u8], Failure> {
-    match src {
-        Source::Index(i) => Ok(variable(r, i)),
-        Source::Complex(cv) => eval(r, cv),
-    }
-}
-
-/// An indexed variable's value for this request (empty when not found).
-fn variable<'r>(r: &mut ngx_http_request_t, index: ngx_uint_t) -> &'r [u8] {
-    // SAFETY: the index was obtained at configuration time for this cycle;
-    // the value lives as long as the request.
-    let v = unsafe { ngx_http_get_flushed_variable(r, index) };
-    // SAFETY: non-null values point at nginx's value for this request.
-    let Some(v) = (unsafe { v.as_ref() }) else {
-        return &[];
-    };
-    let (len, not_found) = len_and_not_found(v);
-    if not_found || len == 0 || v.data.is_null() {
-        return &[];
-    }
-    // SAFETY: `len` bytes at `data`, in the request's pool or static.
-    unsafe { std::slice::from_raw_parts(v.data, len) }
-}
-
-/// A variable value's `len:28` and `not_found:1` bit fields. The generated
-/// accessors take them apart a bit at a time, on every request; on a
-/// little-endian target the C compiler packs them from
-/// the lowest bit of the first 32-bit word (`len`, `valid`, `no_cacheable`,
-/// `not_found`, `escape`), so one load and two masks read them.
-#[inline(always)]
-fn len_and_not_found(v: &ngx_variable_value_t) -> (usize, bool) {
-    #[cfg(target_endian = "little")]
-    {
-        // SAFETY: the struct begins with its bit fields' 4 bytes, aligned for
-        // a u32 (`_bitfield_align_1`).
-        let word = unsafe { std::ptr::from_ref(v).cast::<u32>().read() };
-        ((word & 0x0fff_ffff) as usize, word & (1 << 30) != 0)
-    }
-    #[cfg(not(target_endian = "little"))]
-    {
-        (v.len() as usize, v.not_found() != 0)
-    }
-}
-
-/// A complex value evaluated for this request (in its pool).
-fn eval<'r>(
-    r: &mut ngx_http_request_t,
-    cv: *mut ngx_http_complex_value_t,
-) -> Result<&'r [u8], Failure> {
-    let mut value = ngx_str_t::empty();
-    // SAFETY: the complex value was compiled at configuration time for this
-    // cycle; the result lives in the request pool.
-    if unsafe { ngx_http_complex_value(r, cv, &mut value) } != NGX_OK as ngx_int_t {
-        return Err(Failure::Variable);
-    }
-    if value.len == 0 {
-        return Ok(&[]);
-    }
-    // SAFETY: non-empty, allocated in the request's pool, which outlives
-    // the phase handler that asks for it.
-    Ok(unsafe { std::slice::from_raw_parts(value.data, value.len) })
-}
-
 /// A value of a limit's variable that is not what it should be, logged at
 /// most once a second per zone (all workers together).
 fn log_bad_value(
@@ -333,17 +266,6 @@ fn cost_of(
         }
     }
     Ok(value.weight())
-}
-
-/// The zone's key for this request (empty: not limited). The bytes live in
-/// the request's pool.
-pub(super) fn key<'r>(
-    r: &mut ngx_http_request_t,
-    mcf: &MainConf,
-    zone: usize,
-) -> Result<&'r [u8], Failure> {
-    let zone = mcf.zones.get(zone).ok_or(Failure::NoZone)?;
-    read(r, zone.key)
 }
 
 /// Counts a request whose key for `zone` was empty (`not_limited`).

@@ -401,6 +401,8 @@ unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
         r.write_event_handler = Some(ngx_http_core_run_phases);
         if !w.is_null() {
             if let Some(rc) = answer_evaluated(r, w) {
+                // a request the rates let through takes its slots
+                let rc = crate::http::conn::after_rates(r, rc);
                 // what nginx's phase engine does with a preaccess
                 // handler's answer: on to the next handler, a wait (a
                 // bucket's delay), or the end

@@ -1,4 +1,5 @@
-//! `$redis_ratelimit_status` and `$redis_ratelimit_remaining`.
+//! `$redis_ratelimit_status`, `$redis_ratelimit_remaining` and
+//! `$redis_ratelimit_conn_status`.
 
 use nginx_sys::{
     ngx_conf_t, ngx_http_add_variable, ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t,
@@ -9,12 +10,15 @@ use crate::http::answer::state;
 
 const STATUS: usize = 0;
 const REMAINING: usize = 1;
+const CONN_STATUS: usize = 2;
 
 /// Registers the variables (preconfiguration).
 pub unsafe extern "C" fn add(cf: *mut ngx_conf_t) -> ngx_int_t {
-    for (name, which) in
-        [(&b"redis_ratelimit_status"[..], STATUS), (b"redis_ratelimit_remaining", REMAINING)]
-    {
+    for (name, which) in [
+        (&b"redis_ratelimit_status"[..], STATUS),
+        (b"redis_ratelimit_remaining", REMAINING),
+        (b"redis_ratelimit_conn_status", CONN_STATUS),
+    ] {
         let mut n = ngx_str_t { len: name.len(), data: name.as_ptr().cast_mut() };
         // SAFETY: `cf` is valid during preconfiguration; nginx copies the name.
         let v =
@@ -46,6 +50,20 @@ unsafe extern "C" fn get(
 ) -> ngx_int_t {
     // SAFETY: nginx calls variable handlers with a valid request and value.
     let (r, v) = unsafe { (&mut *r, &mut *v) };
+    if data == CONN_STATUS {
+        // as `$limit_conn_status`: not found where no concurrency limit applied
+        match crate::http::conn::held(r) {
+            Some(h) => {
+                let s = h.outcome.as_str();
+                set(v, s.as_ptr().cast_mut(), s.len());
+            }
+            None => {
+                set(v, std::ptr::null_mut(), 0);
+                v.set_not_found(1);
+            }
+        }
+        return NGX_OK as ngx_int_t;
+    }
     let Some(st) = state(r) else {
         // No limit applied to this request: the status is not found (`-`
         // in a log, as `$limit_req_status`), the remaining count empty.
