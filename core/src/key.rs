@@ -253,11 +253,7 @@ pub fn redis_key_for_tag(prefix: &[u8], tag: &[u8], period: u32, window_start: u
 
 /// The same name, appended to `out`.
 pub fn write_key_for_tag(out: &mut Vec<u8>, prefix: &[u8], tag: &[u8], period: u32, start: u64) {
-    out.extend_from_slice(prefix);
-    out.push(b'{');
-    out.extend_from_slice(tag);
-    out.extend_from_slice(b"}:");
-    crate::resp::push_u64(out, u64::from(period));
+    write_period_for_tag(out, prefix, tag, period);
     out.push(b':');
     crate::resp::push_u64(out, start);
 }
@@ -273,13 +269,18 @@ pub fn write_bucket_key_for_tag(
     period: u32,
     limit: u32,
 ) {
+    write_period_for_tag(out, prefix, tag, period);
+    out.extend_from_slice(b":b");
+    crate::resp::push_u64(out, u64::from(limit));
+}
+
+/// `<prefix>{<tag>}:<period>`, what a key's names begin with.
+fn write_period_for_tag(out: &mut Vec<u8>, prefix: &[u8], tag: &[u8], period: u32) {
     out.extend_from_slice(prefix);
     out.push(b'{');
     out.extend_from_slice(tag);
     out.extend_from_slice(b"}:");
     crate::resp::push_u64(out, u64::from(period));
-    out.extend_from_slice(b":b");
-    crate::resp::push_u64(out, u64::from(limit));
 }
 
 /// `<prefix>{<namespace>:<key>}:<period>:<window start>` (the format the

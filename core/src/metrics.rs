@@ -15,6 +15,13 @@ pub struct Zone {
     pub rejected_dry_run: u64,
     /// Requests whose key was empty (not limited).
     pub not_limited: u64,
+    /// Passed requests a bucket delayed.
+    pub delayed: u64,
+    /// Requests in flight holding a concurrency limit's slot, and those a
+    /// full one refused (or let through in dry run).
+    pub conn_in_flight: u64,
+    pub conn_rejected: u64,
+    pub conn_rejected_dry_run: u64,
     /// Keys (key and period pairs) in the table, and how many it holds.
     pub keys: u64,
     pub capacity: u64,
@@ -115,6 +122,29 @@ const FAMILIES: &[Family] = &[
                 (",outcome=\"rejected\"".into(), z.rejected.to_string()),
                 (",outcome=\"rejected_dry_run\"".into(), z.rejected_dry_run.to_string()),
                 (",outcome=\"not_limited\"".into(), z.not_limited.to_string()),
+            ]
+        }),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_delayed_total",
+        kind: "counter",
+        help: "Passed requests a bucket (burst= without nodelay, delay=) delayed first, also counted as passed.",
+        of: Of::Zone(|z| one(z.delayed)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_conn_in_flight",
+        kind: "gauge",
+        help: "Requests in flight holding a slot of the zone's concurrency limits (redis_ratelimit_conn) on this node.",
+        of: Of::Zone(|z| one(z.conn_in_flight)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_conn_rejected_total",
+        kind: "counter",
+        help: "Requests the zone's concurrency limits refused (rejected), or let through in dry run (rejected_dry_run).",
+        of: Of::Zone(|z| {
+            vec![
+                (",outcome=\"rejected\"".into(), z.conn_rejected.to_string()),
+                (",outcome=\"rejected_dry_run\"".into(), z.conn_rejected_dry_run.to_string()),
             ]
         }),
     },
@@ -295,6 +325,7 @@ pub fn json(zones: &[Zone]) -> String {
         let _ = write!(
             out,
             "{}:{{\"requests\":{{\"passed\":{},\"rejected\":{},\"rejected_dry_run\":{},\"not_limited\":{}}},\
+             \"delayed\":{},\"conn\":{{\"in_flight\":{},\"rejected\":{},\"rejected_dry_run\":{}}},\
              \"keys\":{},\"keys_capacity\":{},\"evictions\":{},\"breaker_trips\":{},\
              \"dropped_increments\":{},\"redis\":",
             json_str(&z.name),
@@ -302,6 +333,10 @@ pub fn json(zones: &[Zone]) -> String {
             z.rejected,
             z.rejected_dry_run,
             z.not_limited,
+            z.delayed,
+            z.conn_in_flight,
+            z.conn_rejected,
+            z.conn_rejected_dry_run,
             z.keys,
             z.capacity,
             z.evictions,

@@ -171,6 +171,14 @@ pub struct Stats {
     pub rejected_dry_run: AtomicU64,
     /// Requests whose key for the zone was empty (not limited by it).
     pub not_limited: AtomicU64,
+    /// Passed requests a bucket delayed (`delay=`), also in `passed`.
+    pub delayed: AtomicU64,
+    /// Requests in flight holding a slot of a concurrency limit
+    /// (`redis_ratelimit_conn`), and those a full limit refused (or, in
+    /// dry run, let through).
+    pub conn_in_flight: AtomicU64,
+    pub conn_rejected: AtomicU64,
+    pub conn_rejected_dry_run: AtomicU64,
     /// Replies that closed a key's breaker.
     pub breaker_trips: AtomicU64,
     /// Increments the queue had no room for (counted on the node only).
@@ -217,6 +225,9 @@ impl Stats {
     /// Counts one request's outcome.
     #[inline]
     pub fn add(&self, outcome: Outcome) {
+        if matches!(outcome, Outcome::Delayed | Outcome::DelayedDryRun) {
+            self.delayed.fetch_add(1, Ordering::Relaxed);
+        }
         let c = match outcome {
             Outcome::Passed | Outcome::Delayed | Outcome::DelayedDryRun => &self.passed,
             Outcome::Rejected => &self.rejected,
@@ -243,6 +254,12 @@ impl Stats {
     #[inline]
     pub fn bump(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes one off a gauge (never below 0).
+    #[inline]
+    pub fn unbump(c: &AtomicU64) {
+        let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
     }
 
     /// Reads a counter.

@@ -24,6 +24,7 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 use ratelimit_core::conn::{self, CONN_PERIOD};
 use ratelimit_core::key::EntryId;
+use ratelimit_core::stats::Stats;
 
 use crate::conf::module::Module;
 use crate::conf::{LocConf, MainConf};
@@ -88,6 +89,8 @@ fn release(held: &mut Held) {
         if let Some(i) = locked.table.find(s.id) {
             conn::give(locked.table.entry_mut(i));
         }
+        drop(locked);
+        Stats::unbump(&shared.stats().conn_in_flight);
     }
 }
 
@@ -148,6 +151,7 @@ fn take(r: &mut ngx_http_request_t, mcf: &MainConf, lcf: &LocConf) -> Result<ngx
             conn::take(locked.table.entry_mut(i), c.max)
         };
         if taken {
+            Stats::bump(&shared.stats().conn_in_flight);
             held.slots[held.n] = Slot { shared, id };
             held.n += 1;
             continue;
@@ -161,6 +165,8 @@ fn take(r: &mut ngx_http_request_t, mcf: &MainConf, lcf: &LocConf) -> Result<ngx
             if dry_run { ", dry run," } else { "" },
             zone.name
         );
+        let st = shared.stats();
+        Stats::bump(if dry_run { &st.conn_rejected_dry_run } else { &st.conn_rejected });
         if dry_run {
             held.outcome = ConnOutcome::RejectedDryRun;
             return Ok(NGX_DECLINED as ngx_int_t);

@@ -5,6 +5,7 @@ gives its slot back (a response, a client gone, an internal redirect, a
 reload), and a request takes its slot once."""
 
 import http.server
+import json
 import os
 import socket
 import socketserver
@@ -25,6 +26,7 @@ SERVER = """
                          proxy_pass http://slow/missing; }
         location /both { redis_ratelimit c 2r/m; redis_ratelimit_conn c 1; proxy_pass http://slow; }
         location /free { proxy_pass http://slow; }
+        location = /metrics { redis_ratelimit_metrics; }
 """
 
 
@@ -129,6 +131,9 @@ def test_at_most_the_number_in_flight_across_workers(h):
         h.check([g[0] for g in at_once(n, "/slow?k=b", 3)] == [200] * 3, "another key its own")
         free = at_once(n, "/free?k=a", 1)
         h.check(free[0][1] is None, "no limit applied: not found: %s" % free)
+        c = json.loads(n.request("/metrics?format=json")[2])["zones"]["c"]["conn"]
+        h.note("metrics: %s" % c)
+        h.check(c["in_flight"] == 0 and c["rejected"] == 18, "in flight back to 0, 18 refused: %s" % c)
     finally:
         up.stop()
 

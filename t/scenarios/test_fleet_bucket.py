@@ -51,6 +51,29 @@ def flood_for(nodes_, path, seconds, threads=8):
     return out, time.monotonic() - start
 
 
+def paced_pair(a, b, path, count, every):
+    """`count` requests to each of two nodes, one every `every` seconds,
+    node b half a step after node a; returns (statuses, seconds)."""
+    got, lock = [], threading.Lock()
+
+    def paced(n, offset):
+        time.sleep(offset)
+        t0 = time.monotonic()
+        for i in range(count):
+            time.sleep(max(0.0, t0 + i * every - time.monotonic()))
+            st = n.get(path)[0]
+            with lock:
+                got.append(st)
+
+    ts = [threading.Thread(target=paced, args=(n, off)) for n, off in ((a, 0), (b, every / 2))]
+    t0 = time.monotonic()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(count * every + 30)
+    return got, time.monotonic() - t0
+
+
 def script_calls(r):
     return int(r.info_commandstats().get("evalsha", {}).get("calls", 0))
 
@@ -83,22 +106,7 @@ def test_two_nodes_at_the_rate_each_share_it(h):
     r = h.redis()
     a, b = nodes(h, r, 2)
     k = h.key("paced")
-    got, lock = [], threading.Lock()
-
-    def paced(n, offset):
-        time.sleep(offset)
-        t0 = time.monotonic()
-        for i in range(30):
-            time.sleep(max(0.0, t0 + i * 0.1 - time.monotonic()))
-            st = n.get("/five?k=" + k)[0]
-            with lock:
-                got.append(st)
-
-    ts = [threading.Thread(target=paced, args=(n, off)) for n, off in ((a, 0), (b, 0.05))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
+    got, _ = paced_pair(a, b, "/five?k=" + k, 30, 0.1)
     ok = got.count(200)
     h.note("2 nodes x 30 requests at 10 r/s: %d admitted (one limit_req: about 6 + 30)" % ok)
     h.check(len(got) == 60 and set(got) <= {200, 429}, "every request answered: %s" % got)
@@ -114,25 +122,8 @@ def test_nodes_deciding_on_their_own_still_share_the_rate(h):
     r = h.redis()
     a, b = nodes(h, r, 2)
     k = h.key("wide")
-    got, lock = [], threading.Lock()
     before = script_calls(r)
-
-    def paced(n, offset):
-        time.sleep(offset)
-        t0 = time.monotonic()
-        for i in range(200):
-            time.sleep(max(0.0, t0 + i * 0.02 - time.monotonic()))
-            st = n.get("/wide?k=" + k)[0]
-            with lock:
-                got.append(st)
-
-    ts = [threading.Thread(target=paced, args=(n, off)) for n, off in ((a, 0), (b, 0.01))]
-    t0 = time.monotonic()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    took = time.monotonic() - t0
+    got, took = paced_pair(a, b, "/wide?k=" + k, 200, 0.02)
     ok, calls = got.count(200), script_calls(r) - before
     most = 101 + 50 * took
     h.note("2 nodes x 200 requests at 50 r/s in %.2f s: %d admitted (one limit_req: %.0f), "
