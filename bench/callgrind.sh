@@ -4,7 +4,8 @@
 # requests to one location, and the same with 200 requests; the difference
 # divided by (N - 200) is the cost of one request. Locations: a static file
 # (baseline), the same behind limit_req, behind an embedded zone, and
-# behind the same zone with its rate from a map (tiers); with redis-server,
+# behind the same zone with its rate from a map (tiers), limit_conn and a
+# concurrency limit (redis_ratelimit_conn); with redis-server,
 # one key through Redis, strict (a request alone, and 16 connections in
 # step, each its own key: their requests share script calls; this row is
 # 192 and 2 400 requests whatever N), and 10 000 keys behind limit_req and
@@ -64,6 +65,11 @@ CONF
 sed -e 's|^    server {|    map $arg_plan $tier_rate { default 1000000000r/s; }\n    server {|' \
     -e 's|^    }$|        location = /embedded-map { root html; try_files /b =404; redis_ratelimit e $tier_rate; }\n    }|' \
     "$work/conf/nginx.conf" > "$work/conf/map.conf"
+# a concurrency limit (redis_ratelimit_conn) beside nginx's limit_conn: a
+# configuration of its own too (each location more costs every row a little)
+sed -e 's|^    server {|    limit_conn_zone $binary_remote_addr zone=lc:10m;\n    server {|' \
+    -e 's|^    }$|        location = /limit_conn { root html; try_files /b =404; limit_conn lc 1000; }\n        location = /conn { root html; try_files /b =404; redis_ratelimit_conn e 1000; }\n    }|' \
+    "$work/conf/nginx.conf" > "$work/conf/conn.conf"
 cat > "$work/load.py" <<'PY'
 import socket, sys
 port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -142,6 +148,11 @@ for loc in base limit_req embedded; do
     per=$(per_request "/$loc")
     [ -n "$base" ] || base=$per
     echo "| /$loc | $per | $(( per - base )) |"
+done
+for loc in limit_conn conn; do
+    want "$loc" || continue
+    per=$(per_request "/$loc" conn.conf)
+    echo "| /$loc (a concurrency limit of 1000; conn.conf) | $per | $(( per - base )) |"
 done
 # one hot key through Redis: every thread counted (the worker's and its
 # Redis thread's), so what the background thread spends per request is in

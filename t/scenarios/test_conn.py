@@ -8,7 +8,9 @@ import http.server
 import json
 import os
 import socket
+import re
 import socketserver
+import subprocess
 import threading
 import time
 
@@ -27,6 +29,8 @@ SERVER = """
         location /both { redis_ratelimit c 2r/m; redis_ratelimit_conn c 1; proxy_pass http://slow; }
         location /free { proxy_pass http://slow; }
         location = /metrics { redis_ratelimit_metrics; }
+        location = /page.html { ssi on; root html; }
+        location /inc/ { redis_ratelimit_conn c 1; proxy_pass http://slow; }
 """
 
 
@@ -100,10 +104,11 @@ def at_once(n, path, count, timeout=10.0):
     return out
 
 
-def setup(h, delay=1.0, workers=2):
+def setup(h, delay=1.0, workers=2, server=SERVER):
     up = Upstream(delay)
     try:
-        n = h.nginx(HTTP % up.port, SERVER, workers=workers)
+        n = h.nginx(HTTP % up.port, server, workers=workers, files={
+            "page.html": "".join('<!--# include virtual="/inc/%d?k=ssi" -->' % i for i in range(3))})
     except Exception:
         up.stop()
         raise
@@ -214,5 +219,53 @@ def test_a_reload_with_requests_in_flight_leaks_nothing(h):
         h.check([g[0] for g in out.get("a", [])] == [200] * 3, "the three in flight end well")
         h.check(during[0][0] == 429, "full while they run: %s" % during)
         h.check(sorted(g[0] for g in after) == [200, 200, 200, 429], "nothing leaked: %s" % after)
+    finally:
+        up.stop()
+
+
+def curl_h2(port, paths, timeout=5.0):
+    """`paths` as HTTP/2 streams of one connection (curl, prior knowledge,
+    all at once); returns the statuses in the order they finished (none
+    for a stream curl gave up on)."""
+    args = ["curl", "-sS", "--no-progress-meter", "--http2-prior-knowledge", "--parallel",
+            "--parallel-immediate", "--max-time", str(timeout), "-w", "%{http_code}\\n"]
+    for p in paths:
+        args += ["-o", "/dev/null", "http://%s:%d%s" % (HOST, port, p)]
+    out = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         timeout=timeout + 10).stdout.decode("utf-8", "replace")
+    return [int(c) for c in re.findall(r"^(\d{3})$", out, re.M) if c != "000"]
+
+
+def test_http2_streams_take_slots_and_a_reset_gives_them_back(h):
+    """HTTP/2 streams of one connection are requests: 5 at once on `... 3`
+    get 3 x 200 and 2 x 429; a connection that goes away while its 3
+    streams wait on the upstream (5 s) gives their slots back at once."""
+    up, n = setup(h, delay=0.5, server=SERVER.replace("add_header", "http2 on;\n        add_header", 1))
+    try:
+        got = sorted(curl_h2(n.port, ["/slow?k=h2"] * 5))
+        h.note("5 streams: %s" % got)
+        h.check(got == [200, 200, 200, 429, 429], "3 pass, 2 refused: %s" % got)
+        up.delay = 5.0
+        gone = curl_h2(n.port, ["/slow?k=h2r"] * 3, timeout=0.5)
+        up.delay = 0.2
+        again = sorted(curl_h2(n.port, ["/slow?k=h2r"] * 3))
+        h.note("3 streams given up after 0.5 s: %s; then 3 more: %s" % (gone, again))
+        h.check(again == [200, 200, 200], "the reset streams' slots are free: %s" % again)
+    finally:
+        up.stop()
+
+
+def test_subrequests_count_with_their_main_request(h):
+    """A page with three SSI includes of a location limited to one request
+    in flight: the page is one request, its includes subrequests of it,
+    and none of them is refused by the page's own slot (nor holds one of
+    its own)."""
+    up, n = setup(h, delay=0.1)
+    try:
+        st, _, body, _ = n.request("/page.html")
+        h.note("the page: %s %r" % (st, body[:60]))
+        h.check(st == 200 and body.count(b"slow") == 3, "three includes served: %s %r" % (st, body))
+        got = at_once(n, "/inc/x?k=ssi", 2, timeout=5)
+        h.check(sorted(g[0] for g in got) == [200, 429], "the key's one slot, given back: %s" % got)
     finally:
         up.stop()
