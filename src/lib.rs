@@ -104,7 +104,7 @@ const fn slot(
 static STATUS_POST: ngx_conf_post_t =
     ngx_conf_post_t { post_handler: Some(directives::check_status) };
 
-static mut COMMANDS: [ngx_command_t; 9] = [
+static mut COMMANDS: [ngx_command_t; 10] = [
     command(
         c"redis_ratelimit_zone",
         NGX_HTTP_MAIN_CONF | NGX_CONF_2MORE,
@@ -137,6 +137,14 @@ static mut COMMANDS: [ngx_command_t; 9] = [
         ngx_conf_set_flag_slot,
         NGX_HTTP_LOC_CONF_OFFSET,
         offset_of!(LocConf, dry_run),
+        ptr::null_mut(),
+    ),
+    slot(
+        c"redis_ratelimit_problem",
+        ANY_LEVEL | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
+        NGX_HTTP_LOC_CONF_OFFSET,
+        offset_of!(LocConf, problem),
         ptr::null_mut(),
     ),
     command(

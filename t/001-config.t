@@ -20,6 +20,7 @@ __DATA__
     redis_ratelimit_zone $arg_w zone=eager:1m redis=redis://127.0.0.1:1 hold=0;
     redis_ratelimit local 1000r/d;
     redis_ratelimit_conn local 100;
+    redis_ratelimit_problem on;
     redis_ratelimit_status 503;
     redis_ratelimit_dry_run off;
     redis_ratelimit_log_level warn;
@@ -1002,3 +1003,14 @@ GET /t?k=a
 --- error_code: 200
 --- response_headers
 X-Conn: PASSED
+
+
+
+=== TEST 89: redis_ratelimit_problem takes on or off
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location = /t { redis_ratelimit z 1r/s; redis_ratelimit_problem maybe; }
+--- must_die
+--- error_log
+"redis_ratelimit_problem" directive

@@ -38,6 +38,7 @@ pub mod health;
 pub mod key;
 pub mod metrics;
 pub mod params;
+pub mod problem;
 pub mod rate;
 pub mod resp;
 pub mod ring;

@@ -297,24 +297,6 @@ pub fn wants_json(args: &[u8]) -> bool {
     args.split(|&b| b == b'&').any(|a| a == b"format=json")
 }
 
-/// A JSON string.
-fn json_str(v: &str) -> String {
-    let mut out = String::with_capacity(v.len() + 2);
-    out.push('"');
-    for c in v.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 /// The same figures as JSON: `{"zones": {"<name>": {...}}}`.
 pub fn json(zones: &[Zone]) -> String {
     let mut out = String::from("{\"zones\":{");
@@ -328,7 +310,7 @@ pub fn json(zones: &[Zone]) -> String {
              \"delayed\":{},\"conn\":{{\"in_flight\":{},\"rejected\":{},\"rejected_dry_run\":{}}},\
              \"keys\":{},\"keys_capacity\":{},\"evictions\":{},\"breaker_trips\":{},\
              \"dropped_increments\":{},\"redis\":",
-            json_str(&z.name),
+            crate::text::json_string(&z.name),
             z.passed,
             z.rejected,
             z.rejected_dry_run,

@@ -131,6 +131,8 @@ pub struct LocConf {
     pub log_level: ngx_uint_t,
     /// `redis_ratelimit_headers`: `HEADERS_OFF`, `_ON` or `_LEGACY`.
     pub headers: ngx_uint_t,
+    /// `redis_ratelimit_problem` (1 on, 0 off).
+    pub problem: ngx_flag_t,
 }
 
 const UNSET: isize = NGX_CONF_UNSET as isize;
@@ -147,6 +149,7 @@ impl Default for LocConf {
             dry_run: UNSET,
             log_level: UNSET_UINT,
             headers: UNSET_UINT,
+            problem: UNSET,
         }
     }
 }
@@ -178,6 +181,7 @@ impl Merge for LocConf {
         merge(&mut self.dry_run, prev.dry_run, UNSET, 0);
         merge(&mut self.log_level, prev.log_level, UNSET_UINT, NGX_LOG_ERR as ngx_uint_t);
         merge(&mut self.headers, prev.headers, UNSET_UINT, HEADERS_OFF);
+        merge(&mut self.problem, prev.problem, UNSET, 0);
         Ok(())
     }
 }

@@ -426,7 +426,10 @@ fn headers(
     if rejected && lcf.dry_run != 1 {
         let secs = seconds_until(now, retry_at);
         req.add_header_out("Retry-After", &secs.to_string()).ok_or(Failure::NoMemory)?;
-        return Ok(lcf.status);
+        // the limit that rejected it, named as RateLimit-Policy names it
+        return crate::http::problem::reject(r, lcf, || {
+            vec![policy_label(mcf, limits, d.tightest)]
+        });
     }
     Ok(NGX_DECLINED as ngx_int_t)
 }
@@ -453,23 +456,28 @@ fn quota(l: &Ask<'_>) -> (u64, u64) {
 /// `RateLimit` speaks of; the limit's place is added (`"api-10r/m-2"`)
 /// should two of one zone have the same rate too.
 fn policy_name(out: &mut String, mcf: &MainConf, limits: &[Ask<'_>], i: usize) {
-    let l = &limits[i];
-    let zone = mcf.zones[l.zone].name.as_str();
-    let mut name = zone.to_string();
-    if limits.iter().filter(|o| o.zone == l.zone).count() > 1 {
-        let _ = write!(name, "-{}", l.rate);
-        if limits.iter().filter(|o| o.zone == l.zone && o.rate == l.rate).count() > 1 {
-            let _ = write!(name, "-{}", i + 1);
-        }
-    }
     out.push('"');
-    for c in name.chars() {
+    for c in policy_label(mcf, limits, i).chars() {
         if c == '"' || c == '\\' {
             out.push('\\');
         }
         out.push(c);
     }
     out.push('"');
+}
+
+/// Limit `i`'s policy name: its zone's, with its rate (and its place) when
+/// the zone has several limits on the request.
+fn policy_label(mcf: &MainConf, limits: &[Ask<'_>], i: usize) -> String {
+    let l = &limits[i];
+    let mut name = mcf.zones[l.zone].name.clone();
+    if limits.iter().filter(|o| o.zone == l.zone).count() > 1 {
+        let _ = write!(name, "-{}", l.rate);
+        if limits.iter().filter(|o| o.zone == l.zone && o.rate == l.rate).count() > 1 {
+            let _ = write!(name, "-{}", i + 1);
+        }
+    }
+    name
 }
 
 /// What the engine is asked for one limit of a request (`line`: its place

@@ -176,7 +176,7 @@ fn take(r: &mut ngx_http_request_t, mcf: &MainConf, lcf: &LocConf) -> Result<ngx
         let req = unsafe { Request::from_ngx_http_request(r) };
         // a slot frees when a request ends: a second is a hint, not a promise
         req.add_header_out("Retry-After", "1").ok_or(Failure::NoMemory)?;
-        return Ok(lcf.status);
+        return crate::http::problem::reject(r, lcf, || vec![zone.name.clone()]);
     }
     Ok(NGX_DECLINED as ngx_int_t)
 }

@@ -18,6 +18,7 @@ pub mod count;
 pub mod delay;
 pub mod handler;
 pub mod metrics;
+pub mod problem;
 pub mod strict;
 pub mod values;
 pub mod vars;

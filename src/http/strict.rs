@@ -27,7 +27,7 @@ use nginx_sys::{
     ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_finalize_request,
     ngx_http_post_request, ngx_http_request_empty_handler, ngx_http_request_t,
     ngx_http_run_posted_requests, ngx_int_t, ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED,
-    NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+    NGX_DONE, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ratelimit_core::batch::ItemId;
@@ -406,7 +406,7 @@ unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
                 // what nginx's phase engine does with a preaccess
                 // handler's answer: on to the next handler, a wait (a
                 // bucket's delay), or the end
-                if rc == NGX_AGAIN as ngx_int_t {
+                if rc == NGX_AGAIN as ngx_int_t || rc == NGX_DONE as ngx_int_t {
                     return;
                 }
                 if rc == NGX_DECLINED as ngx_int_t {
