@@ -179,7 +179,8 @@ impl Bounds {
     }
 }
 
-/// A key to forget in Redis (both windows around `window`).
+/// A key to forget in Redis (both windows around `window`, or its
+/// bucket).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delete {
     pub zone: u32,
@@ -188,10 +189,33 @@ pub struct Delete {
     pub tag: Box<[u8]>,
     pub period: u32,
     pub window: u64,
+    /// The key's bucket of this many requests per period
+    /// (`redis_ratelimit ... burst=`), not its windows.
+    pub bucket: Option<u32>,
     /// The thread sends the `DEL`. `false`: a worker's strict link sent it,
     /// in order with that worker's strict calls, and the thread only
     /// forgets what it holds of the key.
     pub command: bool,
+}
+
+impl Delete {
+    /// The Redis keys it deletes, under `prefix`.
+    pub fn keys(&self, prefix: &[u8]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        if let Some(limit) = self.bucket {
+            let mut k = Vec::new();
+            crate::key::write_bucket_key_for_tag(&mut k, prefix, &self.tag, self.period, limit);
+            out.push(k);
+            return out;
+        }
+        let p = u64::from(self.period);
+        for w in [self.window, self.window.saturating_sub(1)] {
+            let mut k = Vec::new();
+            crate::key::write_key_for_tag(&mut k, prefix, &self.tag, self.period, w * p);
+            out.push(k);
+        }
+        out
+    }
 }
 
 #[derive(Debug)]

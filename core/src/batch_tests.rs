@@ -44,6 +44,7 @@ fn delete_of(entry: u64, ns: &[u8], key: &[u8], period: u32, window: u64) -> Del
         tag: redis_tag(ns, key),
         period,
         window,
+        bucket: None,
         command: true,
     }
 }
@@ -201,7 +202,15 @@ fn deletes_taken_alone_leave_the_items_and_their_bytes() {
     assert!(add(&mut b, id(0, 2, 0), b"z", b"b", 60, 100, 1, 9_000));
     let one = b.bytes() / 2;
     let tag = redis_tag(b"z", b"a");
-    let d = Delete { zone: 0, entry: EntryId([1, 0]), tag, period: 60, window: 0, command: false };
+    let d = Delete {
+        zone: 0,
+        entry: EntryId([1, 0]),
+        tag,
+        period: 60,
+        window: 0,
+        bucket: None,
+        command: false,
+    };
     assert!(b.delete(d.clone()));
     assert!(b.bytes() > one, "the delete holds bytes until it is taken");
     assert_eq!(b.take_deletes(), vec![d]);
@@ -314,6 +323,7 @@ fn a_delete_drops_carried_increments_too() {
         tag,
         period: 1,
         window: 6,
+        bucket: None,
         command: true
     }));
     assert_eq!((b.len(), b.pending(0)), (0, 0));
@@ -413,4 +423,16 @@ fn a_forwarded_quiet_item_carries_what_the_sender_holds_of_the_window_before() {
     }
     assert_eq!(sender.len(), 2);
     assert_eq!(sender.next_due(), Some(1));
+}
+
+#[test]
+fn a_delete_names_both_windows_or_the_bucket() {
+    let d = delete_of(1, b"z", b"k", 60, 100);
+    let keys: Vec<String> =
+        d.keys(b"rl:").iter().map(|k| String::from_utf8_lossy(k).into()).collect();
+    assert_eq!(keys, ["rl:{z:k}:60:6000", "rl:{z:k}:60:5940"]);
+    let b = Delete { bucket: Some(10), ..d };
+    let keys: Vec<String> =
+        b.keys(b"rl:").iter().map(|k| String::from_utf8_lossy(k).into()).collect();
+    assert_eq!(keys, ["rl:{z:k}:60:b10"]);
 }

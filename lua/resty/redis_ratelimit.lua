@@ -114,6 +114,9 @@ int ngx_http_redis_ratelimit_take_bucket(int zone, const unsigned char *ns, size
                                          ngx_http_redis_ratelimit_bucket_answer_t *out);
 int ngx_http_redis_ratelimit_reset(int zone, const unsigned char *ns, size_t ns_len,
                                    uint32_t period, const unsigned char *key, size_t key_len);
+int ngx_http_redis_ratelimit_reset_bucket(int zone, const unsigned char *ns, size_t ns_len,
+                                          uint32_t limit, uint32_t period,
+                                          const unsigned char *key, size_t key_len);
 ]])
 
 local DEFAULT_ZONE = "ratelimit_circuit_breaker"
@@ -427,7 +430,12 @@ function _M.reset(self, key)
         return nil, zerr
     end
     local ns = self.namespace
-    local rc = C.ngx_http_redis_ratelimit_reset(zi, ns, #ns, self.period, k, #k)
+    local rc
+    if self.burst then
+        rc = C.ngx_http_redis_ratelimit_reset_bucket(zi, ns, #ns, self.limit, self.period, k, #k)
+    else
+        rc = C.ngx_http_redis_ratelimit_reset(zi, ns, #ns, self.period, k, #k)
+    end
     if rc < 0 then
         return nil, errmsg(rc, self.zone)
     end

@@ -9,7 +9,6 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_core::batch::{Batch, Delete, Item, ItemId, ItemMap};
-use ratelimit_core::key::redis_key_for_tag;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::sync::FirstCounts;
 use redis::Cmd;
@@ -257,7 +256,7 @@ impl Backend {
         }
     }
 
-    /// Deletes both windows of a key (Lua's `reset`), unless a worker's
+    /// Deletes both windows of a key, or its bucket (Lua's `reset`), unless a worker's
     /// strict link did (`Delete::command`). Best effort.
     pub fn delete(&mut self, d: &Delete, events: &mut Vec<Event>) {
         // counted before the reset: forget them too
@@ -269,13 +268,13 @@ impl Backend {
         if !d.command || !s.health.is_up() || !s.ensure_conn(events) {
             return;
         }
-        let p = u64::from(d.period);
-        let node = s.node_of(&redis_key_for_tag(&s.spec.prefix, &d.tag, d.period, d.window * p));
-        let cmds: Vec<Cmd> = [d.window, d.window.saturating_sub(1)]
+        let keys = d.keys(&s.spec.prefix);
+        let node = keys.first().and_then(|k| s.node_of(k));
+        let cmds: Vec<Cmd> = keys
             .iter()
-            .map(|w| {
+            .map(|k| {
                 let mut c = redis::cmd("DEL");
-                c.arg(redis_key_for_tag(&s.spec.prefix, &d.tag, d.period, w * p));
+                c.arg(k);
                 c
             })
             .collect();

@@ -365,14 +365,45 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     key_len: usize,
 ) -> c_int {
     // SAFETY: per the function's contract.
-    let Call { index, zone: z, shared, ns, key, .. } =
-        match unsafe { Call::new(zone, (namespace, namespace_len), period, (key, key_len)) } {
-            Ok(c) => c,
-            Err(rc) => return rc,
-        };
+    match unsafe { Call::new(zone, (namespace, namespace_len), period, (key, key_len)) } {
+        Ok(call) => reset(call, period, period, None),
+        Err(rc) => rc,
+    }
+}
+
+/// Forgets `key`'s bucket of `limit` per `period` seconds (a bucket
+/// limiter's `reset`) in this node's zone and in Redis.
+///
+/// # Safety
+/// Pointers must be valid for their lengths.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset_bucket(
+    zone: c_int,
+    namespace: *const u8,
+    namespace_len: usize,
+    limit: u32,
+    period: u32,
+    key: *const u8,
+    key_len: usize,
+) -> c_int {
+    let Some(id_period) = bucket::id_period(Rate { limit, period }) else {
+        return ERR_ARGS;
+    };
+    // SAFETY: per the function's contract.
+    match unsafe { Call::new(zone, (namespace, namespace_len), period, (key, key_len)) } {
+        Ok(call) => reset(call, period, id_period, Some(limit)),
+        Err(rc) => rc,
+    }
+}
+
+/// Forgets a key's entry of `id_period` (its windows' `period`, or its
+/// bucket's `bucket::id_period`), and in Redis its windows or, for a
+/// bucket of `bucket` requests per period, its bucket.
+fn reset(call: Call<'_>, period: u32, id_period: u32, bucket: Option<u32>) -> c_int {
+    let Call { index, zone: z, shared, ns, key, .. } = call;
     let id = {
         let mut locked = shared.lock();
-        let id = shared.ids.id(ns, period, key);
+        let id = shared.ids.id(ns, id_period, key);
         locked.table.remove(id);
         id
     };
@@ -380,20 +411,21 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
     if has_backend {
         worker_started();
         if let Some(ch) = crate::worker::channel::channel() {
-            let tag = redis_tag(ns, key);
             let window = window_index(now_ms(), u64::from(period) * 1000);
+            let mut d = Delete {
+                zone: index as u32,
+                entry: id,
+                tag: redis_tag(ns, key),
+                period,
+                window,
+                bucket,
+                command: true,
+            };
             // on a zone with a strict link the `DEL` goes down it, in order
             // with the worker's strict calls and counts of the key (the
             // thread then only forgets what it holds of the key)
-            let linked = crate::worker::link::reset(index, &tag, period, window);
-            ch.delete(Delete {
-                zone: index as u32,
-                entry: id,
-                tag,
-                period,
-                window,
-                command: !linked,
-            });
+            d.command = !crate::worker::link::reset(index, &d);
+            ch.delete(d);
         }
     }
     OK

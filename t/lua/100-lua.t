@@ -487,3 +487,33 @@ false nodelay and delay together
 false nodelay must be a boolean, got string
 --- no_error_log
 [error]
+
+
+
+=== TEST 14: reset of a bucket's limiter forgets the bucket, on a local zone and on a Redis zone
+burst=0 at 1r/h: the second call is limited; after reset the key passes
+again, once.
+--- http_config eval: $::HttpConfig
+--- config
+    location = /t {
+        content_by_lua_block {
+            local ratelimit = require "resty.redis_ratelimit"
+            local out = {}
+            for _, zone in ipairs({ "local", "ratelimit_circuit_breaker" }) do
+                local lim = assert(ratelimit.new("rb", "1r/h", { zone = zone, burst = 0 }))
+                local k = zone .. ngx.var.arg_k
+                out[#out + 1] = tostring(lim:is_rate_limited(k))
+                out[#out + 1] = tostring(lim:is_rate_limited(k))
+                assert(lim:reset(k))
+                out[#out + 1] = tostring(lim:is_rate_limited(k))
+                out[#out + 1] = tostring(lim:is_rate_limited(k))
+            end
+            ngx.say(table.concat(out, " "))
+        }
+    }
+--- request
+GET /t?k=r
+--- response_body
+false true false true false true false true
+--- no_error_log
+[error]

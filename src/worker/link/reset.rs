@@ -1,14 +1,15 @@
 //! Lua's `reset` of a key on a zone whose strict link is up: its `DEL` is
 //! written down the link, between the calls before it and after it.
 
+use ratelimit_core::batch::Delete;
 use ratelimit_core::resp;
 
 use super::made;
 use crate::worker::reply::main_conf;
 use crate::worker::time::mono_us;
 
-/// Lua's `reset` of a key (`tag`; both windows around `window` of
-/// `period`), down the zone's link when it has one: the `DEL` is then in
+/// Lua's `reset` of a key (`d`: both windows, or its bucket), down the
+/// zone's link when it has one: the `DEL` is then in
 /// Redis after the strict calls this worker made before it and before
 /// those it makes after, which the thread's own `DEL` would not be.
 /// `false`: no link (or it failed on the way, or asks wait with the
@@ -17,7 +18,7 @@ use crate::worker::time::mono_us;
 /// back (behind its key's call out, or with the thread) reaches Redis
 /// after the `DEL` and outlives the reset: stricter by that count, never
 /// looser.
-pub fn reset(zone: usize, tag: &[u8], period: u32, window: u64) -> bool {
+pub fn reset(zone: usize, d: &Delete) -> bool {
     let Some(params) = main_conf().and_then(|m| m.zones.get(zone)?.params.as_ref()) else {
         return false;
     };
@@ -35,14 +36,11 @@ pub fn reset(zone: usize, tag: &[u8], period: u32, window: u64) -> bool {
             return false; // it failed writing them
         }
     }
-    let p = u64::from(period);
-    resp::array(&mut link.out, 3);
+    let keys = d.keys(&params.prefix);
+    resp::array(&mut link.out, 1 + keys.len());
     resp::bulk(&mut link.out, b"DEL");
-    let mut key = Vec::new();
-    for w in [window, window.saturating_sub(1)] {
-        key.clear();
-        ratelimit_core::key::write_key_for_tag(&mut key, &params.prefix, tag, period, w * p);
-        resp::bulk(&mut link.out, &key);
+    for k in &keys {
+        resp::bulk(&mut link.out, k);
     }
     link.calls.other(mono_us());
     link.arm();
