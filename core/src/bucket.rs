@@ -217,6 +217,13 @@ pub fn id_period(rate: Rate) -> Option<u32> {
     (rate.limit <= MAX_BUCKET_LIMIT).then_some(1 << 31 | unit << 29 | rate.limit)
 }
 
+/// The period part of a bucket's entry id: `id_period`, or for a rate
+/// above a bucket's largest (from variables) the top value, still no
+/// window's.
+pub fn entry_period(rate: Rate) -> u32 {
+    id_period(rate).unwrap_or(u32::MAX)
+}
+
 /// A bucket's level as its table entry keeps it: the excess in `cur`
 /// (thousandths; at most `MAX_BURST` requests of them), the time of its
 /// last change in `blocked_until_ms` (never after now, so never read as an

@@ -434,11 +434,9 @@ fn identify<'m>(mcf: &'m MainConf, a: &Ask<'_>) -> Result<(&'m Shared, EntryId),
 #[inline]
 pub fn entry_id(shared: &Shared, a: &Ask<'_>) -> EntryId {
     let ns = if a.zone_named { shared.name } else { shared.ids.namespace(a.namespace) };
-    // a bucket's entry is not its key's window's (`bucket::id_period`; a
-    // rate from variables above a bucket's largest shares the top value,
-    // still no window's)
+    // a bucket's entry is not its key's window's
     let period = match a.bucket {
-        Some(_) => bucket::id_period(a.rate).unwrap_or(u32::MAX),
+        Some(_) => bucket::entry_period(a.rate),
         None => a.rate.period,
     };
     shared.ids.id_in(ns, period, a.key)

@@ -366,7 +366,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset(
 ) -> c_int {
     // SAFETY: per the function's contract.
     match unsafe { Call::new(zone, (namespace, namespace_len), period, (key, key_len)) } {
-        Ok(call) => reset(call, period, period, None),
+        Ok(call) => reset(call, period, None),
         Err(rc) => rc,
     }
 }
@@ -386,24 +386,24 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset_bucket(
     key: *const u8,
     key_len: usize,
 ) -> c_int {
-    let Some(id_period) = bucket::id_period(Rate { limit, period }) else {
-        return ERR_ARGS;
-    };
     // SAFETY: per the function's contract.
     match unsafe { Call::new(zone, (namespace, namespace_len), period, (key, key_len)) } {
-        Ok(call) => reset(call, period, id_period, Some(limit)),
+        Ok(call) => reset(call, period, Some(limit)),
         Err(rc) => rc,
     }
 }
 
-/// Forgets a key's entry of `id_period` (its windows' `period`, or its
-/// bucket's `bucket::id_period`), and in Redis its windows or, for a
-/// bucket of `bucket` requests per period, its bucket.
-fn reset(call: Call<'_>, period: u32, id_period: u32, bucket: Option<u32>) -> c_int {
+/// Forgets a key's windows of `period`, or its bucket of `bucket`
+/// requests per period: its entry here, its keys in Redis.
+fn reset(call: Call<'_>, period: u32, bucket: Option<u32>) -> c_int {
     let Call { index, zone: z, shared, ns, key, .. } = call;
+    let entry_period = match bucket {
+        Some(limit) => bucket::entry_period(Rate { limit, period }),
+        None => period,
+    };
     let id = {
         let mut locked = shared.lock();
-        let id = shared.ids.id(ns, id_period, key);
+        let id = shared.ids.id(ns, entry_period, key);
         locked.table.remove(id);
         id
     };
