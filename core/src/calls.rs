@@ -189,6 +189,15 @@ impl<K: Hash + Eq + Copy, G> Calls<K, G> {
         })
     }
 
+    /// Hands each group `write` would write next (its key has no call
+    /// out) to `f`, to be brought up to date first.
+    pub fn each_ready(&mut self, mut f: impl FnMut(&mut G)) {
+        let (ready, groups) = (&self.ready, &mut self.groups);
+        for &i in ready {
+            f(&mut groups[i as usize].1);
+        }
+    }
+
     /// A command of no group written (`at`) after the calls written so
     /// far (a reset's `DEL`): its reply comes in its turn, and
     /// `answered` takes it out with no group.

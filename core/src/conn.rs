@@ -15,6 +15,15 @@ pub const CONN_PERIOD: u32 = 1 << 30;
 /// The most requests in flight a limit takes (`number`).
 pub const MAX_CONN: u32 = 1_000_000;
 
+/// How long a holder's lease of a key's slots lives in Redis unrenewed
+/// (`lease=`, a zone with `redis=`; `conn_fleet`), by default and at
+/// least and most (ms): a holder renews it every third, so a second is
+/// the least that leaves room for a round trip, and a minute is as long
+/// as a dead node's slots should stay counted.
+pub const LEASE_MS: u32 = 10_000;
+pub const MIN_LEASE_MS: u64 = 1_000;
+pub const MAX_LEASE_MS: u64 = 60_000;
+
 /// Takes a slot of a key that may have `max` requests in flight: false
 /// (nothing taken) when all are taken.
 #[inline]

@@ -274,6 +274,16 @@ pub fn write_bucket_key_for_tag(
     crate::resp::push_u64(out, u64::from(limit));
 }
 
+/// A concurrency limit's Redis key (`redis_ratelimit_conn`): the hash of
+/// the leases of the key's slots in flight, one field per holder,
+/// `<prefix>{<tag>}:conn`.
+pub fn write_conn_key_for_tag(out: &mut Vec<u8>, prefix: &[u8], tag: &[u8]) {
+    out.extend_from_slice(prefix);
+    out.push(b'{');
+    out.extend_from_slice(tag);
+    out.extend_from_slice(b"}:conn");
+}
+
 /// `<prefix>{<tag>}:<period>`, what a key's names begin with.
 fn write_period_for_tag(out: &mut Vec<u8>, prefix: &[u8], tag: &[u8], period: u32) {
     out.extend_from_slice(prefix);

@@ -31,6 +31,7 @@ pub mod batch;
 pub mod bucket;
 pub mod calls;
 pub mod conn;
+pub mod conn_fleet;
 pub mod cost;
 pub mod counter;
 pub mod decide;

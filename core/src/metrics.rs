@@ -22,6 +22,8 @@ pub struct Zone {
     pub conn_in_flight: u64,
     pub conn_rejected: u64,
     pub conn_rejected_dry_run: u64,
+    pub conn_leased: u64,
+    pub conn_expired: u64,
     /// Keys (key and period pairs) in the table, and how many it holds.
     pub keys: u64,
     pub capacity: u64,
@@ -147,6 +149,18 @@ const FAMILIES: &[Family] = &[
                 (",outcome=\"rejected_dry_run\"".into(), z.conn_rejected_dry_run.to_string()),
             ]
         }),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_conn_leased",
+        kind: "gauge",
+        help: "Slots of the zone's concurrency limits this node holds leases of in Redis (in flight and spare).",
+        of: Of::Zone(|z| one(z.conn_leased)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_conn_leases_expired_total",
+        kind: "counter",
+        help: "Other holders' leases of the zone's slots that this node found ended unrenewed (a node gone, frozen or cut off) and dropped.",
+        of: Of::Zone(|z| one(z.conn_expired)),
     },
     Family {
         name: "nginx_redis_ratelimit_keys",
@@ -307,7 +321,7 @@ pub fn json(zones: &[Zone]) -> String {
         let _ = write!(
             out,
             "{}:{{\"requests\":{{\"passed\":{},\"rejected\":{},\"rejected_dry_run\":{},\"not_limited\":{}}},\
-             \"delayed\":{},\"conn\":{{\"in_flight\":{},\"rejected\":{},\"rejected_dry_run\":{}}},\
+             \"delayed\":{},\"conn\":{{\"in_flight\":{},\"rejected\":{},\"rejected_dry_run\":{},\"leased\":{},\"leases_expired\":{}}},\
              \"keys\":{},\"keys_capacity\":{},\"evictions\":{},\"breaker_trips\":{},\
              \"dropped_increments\":{},\"redis\":",
             crate::text::json_string(&z.name),
@@ -319,6 +333,8 @@ pub fn json(zones: &[Zone]) -> String {
             z.conn_in_flight,
             z.conn_rejected,
             z.conn_rejected_dry_run,
+            z.conn_leased,
+            z.conn_expired,
             z.keys,
             z.capacity,
             z.evictions,

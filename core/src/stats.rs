@@ -179,6 +179,12 @@ pub struct Stats {
     pub conn_in_flight: AtomicU64,
     pub conn_rejected: AtomicU64,
     pub conn_rejected_dry_run: AtomicU64,
+    /// Slots this node's workers hold leases of in Redis (a concurrency
+    /// limit on a zone with `redis=`), and other holders' leases this
+    /// node's calls found ended and dropped (a node gone, frozen or cut
+    /// off).
+    pub conn_leased: AtomicU64,
+    pub conn_expired: AtomicU64,
     /// Replies that closed a key's breaker.
     pub breaker_trips: AtomicU64,
     /// Increments the queue had no room for (counted on the node only).
@@ -260,6 +266,18 @@ impl Stats {
     #[inline]
     pub fn unbump(c: &AtomicU64) {
         let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+    }
+
+    /// Adds `n` to a counter or gauge.
+    #[inline]
+    pub fn add_n(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Takes `n` off a gauge (never below 0).
+    #[inline]
+    pub fn sub_n(c: &AtomicU64, n: u64) {
+        let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(n)));
     }
 
     /// Reads a counter.

@@ -12,6 +12,16 @@
 -- is one request below empty) in place of cur, and 0 for prev. A counted
 -- request (deadline -1) of a bucket is what a node owes it: its cost is
 -- thousandths of a request, added as they are.
+-- A concurrency limit's group (redis_ratelimit_conn) names the key's hash
+-- of leases twice; its first argument is CONN, then the number, the lease
+-- (ms) and the holder (the field it writes). Each field is a holder's
+-- 'slots:expiry' (Redis's clock); a lease past its expiry is dropped (its
+-- holder stopped renewing it: gone, frozen or cut off). Its counted
+-- requests are the holder's slots in use, then the slots it asks to hold;
+-- it is granted what it asks within the number less the other holders'
+-- (never less than it uses). It answers, each packed as low + high *
+-- SPLIT, the others' slots and their holders in place of cur, and the
+-- slots granted and the leases dropped in place of prev.
 -- Answers per group: cur, prev, and a flag per request. A group that
 -- fails (a counter that is not an integer, an INCRBY refused) counts
 -- nothing and answers cur -1, and the others go on; a call of one group
@@ -34,8 +44,10 @@ end
 local out = {}
 local j = 0
 local a = 2
-local p, left, cap, ttl, limit, burst
+local p, left, cap, ttl, limit, burst, conn
 local BUCKET = 1099511627776
+local CONN = 2199023255552
+local SPLIT = 1048576
 local counts = redis.call('MGET', unpack(KEYS))
 local wrote = {}
 for g = 1, #KEYS, 2 do
@@ -46,10 +58,13 @@ for g = 1, #KEYS, 2 do
     p = tonumber(ARGV[a + 2])
     limit = tonumber(ARGV[a + 1])
     local first = tonumber(ARGV[a])
-    if first >= BUCKET then
+    conn = nil
+    burst = nil
+    if first >= CONN then
+      conn = ARGV[a + 3]
+    elseif first >= BUCKET then
       burst = (first - BUCKET) * 1000
     else
-      burst = nil
       left = p - first
       if left < 0 then left = 0 end
       cap = limit * p
@@ -59,7 +74,58 @@ for g = 1, #KEYS, 2 do
   local n = ARGV[a + 4]
   if n == '1' then n = 1 else n = tonumber(n) end
   local cur, prev, err
-  if burst then
+  if conn then
+    local h = redis.pcall('HGETALL', KEYS[g])
+    if h.err then
+      err = h
+    else
+      local others, holders, expired = 0, 0, 0
+      for i = 1, #h, 2 do
+        if h[i] ~= conn then
+          local s, x = string.match(h[i + 1], '^(%d+):(%d+)$')
+          if s and tonumber(x) > now then
+            others = others + tonumber(s)
+            holders = holders + 1
+          else
+            redis.call('HDEL', KEYS[g], h[i])
+            expired = expired + 1
+          end
+        end
+      end
+      local mine, want = nil, 0
+      local at = j + 2
+      for i = a + 5, a + 3 + 2 * n, 2 do
+        local c = tonumber(ARGV[i])
+        local dl = tonumber(ARGV[i + 1])
+        at = at + 1
+        if dl < 0 then
+          if mine == nil then mine = c else want = c end
+          out[at] = 1
+        elseif dl > 0 and now > dl then
+          out[at] = 2
+        elseif others + (mine or 0) + c <= limit then
+          mine = (mine or 0) + c
+          out[at] = 1
+        else
+          out[at] = 0
+        end
+      end
+      mine = mine or 0
+      local r = want
+      if others + r > limit then r = limit - others end
+      if r < mine then r = mine end
+      if r > 0 then
+        redis.call('HSET', KEYS[g], conn, string.format('%d:%d', r, now + p))
+        if redis.call('PTTL', KEYS[g]) < p then redis.call('PEXPIRE', KEYS[g], p) end
+      else
+        redis.call('HDEL', KEYS[g], conn)
+      end
+      if others >= SPLIT then others = SPLIT - 1 end
+      if expired >= SPLIT then expired = SPLIT - 1 end
+      cur = others + holders * SPLIT
+      prev = r + expired * SPLIT
+    end
+  elseif burst then
     -- limit_req's arithmetic (bucket.rs): drained since it was written,
     -- never below one request under empty; a request over the burst adds
     -- nothing

@@ -27,7 +27,7 @@
 //! it is then in Redis before any later check of the key from that worker.
 
 use crate::key::EntryId;
-use crate::key::{write_bucket_key_for_tag, write_key_for_tag};
+use crate::key::{write_bucket_key_for_tag, write_conn_key_for_tag, write_key_for_tag};
 use crate::rate::Rate;
 use crate::resp;
 use crate::tickets::Ticket;
@@ -60,6 +60,42 @@ pub fn small(rate: Rate) -> bool {
 /// window's group) is made of: this plus its `burst=`, a value no time
 /// into a window reaches (the script tells the two apart by it).
 pub const BUCKET_MARK: u64 = 1 << 40;
+
+/// What a conn group's first argument is (`Kind::Conn`): a value no time
+/// into a window and no bucket's mark reaches.
+pub const CONN_MARK: u64 = 1 << 41;
+
+/// How a conn group's answer packs two numbers in one integer: the low
+/// part below this, the high part times it (`conn_fleet::Reply`).
+pub const CONN_SPLIT: u64 = 1 << 20;
+
+/// What a group decides: a key's sliding window, its bucket (limit_req's
+/// `burst=`, of that many requests), or its slots in flight
+/// (`redis_ratelimit_conn`: the holder's lease of the key's slots,
+/// `conn_fleet`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Window,
+    Bucket(u32),
+    Conn,
+}
+
+impl Kind {
+    /// A window's, or a bucket's of `burst`.
+    #[inline]
+    pub fn of_burst(burst: Option<u32>) -> Kind {
+        burst.map_or(Kind::Window, Kind::Bucket)
+    }
+
+    /// A bucket's burst.
+    #[inline]
+    pub fn burst(self) -> Option<u32> {
+        match self {
+            Kind::Bucket(b) => Some(b),
+            _ => None,
+        }
+    }
+}
 
 /// The deadline of a request that happened already: the script counts it
 /// whatever the estimate and whenever it runs (written `-1`).
@@ -160,8 +196,12 @@ pub struct Request {
 
 /// One key's requests in a call: its two windows (under the call's prefix
 /// and the key's hash `tag`), its limit, and its requests; or, for a
-/// bucket (`burst`), the key's bucket of that rate (named twice, where a
-/// window's group names its two windows).
+/// bucket (`Kind::Bucket`), the key's bucket of that rate (named twice,
+/// where a window's group names its two windows); for a concurrency
+/// limit (`Kind::Conn`), the key's hash of leases (named twice), its
+/// `limit` the number, its `period` the lease (ms), and its two requests
+/// the holder's slots in use and the slots it asks to hold, both counted
+/// (`conn_fleet`).
 #[derive(Clone, Copy, Debug)]
 pub struct Group<'a> {
     pub tag: &'a [u8],
@@ -173,8 +213,7 @@ pub struct Group<'a> {
     pub period: u32,
     pub window: u64,
     pub limit: u32,
-    /// limit_req's bucket of this burst (`burst=`), not the window.
-    pub burst: Option<u32>,
+    pub kind: Kind,
     pub requests: &'a [Request],
 }
 
@@ -190,14 +229,17 @@ impl Group<'_> {
     /// (one clock for every node), a request's deadline is in it.
     #[inline(always)]
     fn timed(&self, offset_known: bool) -> bool {
-        self.burst.is_some() || offset_known && self.has_deadline()
+        self.kind != Kind::Window || offset_known && self.has_deadline()
     }
 
     /// Its key's name in full (both of a bucket's are its bucket's).
     fn write_key(&self, out: &mut Vec<u8>, prefix: &[u8], start: u64) {
-        match self.burst {
-            Some(_) => write_bucket_key_for_tag(out, prefix, self.tag, self.period, self.limit),
-            None => write_key_for_tag(out, prefix, self.tag, self.period, start),
+        match self.kind {
+            Kind::Bucket(_) => {
+                write_bucket_key_for_tag(out, prefix, self.tag, self.period, self.limit)
+            }
+            Kind::Conn => write_conn_key_for_tag(out, prefix, self.tag),
+            Kind::Window => write_key_for_tag(out, prefix, self.tag, self.period, start),
         }
     }
 
@@ -215,13 +257,15 @@ impl Group<'_> {
     /// the group before it in the call sends `SAME_AS_BEFORE` instead
     /// (`same_limit`). The rate's three are the same for every group of
     /// the rate, and a writer keeps their text (`Texts`). A bucket's first
-    /// is `BUCKET_MARK` plus its burst.
+    /// is `BUCKET_MARK` plus its burst. A conn group's are `CONN_MARK`,
+    /// the number, the lease (ms) and the holder (who writes the call).
     #[inline(always)]
-    fn limit_args(&self, now_ms: u64) -> [u64; 4] {
+    fn limit_args(&self, now_ms: u64, holder: u64) -> [u64; 4] {
         let p = u64::from(self.period) * 1000;
-        let first = match self.burst {
-            Some(b) => BUCKET_MARK + u64::from(b),
-            None => now_ms.saturating_sub(self.starts().0 * 1000).min(p),
+        let first = match self.kind {
+            Kind::Bucket(b) => BUCKET_MARK + u64::from(b),
+            Kind::Conn => return [CONN_MARK, u64::from(self.limit), self.period.into(), holder],
+            Kind::Window => now_ms.saturating_sub(self.starts().0 * 1000).min(p),
         };
         [first, u64::from(self.limit), p, 2 * u64::from(self.period)]
     }
@@ -243,7 +287,7 @@ impl Group<'_> {
         self.limit == other.limit
             && self.period == other.period
             && self.window == other.window
-            && self.burst == other.burst
+            && self.kind == other.kind
     }
 }
 
@@ -257,6 +301,8 @@ pub struct Call<'a, G> {
     pub prefix: &'a [u8],
     pub now_ms: u64,
     pub clock_offset_ms: Option<i64>,
+    /// Who writes it (a conn group's holder: `conn_fleet::holder`).
+    pub holder: u64,
     /// Its groups (gone through once per part of the call).
     pub groups: G,
 }
@@ -291,7 +337,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             if same {
                 f(Word::Bytes(SAME_AS_BEFORE));
             } else {
-                for n in g.limit_args(self.now_ms) {
+                for n in g.limit_args(self.now_ms, self.holder) {
                     f(Word::Number(n));
                 }
             }
@@ -332,7 +378,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
             return;
         };
         let timed = g.timed(self.clock_offset_ms.is_some());
-        let shape = (g.period, g.window, g.requests.len(), timed, g.burst.map(|_| g.limit));
+        let shape = (g.period, g.window, g.requests.len(), timed, g.kind, g.limit);
         let room = 28 * (5 + 2 * g.requests.len());
         if texts.one_shape == Some(shape) && texts.one_names(self.prefix, &g) {
             out.reserve(texts.one.len() + room);
@@ -425,9 +471,9 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
         if same {
             w.put(b"$1\r\n=\r\n");
         } else {
-            let [elapsed, limit, period, ttl] = g.limit_args(self.now_ms);
+            let [elapsed, limit, period, ttl] = g.limit_args(self.now_ms, self.holder);
             w.bulk_u64(elapsed);
-            if texts.rate == Some((g.limit, g.period)) {
+            if texts.rate == Some((g.limit, g.period, g.kind)) {
                 w.put(&texts.rate_text);
             } else {
                 let at = w.mark();
@@ -436,7 +482,7 @@ impl<'a, G: Iterator<Item = Group<'a>> + Clone> Call<'a, G> {
                 }
                 texts.rate_text.clear();
                 texts.rate_text.extend_from_slice(w.since(at));
-                texts.rate = Some((g.limit, g.period));
+                texts.rate = Some((g.limit, g.period, g.kind));
             }
         }
         w.bulk_u64(g.requests.len() as u64);

@@ -56,13 +56,13 @@ fn group(costs: &[u32], deadlines: &[u64]) -> Group<'static> {
         period: 60,
         window: 100,
         limit: 100,
-        burst: None,
+        kind: Kind::Window,
         requests: reqs(costs, deadlines),
     }
 }
 
 fn collect(g: &Group, now_ms: u64, offset: Option<i64>) -> Vec<u64> {
-    let mut out = g.limit_args(now_ms).to_vec();
+    let mut out = g.limit_args(now_ms, 0).to_vec();
     g.request_args(offset, |n| out.push(n));
     out
 }
@@ -145,6 +145,7 @@ fn a_call_names_both_windows_and_the_time_into_the_current_one() {
         prefix: b"rl:",
         now_ms: 6_000_250,
         clock_offset_ms: Some(0),
+        holder: 0,
         groups: groups.iter().copied(),
     };
     let words = c.words();
@@ -208,6 +209,7 @@ fn a_call_of_several_groups_has_their_keys_then_their_arguments() {
         prefix: b"p:",
         now_ms: 6_000_001_400,
         clock_offset_ms: Some(0),
+        holder: 0,
         groups: groups.iter().copied(),
     };
     let words = text(&c.words());
@@ -335,6 +337,7 @@ fn text_kept_from_one_call_is_written_as_it_would_be_again() {
             prefix: if i == 22 { b"rm:" } else { b"rl:" },
             now_ms: 6_000_500 + i as u64,
             clock_offset_ms: Some(0),
+            holder: 0,
             groups: groups.iter().copied(),
         };
         let (mut out, mut want) = (Vec::new(), Vec::new());
@@ -346,7 +349,7 @@ fn text_kept_from_one_call_is_written_as_it_would_be_again() {
 
 #[test]
 fn a_bucket_group_names_its_bucket_and_reads_the_time() {
-    let g = Group { burst: Some(20), limit: 10, period: 1, window: 0, ..group(&[1], &[]) };
+    let g = Group { kind: Kind::Bucket(20), limit: 10, period: 1, window: 0, ..group(&[1], &[]) };
     // its first argument is the mark and its burst, whatever the time
     assert_eq!(collect(&g, 6_001_500, None), [BUCKET_MARK + 20, 10, 1000, 2, 1, 1, 0]);
     let groups = [g];
@@ -354,6 +357,7 @@ fn a_bucket_group_names_its_bucket_and_reads_the_time() {
         prefix: b"rl:",
         now_ms: 6_001_500,
         clock_offset_ms: None,
+        holder: 0,
         groups: groups.iter().copied(),
     };
     let words = call.words();

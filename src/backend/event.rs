@@ -12,7 +12,7 @@ use ratelimit_core::counter::Confirmation;
 use ratelimit_core::key::Tag;
 use ratelimit_core::params::Sentinel;
 use ratelimit_core::stats::Stats;
-use ratelimit_core::strict::{self, Answer, Request};
+use ratelimit_core::strict::{self, Answer, Kind, Request};
 use smallvec::SmallVec;
 
 /// Items per pipeline.
@@ -93,9 +93,8 @@ pub struct StrictAsk {
     pub tag: Tag,
     pub period: u32,
     pub limit: u32,
-    /// A bucket's burst (`burst=`): Redis decides the key's bucket, not
-    /// its window.
-    pub burst: Option<u32>,
+    /// What Redis decides: the key's window, its bucket, or its slots.
+    pub kind: Kind,
     pub cost: u32,
     /// When the request stops waiting (ms since the epoch, this node's
     /// clock; 0: none): a script that runs later does not count it.
@@ -110,7 +109,7 @@ pub struct StrictGroup {
     pub tag: Tag,
     pub period: u32,
     pub limit: u32,
-    pub burst: Option<u32>,
+    pub kind: Kind,
     pub requests: Each<Request>,
 }
 
@@ -127,7 +126,7 @@ impl StrictGroup {
             tag: a.tag,
             period: a.period,
             limit: a.limit,
-            burst: a.burst,
+            kind: a.kind,
             requests: SmallVec::new(),
         }
     }
@@ -151,7 +150,7 @@ impl StrictGroup {
             period: self.period,
             window: self.id.window,
             limit: self.limit,
-            burst: self.burst,
+            kind: self.kind,
             requests: &self.requests,
         }
     }
@@ -186,14 +185,14 @@ impl StrictGroup {
 
     /// Back to one ask per request (to be sent another way).
     pub fn into_asks(self) -> impl Iterator<Item = StrictAsk> {
-        let StrictGroup { id, tag, period, limit, burst, requests } = self;
+        let StrictGroup { id, tag, period, limit, kind, requests } = self;
         requests.into_iter().map(move |r| StrictAsk {
             ticket: r.ticket,
             id,
             tag: tag.clone(),
             period,
             limit,
-            burst,
+            kind,
             cost: r.cost,
             deadline_ms: r.deadline_ms,
         })
@@ -222,7 +221,7 @@ impl StrictGroup {
             id: self.id,
             period: self.period,
             limit: self.limit,
-            bucket: self.burst.is_some(),
+            kind: self.kind,
             counted: self.counted(),
             tickets: self.tickets().collect(),
             answer,
@@ -275,8 +274,9 @@ pub enum Event {
         id: ItemId,
         period: u32,
         limit: u32,
-        /// Redis decided the key's bucket (its answer is the level).
-        bucket: bool,
+        /// What Redis decided (a bucket's answer is its level, a conn
+        /// group's the leases).
+        kind: Kind,
         /// What the group's counts after the response weigh (in flight
         /// here until the answer).
         counted: u32,

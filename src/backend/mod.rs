@@ -41,7 +41,7 @@ use ratelimit_core::sync::Due;
 
 pub use event::{Event, Level, StatsRef, StrictAsk, StrictGroup, ZoneSpec};
 pub use io::Tls;
-pub use process::process_alive;
+pub use process::{holder, process_alive};
 pub use ring::{RingHeader, RingRef};
 pub use zone::Backend;
 

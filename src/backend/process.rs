@@ -21,3 +21,20 @@ pub fn process_alive(pid: u64) -> bool {
     let sent = unsafe { libc::kill(pid, 0) } == 0;
     sent || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
+
+/// What names this worker as a holder of leases of a concurrency limit's
+/// slots in Redis (`conn_fleet`): one number per worker process, its pid
+/// and start time mixed with a random key (workers forked of one master
+/// share that key; a pid is not unique across nodes, nor across a
+/// restart).
+pub fn holder() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static HOLDER: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *HOLDER.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(own_pid());
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        h.write_u128(since.map_or(0, |d| d.as_nanos()));
+        h.finish()
+    })
+}

@@ -82,6 +82,7 @@ fn strict_cmd(s: &Server, g: &StrictGroup, now_ms: u64, text: bool) -> Cmd {
         prefix: &s.spec.prefix,
         now_ms,
         clock_offset_ms: s.clock_offset_ms,
+        holder: super::holder(),
         groups: std::iter::once(g.call_group()),
     };
     let mut c = redis::cmd(if text { "EVAL" } else { "EVALSHA" });

@@ -20,7 +20,7 @@ use ratelimit_core::params;
 use ratelimit_core::rate::Rate;
 
 use crate::conf::module::Module;
-use ratelimit_core::conn::MAX_CONN;
+use ratelimit_core::conn::{LEASE_MS, MAX_CONN, MAX_LEASE_MS, MIN_LEASE_MS};
 
 use crate::conf::{
     parse_cost, ConnLimit, Cost, Limit, LocConf, MainConf, RateSpec, Source, ZoneConf,
@@ -193,6 +193,7 @@ pub extern "C" fn cmd_zone(
     // a limit that named the zone before its declaration may be strict
     let strict_at = existing.and_then(|i| mcf.zones[i].strict_at.take());
     let conn_at = existing.and_then(|i| mcf.zones[i].conn_at.take());
+    let lease_at = existing.and_then(|i| mcf.zones[i].lease_at.take());
     let zone = Box::new(ZoneConf {
         name: params.name.clone(),
         declared: true,
@@ -204,6 +205,7 @@ pub extern "C" fn cmd_zone(
         shared: None,
         strict_at,
         conn_at,
+        lease_at,
     });
     let slot = match existing {
         Some(i) => {
@@ -247,7 +249,8 @@ pub extern "C" fn cmd_conn(
 }
 
 /// A `redis_ratelimit_conn` line: its zone, its number (1 to `MAX_CONN`),
-/// and `strict` (which needs a zone with Redis).
+/// and `lease=` (a zone with Redis: how long a holder's lease of the
+/// key's slots lives unrenewed, `MIN_LEASE_MS` to `MAX_LEASE_MS`).
 fn conn_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Parsed<()> {
     let n = show(&args[2]);
     let max = std::str::from_utf8(args[2].as_bytes())
@@ -256,26 +259,41 @@ fn conn_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Pars
         .and_then(|s| s.parse::<u32>().ok())
         .filter(|m| (1..=MAX_CONN).contains(m))
         .ok_or_else(|| format!("invalid number \"{n}\": 1 to {MAX_CONN} requests expected"))?;
-    let strict = match args.get(3).map(|a| a.as_bytes()) {
-        None => false,
-        Some(b"strict") if args.len() == 4 => true,
-        Some(_) => {
-            return Err(format!("invalid parameter \"{}\"", show(&args[args.len() - 1])).into())
+    let mut lease_ms = None;
+    for a in &args[3..] {
+        match a.as_bytes() {
+            b"strict" => {
+                return Err("\"strict\" is not available for redis_ratelimit_conn: on a zone with \"redis=\" each node takes slots within its lease in Redis (the reference gives the bound)".to_string().into())
+            }
+            [b'l', b'e', b'a', b's', b'e', b'=', v @ ..] if lease_ms.is_none() => {
+                let ms = parse_time_ms(v)
+                    .filter(|ms| (MIN_LEASE_MS..=MAX_LEASE_MS).contains(ms))
+                    .ok_or_else(|| {
+                        format!(
+                            "invalid \"{}\": a time of {}s to {}s expected",
+                            show(a),
+                            MIN_LEASE_MS / 1000,
+                            MAX_LEASE_MS / 1000
+                        )
+                    })?;
+                lease_ms = Some(ms as u32);
+            }
+            _ => return Err(format!("invalid parameter \"{}\"", show(a)).into()),
         }
-    };
+    }
     let mcf = main_conf(cf).ok_or(Refusal::Said)?;
     let zone = zone_used(cf, mcf, show(&args[1]));
     if mcf.zones[zone].conn_at.is_none() {
         mcf.zones[zone].conn_at = Some(position(cf));
     }
-    if strict && mcf.zones[zone].strict_at.is_none() {
-        mcf.zones[zone].strict_at = Some(position(cf));
+    if lease_ms.is_some() && mcf.zones[zone].lease_at.is_none() {
+        mcf.zones[zone].lease_at = Some(position(cf));
     }
     let conns = lcf.conns.get_or_insert_with(Vec::new);
     if conns.iter().any(|c| c.zone == zone) {
         return Err(format!("zone \"{}\" is limited twice at one level", show(&args[1])).into());
     }
-    conns.push(ConnLimit { zone, max });
+    conns.push(ConnLimit { zone, max, lease_ms: lease_ms.map_or(LEASE_MS, |l| l) });
     Ok(())
 }
 
@@ -508,6 +526,7 @@ fn zone_used(cf: *mut ngx_conf_t, mcf: &mut MainConf, name: String) -> usize {
         shared: None,
         strict_at: None,
         conn_at: None,
+        lease_at: None,
     }));
     mcf.zones.len() - 1
 }
@@ -528,12 +547,12 @@ pub unsafe extern "C" fn init_main_conf(cf: *mut ngx_conf_t, conf: *mut c_void) 
             );
         }
         let redis = z.params.as_ref().is_some_and(|p| p.backend.is_some());
-        if let Some(at) = z.conn_at.as_ref().filter(|_| redis) {
+        if let Some(at) = z.lease_at.as_ref().filter(|_| !redis) {
             return refuse(
                 cf,
                 "redis_ratelimit_conn",
                 format!(
-                    "the fleet's concurrency limit (a zone with \"redis=\") is not available: zone \"{}\" (used at {}) has \"redis=\"; use a zone without it (each node its own limit, as limit_conn)",
+                    "\"lease=\" needs a zone with Redis: zone \"{}\" (used at {}) has no \"redis=\" (its slots are this node's alone)",
                     z.name, at
                 ),
             );

@@ -41,8 +41,10 @@ pub struct ZoneConf {
     pub shared: Option<Shared>,
     /// Where a `strict` limit first used it (it then needs `redis=`).
     pub strict_at: Option<String>,
-    /// Where a concurrency limit (`redis_ratelimit_conn`) first used it.
+    /// Where a concurrency limit (`redis_ratelimit_conn`) first used it,
+    /// and where one first gave it a `lease=`.
     pub conn_at: Option<String>,
+    pub lease_at: Option<String>,
 }
 
 #[derive(Default)]
@@ -81,6 +83,9 @@ pub struct Limit {
 pub struct ConnLimit {
     pub zone: usize,
     pub max: u32,
+    /// How long a holder's lease of the key's slots lives in Redis
+    /// unrenewed (a zone with `redis=`), ms.
+    pub lease_ms: u32,
 }
 
 /// A value given with variables, read per request.

@@ -10,7 +10,7 @@
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::key::EntryId;
 use ratelimit_core::rate::Rate;
-use ratelimit_core::strict;
+use ratelimit_core::strict::{self, Kind};
 use ratelimit_core::window::window_index;
 
 use super::{Ask, Strict};
@@ -44,7 +44,7 @@ pub fn owe(a: &Ask<'_>, id: EntryId, milli: u64) {
         key: a.key,
         period: a.rate.period,
         limit: a.rate.limit,
-        burst: a.bucket.map(|b| b.burst),
+        kind: Kind::of_burst(a.bucket.map(|b| b.burst)),
         cost: u32::try_from(milli).unwrap_or(u32::MAX),
         deadline_ms: strict::COUNTED,
     };
@@ -85,7 +85,7 @@ pub(super) fn send(asks: &[Ask<'_>], ids: &[EntryId], now: u64) {
             key: a.key,
             period: a.rate.period,
             limit: a.rate.limit,
-            burst: None,
+            kind: Kind::Window,
             cost,
             deadline_ms: strict::COUNTED,
         };

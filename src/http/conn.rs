@@ -7,6 +7,13 @@
 //! share them; a reload keeps them (the old workers' requests give theirs
 //! back as they end).
 //!
+//! On a zone with `redis=` the limit is the fleet's: a slot the node's
+//! memory lets through is also taken of this worker's lease of the key in
+//! Redis (`worker::holdings`, `conn_fleet`), without a round trip; when
+//! the lease cannot be trusted (Redis down, not renewed), `on_error`
+//! decides (`local`: the node's own count against the number, `share`:
+//! against its part of it).
+//!
 //! A request takes its slots once: an internal redirect (or an
 //! `error_page`) runs the phase again and finds its slots taken (they hang
 //! off the main request's pool, as a cleanup entry), and a subrequest
@@ -18,18 +25,26 @@ use std::ffi::c_void;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_http_request_t, ngx_int_t, ngx_palloc, ngx_pool_cleanup_t, ngx_uint_t, NGX_DECLINED,
+    ngx_del_timer, ngx_handle_read_event, ngx_handle_write_event, ngx_http_block_reading,
+    ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_request_t, ngx_int_t, ngx_palloc,
+    ngx_pool_cleanup_t, ngx_uint_t, NGX_AGAIN, NGX_DECLINED, NGX_DONE,
+    NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
 use ratelimit_core::conn::{self, CONN_PERIOD};
+use ratelimit_core::conn_fleet::Take;
 use ratelimit_core::key::EntryId;
+use ratelimit_core::params::OnError;
 use ratelimit_core::stats::Stats;
 
 use crate::conf::module::Module;
 use crate::conf::{LocConf, MainConf};
+use crate::engine;
 use crate::http::{request_log, Failure};
 use crate::shm::Shared;
+use crate::worker::channel::channel;
+use crate::worker::holdings;
 use crate::worker::time::now_ms;
 
 /// The most concurrency limits a request takes slots of.
@@ -54,11 +69,14 @@ impl ConnOutcome {
 }
 
 /// One slot a request holds: the zone's shared memory (it lives as long as
-/// the configuration, which outlives the request) and the key's entry.
+/// the configuration, which outlives the request) and the key's entry;
+/// on a zone with Redis, the zone's index (the slot is also this worker's
+/// of the key's lease).
 #[derive(Clone, Copy)]
 struct Slot {
     shared: *const Shared,
     id: EntryId,
+    fleet: Option<usize>,
 }
 
 /// A request's slots, with the cleanup entry that gives them back, in the
@@ -69,6 +87,14 @@ pub struct Held {
     pub outcome: ConnOutcome,
     n: usize,
     slots: [Slot; MAX_CONNS],
+    /// The key (zone, entry) whose lease it waits for (`holdings::take`'s
+    /// `Take::Wait`), and when it stops waiting (ms, set by its first
+    /// wait; 0: none yet): as long as the zone's `timeout=` in all, then
+    /// `on_error` decides.
+    waiting: Option<(usize, EntryId)>,
+    deadline_ms: u64,
+    /// The request that waits (the main request).
+    r: *mut ngx_http_request_t,
 }
 
 /// The cleanup entry's handler: the request ended, its slots go back.
@@ -77,6 +103,9 @@ unsafe extern "C" fn give_back(data: *mut c_void) {
     // pool being destroyed; nothing else reads it any more.
     let held = unsafe { &mut *data.cast::<Held>() };
     release(held);
+    if let Some((zone, entry)) = held.waiting.take() {
+        holdings::unwait(zone, entry, held.r);
+    }
 }
 
 /// Gives every slot of `held` back.
@@ -91,6 +120,9 @@ fn release(held: &mut Held) {
         }
         drop(locked);
         Stats::unbump(&shared.stats().conn_in_flight);
+        if let Some(zone) = s.fleet {
+            holdings::give(zone, s.id);
+        }
     }
 }
 
@@ -113,8 +145,8 @@ pub fn held(r: &ngx_http_request_t) -> Option<&Held> {
 }
 
 /// After the rate limits: a request they let through (`rc`
-/// `NGX_DECLINED`) takes its slots, or is refused. Other answers go on as
-/// they are.
+/// `NGX_DECLINED`) takes its slots, or is refused, or waits (`NGX_AGAIN`)
+/// for a lease of the fleet's slots. Other answers go on as they are.
 pub fn after_rates(r: &mut ngx_http_request_t, rc: ngx_int_t) -> ngx_int_t {
     if rc != NGX_DECLINED as ngx_int_t {
         return rc;
@@ -125,17 +157,31 @@ pub fn after_rates(r: &mut ngx_http_request_t, rc: ngx_int_t) -> ngx_int_t {
         return rc;
     };
     match lcf.conns.as_deref() {
-        Some(c) if !c.is_empty() && held(r).is_none() => match take(r, mcf, lcf) {
-            Ok(rc) => rc,
-            Err(why) => crate::http::failed(r, why),
-        },
+        Some(c) if !c.is_empty() && held(r).is_none() => {
+            match hold(r).and_then(|held| take(r, mcf, lcf, held)) {
+                Ok(rc) => rc,
+                Err(why) => crate::http::failed(r, why),
+            }
+        }
         _ => rc,
     }
 }
 
-/// Takes a slot of each limit's key, or none when one is full.
-fn take(r: &mut ngx_http_request_t, mcf: &MainConf, lcf: &LocConf) -> Result<ngx_int_t, Failure> {
-    let held = hold(r)?;
+/// What the fleet says of a slot the node's memory let through.
+enum Fleet {
+    Taken,
+    Refused,
+    Wait,
+}
+
+/// Takes a slot of each limit's key, or none when one is full; or waits
+/// for a lease of one (holding none meanwhile).
+fn take(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    lcf: &LocConf,
+    held: &mut Held,
+) -> Result<ngx_int_t, Failure> {
     let now = now_ms();
     for c in lcf.conns.as_deref().unwrap_or_default().iter().take(MAX_CONNS) {
         let key = crate::http::values::key(r, mcf, c.zone)?;
@@ -145,16 +191,56 @@ fn take(r: &mut ngx_http_request_t, mcf: &MainConf, lcf: &LocConf) -> Result<ngx
         let zone = mcf.zones.get(c.zone).ok_or(Failure::NoZone)?;
         let shared = zone.shared.as_ref().ok_or(Failure::NoZone)?;
         let id = shared.ids.id_in(shared.name, CONN_PERIOD, key);
-        let taken = {
+        let node = {
             let mut locked = shared.lock();
             let (i, _) = locked.table.get_or_insert(id, now);
-            conn::take(locked.table.entry_mut(i), c.max)
+            let e = locked.table.entry_mut(i);
+            conn::take(e, c.max).then(|| conn::in_flight(e))
         };
-        if taken {
-            Stats::bump(&shared.stats().conn_in_flight);
-            held.slots[held.n] = Slot { shared, id };
-            held.n += 1;
-            continue;
+        let redis = zone.params.as_ref().filter(|p| p.backend.is_some());
+        let fleet = match (node, redis) {
+            (None, _) => Fleet::Refused,
+            (Some(_), None) => Fleet::Taken,
+            (Some(node), Some(p)) => {
+                let slot = holdings::Slot {
+                    zone: c.zone,
+                    name: zone.name.as_bytes(),
+                    entry: id,
+                    key,
+                    max: c.max,
+                    lease_ms: c.lease_ms,
+                };
+                let may_wait = held.deadline_ms == 0 || now < held.deadline_ms;
+                let f = fleet_take(r, mcf, shared, &slot, p.on_error, node, may_wait);
+                if !matches!(f, Fleet::Taken) {
+                    let mut locked = shared.lock();
+                    if let Some(i) = locked.table.find(id) {
+                        conn::give(locked.table.entry_mut(i));
+                    }
+                }
+                f
+            }
+        };
+        match fleet {
+            Fleet::Taken => {
+                Stats::bump(&shared.stats().conn_in_flight);
+                let fleet = redis.map(|_| c.zone);
+                held.slots[held.n] = Slot { shared, id, fleet };
+                held.n += 1;
+                continue;
+            }
+            Fleet::Wait => {
+                // its slots are taken again when it wakes
+                release(held);
+                held.waiting = Some((c.zone, id));
+                if held.deadline_ms == 0 {
+                    held.deadline_ms = now + redis.map_or(1000, |p| p.timeout_ms).max(1);
+                }
+                held.r = r;
+                crate::http::delay::park(r, resume, held.deadline_ms.saturating_sub(now))?;
+                return Ok(NGX_AGAIN as ngx_int_t);
+            }
+            Fleet::Refused => {}
         }
         release(held);
         let dry_run = lcf.dry_run == 1;
@@ -181,6 +267,109 @@ fn take(r: &mut ngx_http_request_t, mcf: &MainConf, lcf: &LocConf) -> Result<ngx
     Ok(NGX_DECLINED as ngx_int_t)
 }
 
+/// The fleet's part of a slot the node's memory let through (`node` in
+/// flight on the node with it): within this worker's lease of the key; a
+/// main request with no lease to take of waits for Redis's answer (while
+/// it `may_wait`); when the lease cannot be trusted (Redis down, not
+/// renewed, or no answer within the wait), `on_error` decides.
+fn fleet_take(
+    r: &mut ngx_http_request_t,
+    mcf: &MainConf,
+    shared: &Shared,
+    slot: &holdings::Slot<'_>,
+    on_error: OnError,
+    node: u32,
+    may_wait: bool,
+) -> Fleet {
+    let up = channel().is_some_and(|ch| engine::backend_up(mcf, ch, slot.zone));
+    if up {
+        let main = ptr::eq(r.main, r);
+        let waiter = (main && may_wait).then_some(ptr::from_mut(r));
+        match holdings::take(slot, waiter) {
+            Take::Taken => return Fleet::Taken,
+            Take::Full => return Fleet::Refused,
+            Take::Wait if waiter.is_some() => return Fleet::Wait,
+            Take::Wait | Take::Unsure => {}
+        }
+    }
+    let ok = match on_error {
+        // the node's own count, checked against the number already
+        OnError::Local | OnError::Allow => true,
+        OnError::Deny => false,
+        OnError::Share => {
+            let nodes = Stats::get(&shared.stats().fleet_nodes).clamp(1, u64::from(slot.max));
+            u64::from(node) <= (u64::from(slot.max) / nodes).max(1)
+        }
+    };
+    if ok {
+        holdings::take_unsure(slot);
+        Fleet::Taken
+    } else {
+        Fleet::Refused
+    }
+}
+
+/// The write event handler of a request waiting for a lease: answered
+/// (posted) or timed out, it takes its slots again (or waits again, until
+/// its deadline: then `on_error` decides) and goes on to the next phase,
+/// or is refused.
+unsafe extern "C" fn resume(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx passes the request whose event fired; as in
+    // `limit_req`'s delay handler.
+    unsafe {
+        let c = (*r).connection;
+        let wev = (*c).write;
+        if (*wev).delayed() != 0 {
+            if ngx_handle_write_event(wev, 0) != NGX_OK as ngx_int_t {
+                ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+            }
+            return;
+        }
+        if (*wev).timer_set() != 0 {
+            ngx_del_timer(wev);
+        }
+        if ngx_handle_read_event((*c).read, 0) != NGX_OK as ngx_int_t {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+            return;
+        }
+        (*r).read_event_handler = Some(ngx_http_block_reading);
+        (*r).write_event_handler = Some(ngx_http_core_run_phases);
+        let r = &mut *r;
+        let rc = resumed(r);
+        if rc == NGX_AGAIN as ngx_int_t || rc == NGX_DONE as ngx_int_t {
+            return;
+        }
+        if rc == NGX_DECLINED as ngx_int_t {
+            r.phase_handler += 1;
+            ngx_http_core_run_phases(r);
+        } else {
+            ngx_http_finalize_request(r, rc);
+        }
+    }
+}
+
+/// A waiting request's slots, taken again.
+fn resumed(r: &mut ngx_http_request_t) -> ngx_int_t {
+    let held = held(r).map(|h| ptr::from_ref(h).cast_mut());
+    // SAFETY: the request is valid; `Request` is a transparent wrapper.
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    let (Some(lcf), Some(mcf), Some(held)) =
+        (Module::location_conf(req), Module::main_conf(req), held)
+    else {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t;
+    };
+    // SAFETY: the `Held` lives in the main request's pool, as long as the
+    // request; nothing else holds a reference to it now.
+    let held = unsafe { &mut *held };
+    if let Some((zone, entry)) = held.waiting.take() {
+        holdings::unwait(zone, entry, held.r);
+    }
+    match take(r, mcf, lcf, held) {
+        Ok(rc) => rc,
+        Err(why) => crate::http::failed(r, why),
+    }
+}
+
 /// The request's `Held`, new in its main request's pool, with no slot yet.
 fn hold<'a>(r: &ngx_http_request_t) -> Result<&'a mut Held, Failure> {
     // SAFETY: allocates from the main request's pool (aligned for
@@ -203,7 +392,10 @@ fn hold<'a>(r: &ngx_http_request_t) -> Result<&'a mut Held, Failure> {
                 },
                 outcome: ConnOutcome::Passed,
                 n: 0,
-                slots: [Slot { shared: ptr::null(), id: EntryId([0, 0]) }; MAX_CONNS],
+                waiting: None,
+                deadline_ms: 0,
+                r: ptr::null_mut(),
+                slots: [Slot { shared: ptr::null(), id: EntryId([0, 0]), fleet: None }; MAX_CONNS],
             },
         );
         (*pool).cleanup = ptr::addr_of_mut!((*held).cleanup);

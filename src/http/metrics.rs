@@ -91,6 +91,8 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
             conn_in_flight: get(&st.conn_in_flight),
             conn_rejected: get(&st.conn_rejected),
             conn_rejected_dry_run: get(&st.conn_rejected_dry_run),
+            conn_leased: get(&st.conn_leased),
+            conn_expired: get(&st.conn_expired),
             keys: keys as u64,
             capacity: capacity as u64,
             evictions,

@@ -33,6 +33,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Request}
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
+use ratelimit_core::strict::Kind;
 use ratelimit_core::window::window_index;
 
 use crate::backend::Channel;
@@ -255,7 +256,7 @@ fn wait(
             key: a.key,
             period: a.rate.period,
             limit: a.rate.limit,
-            burst: a.bucket.map(|b| b.burst),
+            kind: Kind::of_burst(a.bucket.map(|b| b.burst)),
             cost: a.cost,
             deadline_ms,
         };

@@ -282,12 +282,12 @@ fn apply(log: *mut ngx_log_t) {
             Event::Confirmed { id, period, limit, confirmation } => {
                 confirmed(mcf, log, id, Rate { limit, period }, &confirmation, now, |_| {});
             }
-            Event::Strict { id, period, limit, bucket, counted, tickets, answer } => {
+            Event::Strict { id, period, limit, kind, counted, tickets, answer } => {
                 crate::worker::link::thread_answered(id.zone as usize, tickets.len());
                 reply::strict_answered(
                     mcf,
                     log,
-                    reply::Decided { id, rate: Rate { limit, period }, bucket },
+                    reply::Decided { id, rate: Rate { limit, period }, kind },
                     tickets.iter().copied(),
                     counted,
                     answer.as_ref(),

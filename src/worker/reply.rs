@@ -14,10 +14,11 @@ use ngx::log::DebugMask;
 use ngx::{ngx_log_debug, ngx_log_error};
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::bucket;
+use ratelimit_core::conn_fleet;
 use ratelimit_core::counter;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
-use ratelimit_core::strict::Verdicts;
+use ratelimit_core::strict::{Kind, Verdicts};
 use ratelimit_core::table::Entry;
 use ratelimit_core::text;
 
@@ -34,20 +35,21 @@ pub(super) fn set_main_conf(mcf: &mut MainConf) {
 }
 
 /// What Redis decided for a group of strict requests: their key's entry,
-/// the limit's rate, and whether it is the key's bucket (`burst=`: the
-/// answer is the bucket's level) or its window.
+/// the limit's rate, and what was decided: the key's window, its bucket
+/// (`burst=`: the answer is the bucket's level) or its slots (a conn
+/// group: the answer is the holder's lease, `worker::holdings`).
 #[derive(Clone, Copy)]
 pub(crate) struct Decided {
     pub(crate) id: ItemId,
     pub(crate) rate: Rate,
-    pub(crate) bucket: bool,
+    pub(crate) kind: Kind,
 }
 
 impl Decided {
     /// What a group's answer is applied as.
     pub(crate) fn of(g: &StrictGroup) -> Decided {
         let rate = Rate { limit: g.limit, period: g.period };
-        Decided { id: g.id, rate, bucket: g.burst.is_some() }
+        Decided { id: g.id, rate, kind: g.kind }
     }
 }
 
@@ -64,7 +66,13 @@ pub(super) fn strict_answered(
     counted: u32,
     answer: Option<&impl Verdicts>,
 ) {
-    let Decided { id, rate, bucket } = of;
+    let Decided { id, rate, kind } = of;
+    if kind == Kind::Conn {
+        let reply = answer.map(|a| conn_fleet::Reply::of(a.cur(), a.prev()));
+        crate::worker::holdings::state::answered(mcf, id, reply);
+        return;
+    }
+    let bucket = matches!(kind, Kind::Bucket(_));
     let Some(a) = answer else {
         if counted > 0 && bucket {
             // what the node owed did not reach Redis: owed again

@@ -59,6 +59,12 @@ class Upstream:
                     up.most = max(up.most, up.now)
                 try:
                     time.sleep(up.delay)
+                finally:
+                    # before the response: nginx may end the request (and
+                    # give its slot back) as soon as it has the body
+                    with up.lock:
+                        up.now -= 1
+                try:
                     body = b"slow\n"
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(body)))
@@ -66,9 +72,6 @@ class Upstream:
                     self.wfile.write(body)
                 except OSError:
                     pass
-                finally:
-                    with up.lock:
-                        up.now -= 1
 
         class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
             daemon_threads = True

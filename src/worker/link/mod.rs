@@ -42,7 +42,7 @@ mod send;
 
 pub use handover::thread_answered;
 pub use reset::reset;
-pub use send::{send_one, Ask};
+pub use send::{send_conn, send_one, Ask, Conn};
 
 use read::Reply;
 use send::Key;
@@ -296,6 +296,12 @@ impl Link {
         else {
             return;
         };
+        // a holder's ask for its lease says what it uses as it goes
+        self.calls.each_ready(|g| {
+            if g.kind == strict::Kind::Conn {
+                crate::worker::holdings::state::refresh(g);
+            }
+        });
         let now = now_ms();
         let weight = |g: &StrictGroup| 2 + g.requests.len();
         let calls = self.calls.write(mono_us(), strict::MAX_GROUPS, strict::MAX_ANSWER, weight);
@@ -304,6 +310,7 @@ impl Link {
                 prefix,
                 now_ms: now,
                 clock_offset_ms: self.clock_offset_ms,
+                holder: crate::backend::holder(),
                 groups: call.map(StrictGroup::keyed_group),
             };
             call.write(&mut self.out, &mut self.texts);

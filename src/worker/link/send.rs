@@ -6,8 +6,8 @@
 
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::key::redis_tag_inline;
-use ratelimit_core::strict;
-use ratelimit_core::tickets::Ticket;
+use ratelimit_core::strict::{self, Kind};
+use ratelimit_core::tickets::{Ticket, NO_TICKET};
 
 use super::link;
 use crate::backend::{Channel, StrictAsk, StrictGroup};
@@ -38,7 +38,7 @@ pub struct Ask<'a> {
     pub key: &'a [u8],
     pub period: u32,
     pub limit: u32,
-    pub burst: Option<u32>,
+    pub kind: Kind,
     pub cost: u32,
     /// As `StrictAsk`'s.
     pub deadline_ms: u64,
@@ -52,7 +52,7 @@ impl Ask<'_> {
             tag: redis_tag_inline(self.namespace, self.key),
             period: self.period,
             limit: self.limit,
-            burst: self.burst,
+            kind: self.kind,
             cost: self.cost,
             deadline_ms: self.deadline_ms,
         }
@@ -69,7 +69,7 @@ impl Ask<'_> {
         g.id = self.id;
         g.period = self.period;
         g.limit = self.limit;
-        g.burst = self.burst;
+        g.kind = self.kind;
         g.requests.clear();
     }
 }
@@ -79,14 +79,7 @@ impl Ask<'_> {
 pub fn send_one(ch: &Channel, a: &Ask<'_>) {
     // SAFETY: links live for the worker's life; this thread only.
     let link = unsafe { &mut *link(a.id.zone as usize) };
-    if link.c.is_null() || link.thread_first() {
-        if !link.asked {
-            // a zone without a `strict` limit, first decided by Redis
-            // (a small limit): its link is made now
-            link.asked = true;
-            ch.want_link(a.id.zone as usize);
-        }
-        link.handed.note(1, mono_ms());
+    if through_thread(link, ch, a.id.zone) {
         ch.push_strict([a.to_strict()]);
         return;
     }
@@ -98,4 +91,64 @@ pub fn send_one(ch: &Channel, a: &Ask<'_>) {
     } else {
         link.post_flush();
     }
+}
+
+/// Whether what is sent now goes through the thread (the zone has no
+/// link, or asks handed to the thread wait for their answers); the link
+/// is asked for when it has none.
+fn through_thread(link: &mut super::Link, ch: &Channel, zone: u32) -> bool {
+    if !link.c.is_null() && !link.thread_first() {
+        return false;
+    }
+    if !link.asked {
+        // a zone without a `strict` limit, first decided by Redis (a
+        // small limit, a bucket, a concurrency limit): its link is made now
+        link.asked = true;
+        ch.want_link(zone as usize);
+    }
+    link.handed.note(1, mono_ms());
+    true
+}
+
+/// A holder's ask for its lease of a key's slots (`holdings`): what it
+/// uses and what it asks to hold, as of now.
+pub struct Conn<'a> {
+    pub id: ItemId,
+    pub namespace: &'a [u8],
+    pub key: &'a [u8],
+    pub max: u32,
+    pub lease_ms: u32,
+    pub uses: u32,
+    pub wants: u32,
+}
+
+/// Sends a holder's ask for its lease: a conn group of two counted
+/// requests (`strict::Kind::Conn`), what it uses and what it asks to
+/// hold, brought up to date when the call is written
+/// (`holdings::refresh`). A key whose group waits already is asked once.
+pub fn send_conn(ch: &Channel, c: &Conn<'_>) {
+    let a = Ask {
+        ticket: NO_TICKET,
+        id: c.id,
+        namespace: c.namespace,
+        key: c.key,
+        period: c.lease_ms,
+        limit: c.max,
+        kind: Kind::Conn,
+        cost: c.uses,
+        deadline_ms: strict::COUNTED,
+    };
+    // SAFETY: links live for the worker's life; this thread only.
+    let link = unsafe { &mut *link(c.id.zone as usize) };
+    if through_thread(link, ch, c.id.zone) {
+        ch.push_strict([a.to_strict(), Ask { cost: c.wants, ..a }.to_strict()]);
+        return;
+    }
+    let group =
+        link.calls.waiting(Key(a.id, a.limit), || StrictGroup::from(a.to_strict()), |g| a.renew(g));
+    if group.requests.is_empty() {
+        group.push(NO_TICKET, c.uses, strict::COUNTED);
+        group.push(NO_TICKET, c.wants, strict::COUNTED);
+    }
+    link.post_flush();
 }

@@ -1,0 +1,182 @@
+use super::*;
+use std::collections::HashMap;
+
+/// The script's conn group in Rust (`strict.lua`): leases per holder,
+/// `(slots, expiry)`.
+#[derive(Default)]
+struct Redis {
+    leases: HashMap<u32, (u32, u64)>,
+}
+
+impl Redis {
+    fn call(&mut self, holder: u32, mine: u32, want: u32, max: u32, lease: u64, now: u64) -> Reply {
+        let before = self.leases.len();
+        self.leases.retain(|&h, &mut (_, x)| h == holder || x > now);
+        let expired = (before - self.leases.len()) as u32;
+        let (mut others, mut holders) = (0, 0);
+        for (&h, &(s, _)) in &self.leases {
+            if h != holder {
+                others += s;
+                holders += 1;
+            }
+        }
+        let granted = want.min(max.saturating_sub(others)).max(mine);
+        if granted > 0 {
+            self.leases.insert(holder, (granted, now + lease));
+        } else {
+            self.leases.remove(&holder);
+        }
+        let packed = Reply::of(
+            u64::from(others) + u64::from(holders) * CONN_SPLIT,
+            u64::from(granted) + u64::from(expired) * CONN_SPLIT,
+        );
+        assert_eq!(packed, Reply { others, holders, granted, expired });
+        packed
+    }
+
+    fn leased(&self) -> u32 {
+        self.leases.values().map(|&(s, _)| s).sum()
+    }
+}
+
+const LEASE: u64 = 10_000;
+
+/// One holder's call: what it uses and asks, written now, answered now.
+fn call(h: &mut Holding, id: u32, redis: &mut Redis, max: u32, now: u64) {
+    let want = h.want(max);
+    h.asked = true;
+    h.sent();
+    let r = redis.call(id, h.mine, want, max, LEASE, now);
+    h.answered(r, now);
+}
+
+#[test]
+fn a_lease_is_taken_within_then_refused_and_more_is_asked_ahead() {
+    let (mut h, mut redis) = (Holding::default(), Redis::default());
+    // a key new to it: the request waits for its first answer
+    assert_eq!(h.take(10, LEASE, 1), Take::Wait);
+    call(&mut h, 1, &mut redis, 10, 2);
+    assert_eq!((h.mine, h.granted), (0, 5), "its part of half the 10, asked ahead");
+    for _ in 0..4 {
+        assert_eq!(h.take(10, LEASE, 3), Take::Taken);
+    }
+    assert!(h.ask_after_take(10), "one left of a spare of three: ask now");
+    call(&mut h, 1, &mut redis, 10, 4);
+    assert_eq!(h.granted, 7);
+    for _ in 0..3 {
+        assert_eq!(h.take(10, LEASE, 5), Take::Taken);
+    }
+    assert_eq!(h.take(10, LEASE, 5), Take::Wait, "7 granted, 7 in use, 3 free: it waits for more");
+    h.waiting = 1;
+    call(&mut h, 1, &mut redis, 10, 6);
+    h.waiting = 0;
+    assert_eq!(h.granted, 9, "7 used, 1 waiting, a spare");
+    assert_eq!(h.take(10, LEASE, 6), Take::Taken);
+    assert!(redis.leased() <= 10);
+}
+
+#[test]
+fn an_unrenewed_lease_is_not_trusted_and_an_ended_one_frees_its_slots() {
+    let (mut a, mut b, mut redis) = (Holding::default(), Holding::default(), Redis::default());
+    assert_eq!(a.take(4, LEASE, 1), Take::Wait);
+    a.mine = 4; // four waited and were let through by its answer
+    call(&mut a, 1, &mut redis, 4, 1);
+    assert_eq!(a.granted, 4);
+    // b finds the number leased to a
+    assert_eq!(b.take(4, LEASE, 2), Take::Wait);
+    call(&mut b, 2, &mut redis, 4, 2);
+    assert_eq!(b.take(4, LEASE, 3), Take::Full, "all leased, said a moment ago");
+    assert_eq!((b.others, b.holders), (4, 1));
+    assert_eq!(b.take(4, LEASE, 2 + RECENT_MS), Take::Wait, "said a while ago: it asks");
+    // a stops renewing (killed): past two thirds of the lease it would not
+    // trust its lease, and past the lease Redis drops it
+    assert!(a.trusted(LEASE, 1 + LEASE * 2 / 3 - 1));
+    assert_eq!(a.take(4, LEASE, 1 + LEASE * 2 / 3), Take::Unsure);
+    assert_eq!(b.take(4, LEASE, 1 + LEASE + 1), Take::Wait, "b's answer is old");
+    call(&mut b, 2, &mut redis, 4, 1 + LEASE + 1);
+    assert_eq!(b.others, 0);
+    assert_eq!(Reply::of(0, u64::from(b.granted) + CONN_SPLIT).expired, 1);
+    assert_eq!(b.take(4, LEASE, LEASE + 3), Take::Taken, "a's slots are back");
+}
+
+#[test]
+fn a_renewal_gives_an_idle_key_s_lease_back_and_spare_slots_go_when_others_are_short() {
+    let (mut a, mut b, mut redis) = (Holding::default(), Holding::default(), Redis::default());
+    a.take(10, LEASE, 1);
+    call(&mut a, 1, &mut redis, 10, 1);
+    assert_eq!(a.granted, 5, "half of 10");
+    assert_eq!(a.take(10, LEASE, 2), Take::Taken);
+    a.give();
+    assert_eq!(a.want(10), 5, "a slot taken since its last call: a spare kept");
+    call(&mut a, 1, &mut redis, 10, 2);
+    assert_eq!(a.want(10), 0, "nothing taken since its last call: the lease goes");
+    assert!(a.renewal_due(LEASE, 2 + LEASE / 3));
+    call(&mut a, 1, &mut redis, 10, 2 + LEASE / 3);
+    assert_eq!(a.granted, 0);
+    assert!(!a.idle(LEASE, 3 + LEASE / 3), "what it knows is new");
+    assert!(a.idle(LEASE, 2 + LEASE), "old: forgotten");
+    assert_eq!(redis.leased(), 0);
+
+    // b leases the rest while a holds spare slots: a hands them back
+    a.mine = 3;
+    a.demand = true;
+    call(&mut a, 1, &mut redis, 10, 20000);
+    b.mine = 7;
+    b.demand = true;
+    call(&mut b, 2, &mut redis, 10, 20001);
+    call(&mut a, 1, &mut redis, 10, 20002);
+    assert_eq!(a.others + a.granted, 10, "every slot leased: {a:?}");
+    a.give();
+    assert!(!a.ask_after_give(10), "one spare slot is kept");
+    a.give();
+    assert!(a.ask_after_give(10), "two are more than it asks");
+    call(&mut a, 1, &mut redis, 10, 20003);
+    assert!(a.granted <= a.mine + 1);
+}
+
+/// Holders whose requests come and go, each request taking a slot within
+/// its holder's lease or waiting for the holder's next call: the slots in
+/// use never pass the number, and they are used.
+#[test]
+fn a_fleet_of_holders_never_passes_the_number() {
+    for holders in [1u32, 2, 4, 8] {
+        for max in [1u32, 3, 10, 50] {
+            let mut redis = Redis::default();
+            let mut hs = vec![Holding::default(); holders as usize];
+            let mut waiting = vec![0u32; holders as usize];
+            let (mut used, mut now) = (0, 1);
+            for round in 0..200u32 {
+                for (i, h) in hs.iter_mut().enumerate() {
+                    // some requests end, and new ones come at once (a slot
+                    // given back is wanted again before the next call)
+                    if (round + i as u32).is_multiple_of(3) && h.mine > 0 {
+                        h.give();
+                    }
+                    for _ in 0..3 {
+                        if h.take(max, LEASE, now) == Take::Wait {
+                            waiting[i] += 1;
+                        }
+                    }
+                }
+                let in_use: u32 = hs.iter().map(|h| h.mine).sum();
+                used += in_use;
+                assert!(in_use <= max, "{holders} holders, max {max}: {in_use} in use");
+                for (i, h) in hs.iter_mut().enumerate() {
+                    call(h, i as u32, &mut redis, max, now);
+                    // the waiting requests take theirs again
+                    for _ in 0..std::mem::take(&mut waiting[i]) {
+                        h.take(max, LEASE, now);
+                    }
+                }
+                let in_use: u32 = hs.iter().map(|h| h.mine).sum();
+                assert!(in_use <= max, "{holders} holders, max {max}: {in_use} in use");
+                assert!(redis.leased() <= max, "{holders}/{max}: {} leased", redis.leased());
+                now += 50;
+            }
+            assert!(
+                used * 2 >= 199 * max.min(3 * holders),
+                "{holders} holders, max {max}: {used} used"
+            );
+        }
+    }
+}

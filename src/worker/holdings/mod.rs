@@ -1,0 +1,182 @@
+//! Concurrency limits across the fleet, this worker's part: the keys of
+//! Redis zones it holds slots of, each with its lease in Redis
+//! (`conn_fleet::Holding`: the worker is one holder), asked for and
+//! renewed down the zone's strict link (`link::send_conn`). A timer
+//! renews every lease a third of the way through it and forgets keys
+//! that are idle; a lease given back or never renewed (the worker gone)
+//! ends in Redis by itself.
+//!
+//! The worker's thread only: requests take and give slots, the link's
+//! answers (or the thread's) are applied here, on the event loop.
+
+use std::cell::RefCell;
+use std::ptr;
+
+use nginx_sys::{ngx_add_timer, ngx_cycle, ngx_event_t, ngx_http_request_t};
+use ratelimit_core::batch::ItemId;
+use ratelimit_core::conn_fleet::Take;
+use ratelimit_core::key::EntryId;
+
+use crate::worker::link;
+use crate::worker::time::now_ms;
+
+pub mod state;
+
+use state::{Held, HOLDINGS};
+
+/// How often the timer looks for leases to renew and keys to forget.
+const TICK_MS: u64 = 250;
+
+thread_local! {
+    /// The renewal timer (never freed: nginx's timer tree may point at it).
+    static TICK: RefCell<*mut ngx_event_t> = const { RefCell::new(ptr::null_mut()) };
+}
+
+/// A concurrency limit's key, as a request takes its slot.
+pub struct Slot<'a> {
+    pub zone: usize,
+    pub name: &'a [u8],
+    pub entry: EntryId,
+    pub key: &'a [u8],
+    pub max: u32,
+    pub lease_ms: u32,
+}
+
+impl Slot<'_> {
+    fn item(&self) -> ItemId {
+        ItemId { zone: self.zone as u32, entry: self.entry, window: 0 }
+    }
+}
+
+/// Takes a slot of the key for a request, within this worker's lease;
+/// asks Redis for more ahead of need. A request with no lease to take of
+/// (`Take::Wait`) waits for the answer to the ask if `waiter` is given
+/// (its write event is posted then: `state::answered`).
+pub fn take(s: &Slot<'_>, waiter: Option<*mut ngx_http_request_t>) -> Take {
+    let taken = HOLDINGS.with(|m| {
+        let mut m = m.borrow_mut();
+        let held = state::held(&mut m, s.item(), s.name, s.key);
+        held.max = s.max;
+        held.lease_ms = s.lease_ms;
+        let t = held.h.take(s.max, u64::from(s.lease_ms), now_ms());
+        let ask = match t {
+            Take::Taken => held.h.ask_after_take(s.max),
+            Take::Wait => {
+                held.waiters.extend(waiter);
+                held.h.waiting = held.waiters.len() as u32;
+                !held.h.asked
+            }
+            Take::Full | Take::Unsure => false,
+        };
+        if ask {
+            send(s.item(), held);
+        }
+        t
+    });
+    tick_soon();
+    taken
+}
+
+/// A waiting request is gone (it ended, or its wait did).
+pub fn unwait(zone: usize, entry: EntryId, r: *mut ngx_http_request_t) {
+    let item = ItemId { zone: zone as u32, entry, window: 0 };
+    HOLDINGS.with(|m| {
+        if let Some(held) = m.borrow_mut().get_mut(&item) {
+            held.waiters.retain(|&w| !std::ptr::eq(w, r));
+            held.h.waiting = held.waiters.len() as u32;
+        }
+    });
+}
+
+/// A slot taken by `on_error`'s decision (Redis down, or the lease not
+/// renewed): counted as this worker's, so that its lease covers it when
+/// Redis answers again.
+pub fn take_unsure(s: &Slot<'_>) {
+    HOLDINGS.with(|m| {
+        let mut m = m.borrow_mut();
+        let held = state::held(&mut m, s.item(), s.name, s.key);
+        held.max = s.max;
+        held.lease_ms = s.lease_ms;
+        held.h.take_unsure();
+    });
+    tick_soon();
+}
+
+/// A request gave its slot back.
+pub fn give(zone: usize, entry: EntryId) {
+    let item = ItemId { zone: zone as u32, entry, window: 0 };
+    HOLDINGS.with(|m| {
+        if let Some(held) = m.borrow_mut().get_mut(&item) {
+            held.h.give();
+            if held.h.ask_after_give(held.max) {
+                send(item, held);
+            }
+        }
+    });
+}
+
+/// Asks Redis for the key's lease.
+fn send(item: ItemId, held: &mut Held) {
+    let Some(ch) = crate::worker::channel::channel() else {
+        return;
+    };
+    held.h.asked = true;
+    let c = link::Conn {
+        id: item,
+        namespace: &held.namespace,
+        key: &held.key,
+        max: held.max,
+        lease_ms: held.lease_ms,
+        uses: held.h.mine,
+        wants: held.h.want(held.max),
+    };
+    link::send_conn(ch, &c);
+}
+
+/// The renewal timer runs while this worker holds keys.
+fn tick_soon() {
+    TICK.with(|t| {
+        let mut t = t.borrow_mut();
+        if t.is_null() {
+            // SAFETY: an all-zero event is nginx's idle event (as
+            // `ngx_pcalloc` gives); it lives for the worker's life.
+            let ev: Box<ngx_event_t> = Box::new(unsafe { std::mem::zeroed() });
+            *t = Box::into_raw(ev);
+        }
+        // SAFETY: our event, on the worker's thread; `ngx_cycle` is the
+        // running cycle, whose log outlives the worker's events.
+        unsafe {
+            let ev = *t;
+            if (*ev).timer_set() == 0 {
+                (*ev).handler = Some(on_tick);
+                (*ev).log = (*ngx_cycle).log;
+                // a graceful exit does not wait for it
+                (*ev).set_cancelable(1);
+                ngx_add_timer(ev, TICK_MS as _);
+            }
+        }
+    });
+}
+
+/// Renews the leases a third through, forgets idle keys; runs again while
+/// any key is held.
+unsafe extern "C" fn on_tick(_ev: *mut ngx_event_t) {
+    let now = now_ms();
+    let more = HOLDINGS.with(|m| {
+        let mut m = m.borrow_mut();
+        m.retain(|&item, held| {
+            let lease = u64::from(held.lease_ms);
+            if held.h.idle(lease, now) && held.waiters.is_empty() {
+                return false;
+            }
+            if held.h.renewal_due(lease, now) {
+                send(item, held);
+            }
+            true
+        });
+        !m.is_empty()
+    });
+    if more {
+        tick_soon();
+    }
+}

@@ -1,0 +1,179 @@
+"""Concurrency limits (`redis_ratelimit_conn`) on a zone with Redis: one
+number of requests in flight for the fleet. Each worker holds a lease of
+the key's slots in Redis (a field of the key's hash, renewed every third of
+`lease=`), takes slots within it without a round trip, and asks for more
+ahead of need; a node killed or frozen stops counting once its leases end;
+every count goes back to 0 after the requests end."""
+
+import os
+import signal
+import threading
+import time
+
+from test_conn import Upstream
+
+HTTP = """
+    redis_ratelimit_zone $arg_k zone=c:1m redis=%s timeout=300ms;
+    upstream slow { server 127.0.0.1:%d; }
+    upstream quick { server 127.0.0.1:%d; }
+"""
+SERVER = """
+        add_header X-Conn $redis_ratelimit_conn_status always;
+        location /slow  { redis_ratelimit_conn c 10 lease=2s; proxy_pass http://slow; }
+        location /quick { redis_ratelimit_conn c 10 lease=2s; proxy_pass http://quick; }
+        location = /metrics { redis_ratelimit_metrics; }
+"""
+
+
+def fleet(h, r, up, count, workers=2, quick=None, server=SERVER):
+    q = quick.port if quick else up.port
+    return [h.nginx(HTTP % (r.url, up.port, q), server, workers=workers) for _ in range(count)]
+
+
+def clients(nodes, path, per_node, seconds, pause=0.05):
+    """`per_node` clients on each node, each sending `path` again and again
+    (a short pause after a refusal) for `seconds`; returns the statuses."""
+    out, lock = [], threading.Lock()
+    end = time.monotonic() + seconds
+
+    def run(n):
+        mine = []
+        while time.monotonic() < end:
+            try:
+                st = n.request(path, timeout=10.0)[0]
+            except OSError as e:
+                st = "error: %s" % e
+            mine.append(st)
+            if st != 200:
+                time.sleep(pause)
+        with lock:
+            out.extend(mine)
+
+    ts = [threading.Thread(target=run, args=(n,)) for n in nodes for _ in range(per_node)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(seconds + 30)
+    return out
+
+
+def leases(r, k):
+    """The key's leases in Redis: {holder: slots}."""
+    got = r.cmd("HGETALL", "rl:{c:%s}:conn" % k) or []
+    return {got[i]: int(got[i + 1].split(":")[0]) for i in range(0, len(got), 2)}
+
+
+def in_flight(n, zone="c"):
+    import json
+    return json.loads(n.request("/metrics?format=json")[2])["zones"][zone]["conn"]
+
+
+def wait_for(cond, seconds, step=0.1):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+def test_four_nodes_hold_the_number_together(h):
+    """4 nodes of 2 workers, one Redis, `redis_ratelimit_conn c 10`, an
+    upstream taking 1 s that counts what it has in flight, 200 clients (50
+    a node) for 6 s on a fresh key: a worker with no lease of the key waits
+    for one (a round trip), so the upstream never has more than 10 in
+    flight, from the first request on; the slots are used (not starved),
+    and after the run every count, in Redis and on the nodes, is back to
+    0."""
+    r = h.redis()
+    up = Upstream(1.0)
+    try:
+        ns = fleet(h, r, up, 4)
+        k = h.key("four")
+        got = clients(ns, "/slow?k=" + k, 50, 6.0)
+        ok = got.count(200)
+        other = [s for s in got if s not in (200, 429)]
+        h.note("200 clients, 6 s: %d requests, %d passed; upstream had %d at most"
+               % (len(got), ok, up.most))
+        h.check(not other, "every request answered 200 or 429: %s" % other[:5])
+        h.check(up.most <= 10, "never more than 10 in flight: %d" % up.most)
+        h.check(ok >= 45, "the fleet's 10 slots were used (6 s of 1 s requests): %d" % ok)
+        # leases given back: at the next renewal an idle key's go, and any
+        # not renewed end in Redis
+        h.check(wait_for(lambda: not leases(r, k), 5.0), "no lease left: %s" % leases(r, k))
+        for n in ns:
+            c = in_flight(n)
+            h.check(c["in_flight"] == 0, "nothing in flight on a node: %s" % c)
+            h.check(c["leased"] == 0, "nothing leased by a node: %s" % c)
+    finally:
+        up.stop()
+
+
+def hold(n, path, count):
+    """`count` requests of `path` on `n`, left in flight (threads that end
+    when their requests do, however)."""
+    def one():
+        try:
+            n.request(path, timeout=60.0)
+        except (OSError, ValueError):
+            pass    # its node was killed
+
+    for _ in range(count):
+        threading.Thread(target=one, daemon=True).start()
+
+
+def signal_node(n, sig):
+    """`sig` to a node's master and workers (by their pids)."""
+    for pid in [n.pid] + list(n.worker_pids()):
+        os.kill(pid, sig)
+
+
+def lost_node(h, how):
+    """Node A holds the 10 slots of a key (its upstream takes 30 s); B is
+    refused; then A is killed (SIGKILL) or frozen (SIGSTOP): B gets slots
+    of the key within the lease (2 s) and not before A's lease could end
+    (renewed every third of it)."""
+    r = h.redis()
+    up, quick = Upstream(30.0), Upstream(0.0)
+    try:
+        a, b = fleet(h, r, up, 2, workers=1, quick=quick)
+        k = h.key(how)
+        hold(a, "/slow?k=" + k, 10)
+        h.check(wait_for(lambda: up.now >= 10, 5.0), "10 in flight through A: %d" % up.now)
+        h.check(wait_for(lambda: sum(leases(r, k).values()) >= 10, 3.0),
+                "A's lease holds them: %s" % leases(r, k))
+        st = b.request("/quick?k=" + k)[0]
+        h.check(st == 429, "B is refused while A holds the 10: %s" % st)
+        signal_node(a, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        lost = time.monotonic()
+        back = None
+        try:
+            while time.monotonic() - lost < 6.0:
+                if b.request("/quick?k=" + k)[0] == 200:
+                    back = time.monotonic() - lost
+                    break
+                time.sleep(0.05)
+            h.note("%s: B got a slot %.2f s after A was lost (lease 2 s)" % (how, back or -1))
+            h.check(back is not None and 1.0 <= back <= 2.6,
+                    "B gets A's slots once its lease ends: %s" % back)
+        finally:
+            if how == "stop":
+                signal_node(a, signal.SIGCONT)
+        if how == "stop":
+            # A is back with its 10 requests in flight: its lease is renewed
+            # with them (Redis grants no less than it uses), and it takes
+            # no slot more while the fleet is over the number
+            h.check(wait_for(lambda: sum(leases(r, k).values()) >= 10, 3.0),
+                    "A's lease is back: %s" % leases(r, k))
+            h.check(a.request("/quick?k=" + k)[0] == 429, "A takes nothing while over")
+    finally:
+        up.stop()
+        quick.stop()
+
+
+def test_a_killed_node_s_slots_come_back_within_the_lease(h):
+    lost_node(h, "kill")
+
+
+def test_a_frozen_node_s_slots_come_back_within_the_lease(h):
+    lost_node(h, "stop")
