@@ -20,9 +20,9 @@ use nginx_sys::{
     ngx_array_push, ngx_command_t, ngx_conf_post_t, ngx_conf_set_flag_slot, ngx_conf_set_num_slot,
     ngx_conf_t, ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_LOG_PHASE,
     ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_str_t, ngx_uint_t,
-    NGX_CONF_1MORE, NGX_CONF_2MORE, NGX_CONF_FLAG, NGX_CONF_NOARGS, NGX_CONF_TAKE1,
-    NGX_CONF_TAKE23, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF,
-    NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_OK,
+    NGX_CONF_1MORE, NGX_CONF_2MORE, NGX_CONF_FLAG, NGX_CONF_NOARGS, NGX_CONF_TAKE1, NGX_CONF_TAKE2,
+    NGX_CONF_TAKE3, NGX_CONF_TAKE4, NGX_ERROR, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_OK,
 };
 use ngx::http::{HttpModule, HttpModuleMainConf, NgxHttpCoreModule};
 
@@ -119,7 +119,7 @@ static mut COMMANDS: [ngx_command_t; 10] = [
     ),
     command(
         c"redis_ratelimit_conn",
-        ANY_LEVEL | NGX_CONF_TAKE23,
+        ANY_LEVEL | NGX_CONF_TAKE2 | NGX_CONF_TAKE3 | NGX_CONF_TAKE4,
         directives::cmd_conn,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),

@@ -977,14 +977,20 @@ unknown zone "nowhere"
 
 
 
-=== TEST 87: redis_ratelimit_conn on a zone with Redis: not available, said loudly
+=== TEST 87: redis_ratelimit_conn on a zone with Redis, strict and lease=: the fleet's limit (Redis down here: on_error=local decides)
 --- http_config
-    redis_ratelimit_zone $arg_k zone=c:1m redis=redis://127.0.0.1:1;
+    redis_ratelimit_zone $arg_k zone=c:1m redis=redis://127.0.0.1:1 timeout=100ms;
 --- config
-    location = /t { redis_ratelimit_conn c 5; }
---- must_die
---- error_log
-redis_ratelimit_conn: the fleet's concurrency limit (a zone with "redis=") is not available: zone "c"
+    redis_ratelimit_conn c 5 lease=30s;
+    location = /t { redis_ratelimit_conn c 2 strict lease=1s; add_header X-Conn $redis_ratelimit_conn_status; try_files /index.html =404; }
+--- user_files
+>>> index.html
+ok
+--- request
+GET /t?k=a
+--- error_code: 200
+--- response_headers
+X-Conn: PASSED
 
 
 
@@ -1014,3 +1020,47 @@ X-Conn: PASSED
 --- must_die
 --- error_log
 "redis_ratelimit_problem" directive
+
+
+
+=== TEST 90: redis_ratelimit_conn lease= on a zone without Redis
+--- http_config
+    redis_ratelimit_zone $arg_k zone=c:1m;
+--- config
+    location = /t { redis_ratelimit_conn c 5 lease=10s; }
+--- must_die
+--- error_log
+redis_ratelimit_conn: "lease=" needs a zone with Redis: zone "c"
+
+
+
+=== TEST 91: redis_ratelimit_conn lease= out of range
+--- http_config
+    redis_ratelimit_zone $arg_k zone=c:1m redis=redis://127.0.0.1:1;
+--- config
+    location = /t { redis_ratelimit_conn c 5 lease=500ms; }
+--- must_die
+--- error_log
+redis_ratelimit_conn: invalid "lease=500ms": a time of 1s to 60s expected
+
+
+
+=== TEST 92: redis_ratelimit_conn lease= that is not a time
+--- http_config
+    redis_ratelimit_zone $arg_k zone=c:1m redis=redis://127.0.0.1:1;
+--- config
+    location = /t { redis_ratelimit_conn c 5 lease=soon; }
+--- must_die
+--- error_log
+redis_ratelimit_conn: invalid "lease=soon": a time of 1s to 60s expected
+
+
+
+=== TEST 93: redis_ratelimit_conn strict twice
+--- http_config
+    redis_ratelimit_zone $arg_k zone=c:1m redis=redis://127.0.0.1:1;
+--- config
+    location = /u { redis_ratelimit_conn c 5 strict strict; }
+--- must_die
+--- error_log
+redis_ratelimit_conn: invalid parameter "strict"

@@ -16,6 +16,8 @@
 //! the holders (`want`). A request it has no lease for (a key new to it,
 //! or its lease used up) waits for the answer to its ask, one round trip,
 //! unless Redis said a moment ago that every slot is leased (`Full`). A
+//! `strict` holder asks for no spare: each request with no slot of its
+//! lease left waits for Redis to grant it one. A
 //! lease it has not renewed for two thirds of its length is not trusted
 //! (Redis may have dropped it): `on_error` decides then. So the fleet's
 //! requests in flight stay within the number, but for a holder cut off
@@ -40,6 +42,8 @@ pub struct Holding {
     pub asked: bool,
     /// Requests waiting for the answer to its ask (each wants a slot).
     pub waiting: u32,
+    /// `strict`: it asks for no spare, so each slot is taken in Redis.
+    pub strict: bool,
     /// A slot was taken or refused since the last call: an idle key gives
     /// its lease back at its next renewal.
     pub demand: bool,
@@ -101,7 +105,7 @@ impl Holding {
         let trusted = self.trusted(lease_ms, now_ms);
         if !trusted && !holds {
             // what it knew of a key it holds nothing of is old: as new
-            *self = Holding::default();
+            *self = Holding { strict: self.strict, ..Holding::default() };
         }
         self.demand = true;
         if !trusted {
@@ -134,8 +138,11 @@ impl Holding {
     }
 
     /// The spare it asks to hold beyond what it uses: its part of half the
-    /// free slots, at least one.
+    /// free slots, at least one (none when `strict`).
     fn spare(&self, max: u32) -> u32 {
+        if self.strict {
+            return 0;
+        }
         let used = self.mine.saturating_add(self.waiting);
         let free = max.saturating_sub(self.others.saturating_add(used));
         (free / (2 * (self.holders + 1))).max(1)
@@ -154,7 +161,7 @@ impl Holding {
     /// After a slot taken: ask now when what is left of its lease is half
     /// its spare or less (more is asked before it is needed).
     pub fn ask_after_take(&self, max: u32) -> bool {
-        !self.asked && self.granted.saturating_sub(self.mine) * 2 <= self.spare(max)
+        !self.strict && !self.asked && self.granted.saturating_sub(self.mine) * 2 <= self.spare(max)
     }
 
     /// After a slot given back: ask now (to give spare slots back) when

@@ -180,3 +180,17 @@ fn a_fleet_of_holders_never_passes_the_number() {
         }
     }
 }
+
+#[test]
+fn a_strict_holder_holds_only_what_it_uses() {
+    let (mut h, mut redis) = (Holding { strict: true, ..Holding::default() }, Redis::default());
+    assert_eq!(h.take(10, LEASE, 1), Take::Wait);
+    h.waiting = 2;
+    call(&mut h, 1, &mut redis, 10, 2);
+    h.waiting = 0;
+    assert_eq!(h.granted, 2, "the two waiting, no spare");
+    assert_eq!(h.take(10, LEASE, 3), Take::Taken);
+    assert_eq!(h.take(10, LEASE, 3), Take::Taken);
+    assert!(!h.ask_after_take(10), "nothing asked ahead");
+    assert_eq!(h.take(10, LEASE, 3), Take::Wait, "a third waits for Redis");
+}

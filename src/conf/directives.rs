@@ -235,7 +235,7 @@ pub extern "C" fn cmd_limit(
     answer(cf, "redis_ratelimit", limit_line(cf, lcf, args))
 }
 
-/// `redis_ratelimit_conn zone number [strict]`.
+/// `redis_ratelimit_conn zone number [strict] [lease=time]`.
 pub extern "C" fn cmd_conn(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -249,8 +249,9 @@ pub extern "C" fn cmd_conn(
 }
 
 /// A `redis_ratelimit_conn` line: its zone, its number (1 to `MAX_CONN`),
-/// and `lease=` (a zone with Redis: how long a holder's lease of the
-/// key's slots lives unrenewed, `MIN_LEASE_MS` to `MAX_LEASE_MS`).
+/// `strict` and `lease=` (a zone with Redis: each slot taken in Redis;
+/// how long a holder's lease of the key's slots lives unrenewed,
+/// `MIN_LEASE_MS` to `MAX_LEASE_MS`).
 fn conn_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Parsed<()> {
     let n = show(&args[2]);
     let max = std::str::from_utf8(args[2].as_bytes())
@@ -259,23 +260,21 @@ fn conn_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Pars
         .and_then(|s| s.parse::<u32>().ok())
         .filter(|m| (1..=MAX_CONN).contains(m))
         .ok_or_else(|| format!("invalid number \"{n}\": 1 to {MAX_CONN} requests expected"))?;
-    let mut lease_ms = None;
+    let (mut lease_ms, mut strict) = (None, false);
     for a in &args[3..] {
         match a.as_bytes() {
-            b"strict" => {
-                return Err("\"strict\" is not available for redis_ratelimit_conn: on a zone with \"redis=\" each node takes slots within its lease in Redis (the reference gives the bound)".to_string().into())
-            }
+            b"strict" if !strict => strict = true,
             [b'l', b'e', b'a', b's', b'e', b'=', v @ ..] if lease_ms.is_none() => {
                 let ms = parse_time_ms(v)
                     .filter(|ms| (MIN_LEASE_MS..=MAX_LEASE_MS).contains(ms))
                     .ok_or_else(|| {
-                        format!(
-                            "invalid \"{}\": a time of {}s to {}s expected",
-                            show(a),
-                            MIN_LEASE_MS / 1000,
-                            MAX_LEASE_MS / 1000
-                        )
-                    })?;
+                    format!(
+                        "invalid \"{}\": a time of {}s to {}s expected",
+                        show(a),
+                        MIN_LEASE_MS / 1000,
+                        MAX_LEASE_MS / 1000
+                    )
+                })?;
                 lease_ms = Some(ms as u32);
             }
             _ => return Err(format!("invalid parameter \"{}\"", show(a)).into()),
@@ -289,11 +288,14 @@ fn conn_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Pars
     if lease_ms.is_some() && mcf.zones[zone].lease_at.is_none() {
         mcf.zones[zone].lease_at = Some(position(cf));
     }
+    if strict && mcf.zones[zone].strict_at.is_none() {
+        mcf.zones[zone].strict_at = Some(position(cf));
+    }
     let conns = lcf.conns.get_or_insert_with(Vec::new);
     if conns.iter().any(|c| c.zone == zone) {
         return Err(format!("zone \"{}\" is limited twice at one level", show(&args[1])).into());
     }
-    conns.push(ConnLimit { zone, max, lease_ms: lease_ms.map_or(LEASE_MS, |l| l) });
+    conns.push(ConnLimit { zone, max, lease_ms: lease_ms.unwrap_or(LEASE_MS), strict });
     Ok(())
 }
 

@@ -86,6 +86,8 @@ pub struct ConnLimit {
     /// How long a holder's lease of the key's slots lives in Redis
     /// unrenewed (a zone with `redis=`), ms.
     pub lease_ms: u32,
+    /// `strict`: each slot is taken in Redis (no spare leased ahead).
+    pub strict: bool,
 }
 
 /// A value given with variables, read per request.

@@ -209,6 +209,7 @@ fn take(
                     key,
                     max: c.max,
                     lease_ms: c.lease_ms,
+                    strict: c.strict,
                 };
                 let may_wait = held.deadline_ms == 0 || now < held.deadline_ms;
                 let f = fleet_take(r, mcf, shared, &slot, p.on_error, node, may_wait);

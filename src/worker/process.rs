@@ -218,6 +218,9 @@ pub unsafe extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
     // SAFETY: nginx passes the worker's cycle.
     let log = unsafe { (*cycle).log };
     crate::worker::link::close_all();
+    if let Some(mcf) = reply::main_conf() {
+        crate::worker::holdings::state::leave(mcf);
+    }
     if let Some(ch) = crate::worker::channel::any() {
         if ch.stop(h.stop_wait) {
             let _ = h.thread.join();

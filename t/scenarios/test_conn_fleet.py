@@ -7,10 +7,12 @@ every count goes back to 0 after the requests end."""
 
 import os
 import signal
+import socket
 import threading
 import time
 
-from test_conn import Upstream
+from harness import HOST
+from test_conn import Upstream, at_once
 
 HTTP = """
     redis_ratelimit_zone $arg_k zone=c:1m redis=%s timeout=300ms;
@@ -21,13 +23,16 @@ SERVER = """
         add_header X-Conn $redis_ratelimit_conn_status always;
         location /slow  { redis_ratelimit_conn c 10 lease=2s; proxy_pass http://slow; }
         location /quick { redis_ratelimit_conn c 10 lease=2s; proxy_pass http://quick; }
+        location /strict { redis_ratelimit_conn c 3 strict lease=2s; proxy_pass http://slow; }
+        location /big   { redis_ratelimit_conn c 1000 lease=2s; limit_rate 20k; }
         location = /metrics { redis_ratelimit_metrics; }
 """
 
 
-def fleet(h, r, up, count, workers=2, quick=None, server=SERVER):
+def fleet(h, r, up, count, workers=2, quick=None, server=SERVER, files=None):
     q = quick.port if quick else up.port
-    return [h.nginx(HTTP % (r.url, up.port, q), server, workers=workers) for _ in range(count)]
+    return [h.nginx(HTTP % (r.url, up.port, q), server, workers=workers, files=files)
+            for _ in range(count)]
 
 
 def clients(nodes, path, per_node, seconds, pause=0.05):
@@ -177,3 +182,129 @@ def test_a_killed_node_s_slots_come_back_within_the_lease(h):
 
 def test_a_frozen_node_s_slots_come_back_within_the_lease(h):
     lost_node(h, "stop")
+
+
+def test_strict_leases_only_what_is_in_use(h):
+    """`redis_ratelimit_conn c 3 strict` over 2 nodes of 2 workers, 20
+    clients at once, an upstream of 1 s: 3 pass, and while they run the
+    leases in Redis are the 3 slots in use, no spare."""
+    r = h.redis()
+    up = Upstream(1.0)
+    try:
+        ns = fleet(h, r, up, 2)
+        k = h.key("strict")
+        seen = {}
+
+        def look():
+            time.sleep(0.5)
+            seen["leases"] = leases(r, k)
+
+        t = threading.Thread(target=look)
+        t.start()
+        out, lock = [], threading.Lock()
+
+        def many(n):
+            got = at_once(n, "/strict?k=" + k, 10)
+            with lock:
+                out.extend(got)
+
+        ts = [threading.Thread(target=many, args=(n,)) for n in ns]
+        for x in ts:
+            x.start()
+        for x in ts + [t]:
+            x.join(30)
+        passed = [g for g in out if g[0] == 200]
+        h.note("20 at once: %d passed, upstream had %d; leases while they ran: %s"
+               % (len(passed), up.most, seen["leases"]))
+        h.check(len(passed) == 3 and up.most <= 3, "3 pass: %s" % out)
+        h.check(sum(seen["leases"].values()) == 3, "the leases are the 3 in use: %s" % seen)
+        h.check(wait_for(lambda: not leases(r, k), 4.0), "then none: %s" % leases(r, k))
+    finally:
+        up.stop()
+
+
+def test_redis_killed_and_back_loses_and_doubles_nothing(h):
+    """A node holds 5 slots (an upstream of 4 s); Redis is killed and
+    started again empty: the node's lease is written again with what it
+    uses (absolute counts: a renewal never counts a slot twice), new
+    requests meanwhile are decided by `on_error` (local), and once the
+    requests end nothing is left in Redis or on the node."""
+    r = h.redis()
+    up = Upstream(4.0)
+    try:
+        a, = fleet(h, r, up, 1, workers=1)
+        k = h.key("restart")
+        hold(a, "/slow?k=" + k, 5)
+        h.check(wait_for(lambda: up.now >= 5, 5.0), "5 in flight: %d" % up.now)
+        h.check(wait_for(lambda: sum(leases(r, k).values()) >= 5, 3.0), "leased: %s" % leases(r, k))
+        r.stop(sig=signal.SIGKILL)
+        r.start()
+        h.check(not leases(r, k), "Redis is back empty")
+        back = wait_for(lambda: sum(leases(r, k).values()) >= 5, 3.0)
+        got = leases(r, k)
+        h.note("after the restart: %s" % got)
+        h.check(back, "the lease is written again within a renewal: %s" % got)
+        h.check(sum(got.values()) <= 10, "with what it uses and a spare, not twice: %s" % got)
+        h.check(wait_for(lambda: up.now == 0, 8.0), "the requests end")
+        h.check(wait_for(lambda: not leases(r, k), 4.0), "no lease left: %s" % leases(r, k))
+        c = in_flight(a)
+        h.check(c["in_flight"] == 0 and c["leased"] == 0, "nothing held: %s" % c)
+    finally:
+        up.stop()
+
+
+def test_ten_thousand_clients_gone_mid_response_leak_nothing(h):
+    """10 000 clients over 2 nodes of 2 workers each read the start of a
+    slow response (`limit_rate`) on one of 50 keys and close their
+    connection: every slot is given back, on the nodes and in Redis."""
+    r = h.redis()
+    up = Upstream(0.0)
+    try:
+        ns = fleet(h, r, up, 2, files={"big": "x" * (1 << 20)})
+        keys = [h.key("gone%d" % i) for i in range(50)]
+        sent = 0
+        for batch in range(20):
+            socks = []
+            for i in range(500):
+                n = ns[i % 2]
+                s = socket.create_connection((HOST, n.port), timeout=5)
+                s.sendall(("GET /big?k=%s HTTP/1.1\r\nHost: x\r\n\r\n"
+                           % keys[(batch * 500 + i) % 50]).encode())
+                socks.append(s)
+            for s in socks:
+                try:
+                    s.recv(64)
+                except OSError:
+                    pass
+                s.close()
+            sent += len(socks)
+        h.note("%d clients read the start of a response and went" % sent)
+        h.check(wait_for(lambda: all(in_flight(n)["in_flight"] == 0 for n in ns), 10.0),
+                "nothing in flight on the nodes: %s" % [in_flight(n) for n in ns])
+        h.check(wait_for(lambda: not any(leases(r, k) for k in keys), 6.0),
+                "no lease left in Redis")
+        h.check(all(in_flight(n)["leased"] == 0 for n in ns), "nothing leased")
+    finally:
+        up.stop()
+
+
+def test_a_reload_with_requests_in_flight_leaks_nothing(h):
+    """5 requests in flight (an upstream of 1.5 s) on a node of 2 workers;
+    nginx reloads: the old workers finish them, their leases end with
+    them (given back or not renewed), and nothing is left after."""
+    r = h.redis()
+    up = Upstream(1.5)
+    try:
+        a, = fleet(h, r, up, 1)
+        k = h.key("reload")
+        hold(a, "/slow?k=" + k, 5)
+        h.check(wait_for(lambda: up.now >= 5, 5.0), "5 in flight: %d" % up.now)
+        a.reload()
+        h.check(wait_for(lambda: up.now == 0, 5.0), "they end")
+        got = at_once(a, "/slow?k=" + k, 3)
+        h.check([g[0] for g in got] == [200] * 3, "the new workers take slots: %s" % got)
+        h.check(wait_for(lambda: not leases(r, k), 5.0), "no lease left: %s" % leases(r, k))
+        c = in_flight(a)
+        h.check(c["in_flight"] == 0 and c["leased"] == 0, "nothing held: %s" % c)
+    finally:
+        up.stop()

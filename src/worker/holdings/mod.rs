@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 use std::ptr;
 
-use nginx_sys::{ngx_add_timer, ngx_cycle, ngx_event_t, ngx_http_request_t};
+use nginx_sys::{ngx_add_timer, ngx_cycle, ngx_event_t, ngx_exiting, ngx_http_request_t};
 use ratelimit_core::batch::ItemId;
 use ratelimit_core::conn_fleet::Take;
 use ratelimit_core::key::EntryId;
@@ -40,6 +40,7 @@ pub struct Slot<'a> {
     pub key: &'a [u8],
     pub max: u32,
     pub lease_ms: u32,
+    pub strict: bool,
 }
 
 impl Slot<'_> {
@@ -58,6 +59,7 @@ pub fn take(s: &Slot<'_>, waiter: Option<*mut ngx_http_request_t>) -> Take {
         let held = state::held(&mut m, s.item(), s.name, s.key);
         held.max = s.max;
         held.lease_ms = s.lease_ms;
+        held.h.strict = s.strict;
         let t = held.h.take(s.max, u64::from(s.lease_ms), now_ms());
         let ask = match t {
             Take::Taken => held.h.ask_after_take(s.max),
@@ -97,18 +99,25 @@ pub fn take_unsure(s: &Slot<'_>) {
         let held = state::held(&mut m, s.item(), s.name, s.key);
         held.max = s.max;
         held.lease_ms = s.lease_ms;
+        held.h.strict = s.strict;
         held.h.take_unsure();
     });
     tick_soon();
 }
 
-/// A request gave its slot back.
+/// A request gave its slot back. A worker that is exiting (a reload, a
+/// quit) keeps no spare: it gives back at once what it no longer uses, so
+/// that the new workers do not wait for its leases to end.
 pub fn give(zone: usize, entry: EntryId) {
     let item = ItemId { zone: zone as u32, entry, window: 0 };
+    // SAFETY: nginx's flag, read on the worker's thread that sets it.
+    let exiting = unsafe { ngx_exiting } != 0;
     HOLDINGS.with(|m| {
         if let Some(held) = m.borrow_mut().get_mut(&item) {
             held.h.give();
-            if held.h.ask_after_give(held.max) {
+            held.h.strict |= exiting;
+            let release = exiting && !held.h.asked && held.h.granted > held.h.mine;
+            if release || held.h.ask_after_give(held.max) {
                 send(item, held);
             }
         }

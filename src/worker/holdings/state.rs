@@ -111,3 +111,15 @@ fn wake(r: *mut ngx_http_request_t) {
         ngx_post_event(wev, ptr::addr_of_mut!(ngx_posted_events));
     }
 }
+
+/// The worker exits: what it leased leaves the node's figure (its leases
+/// end in Redis unrenewed, as a dead holder's do).
+pub fn leave(mcf: &MainConf) {
+    HOLDINGS.with(|m| {
+        for (id, held) in m.borrow_mut().drain() {
+            if let Some(st) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref()) {
+                Stats::sub_n(&st.stats().conn_leased, u64::from(held.h.granted));
+            }
+        }
+    });
+}
