@@ -208,3 +208,31 @@ my $s = time % 60; sleep(61 - $s) if $s > 55;
 ["X-RL: [PASSED]", "X-RL: [PASSED]", "X-RL: [PASSED]", "X-RL: [REJECTED]",
  "X-RL: [PASSED]", "X-RL: [PASSED]", "X-RL: [DELAYED]", "X-RL: [DELAYED]"]
 
+
+
+=== TEST 7: slow endpoints: a rate and a concurrency limit per tenant, for the fleet; one after the other each takes its slot and gives it back, the rate refuses the fourth
+--- http_config
+    map $http_x_api_key $tenant {
+        ""       "addr:$binary_remote_addr";
+        default  $http_x_api_key;
+    }
+    redis_ratelimit_zone $tenant zone=tenant:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070g:;
+    server {
+        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+        location / { return 200 "backend\n"; }
+    }
+--- config
+    location /export {
+        redis_ratelimit tenant 3r/m;
+        redis_ratelimit_conn tenant 1;
+        add_header X-Conn "[$redis_ratelimit_conn_status]" always;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+    }
+--- more_headers
+X-API-Key: acme
+--- request eval
+[("GET /export") x 4]
+--- error_code eval
+[200, 200, 200, 429]
+--- response_headers eval
+["X-Conn: [PASSED]", "X-Conn: [PASSED]", "X-Conn: [PASSED]", "X-Conn: []"]

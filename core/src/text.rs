@@ -71,9 +71,35 @@ pub fn json_string(v: &str) -> String {
     out
 }
 
+/// A structured-field string (RFC 9651), quoted and escaped: `"` and `\`
+/// escaped, what is not printable ASCII written `?` (not allowed in one).
+pub fn sf_string(v: &str) -> String {
+    let mut out = String::with_capacity(v.len() + 2);
+    out.push('"');
+    for c in v.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_structured_field_string_is_quoted_and_escaped() {
+        assert_eq!(sf_string("api"), "\"api\"");
+        assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
+        assert_eq!(sf_string("é\t"), "\"??\"");
+    }
 
     #[test]
     fn a_message_is_one_line() {

@@ -17,6 +17,7 @@ use ratelimit_core::bucket;
 use ratelimit_core::params::OnError;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Outcome;
+use ratelimit_core::text;
 use ratelimit_core::window::{quota_back_at, seconds_until, Estimate};
 
 use crate::conf::{Limit, LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF};
@@ -456,14 +457,7 @@ fn quota(l: &Ask<'_>) -> (u64, u64) {
 /// `RateLimit` speaks of; the limit's place is added (`"api-10r/m-2"`)
 /// should two of one zone have the same rate too.
 fn policy_name(out: &mut String, mcf: &MainConf, limits: &[Ask<'_>], i: usize) {
-    out.push('"');
-    for c in policy_label(mcf, limits, i).chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
+    out.push_str(&text::sf_string(&policy_label(mcf, limits, i)));
 }
 
 /// Limit `i`'s policy name: its zone's, with its rate (and its place) when

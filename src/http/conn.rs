@@ -22,7 +22,10 @@
 //! counted it already, as `limit_req` has by the time `limit_conn` runs.
 
 use std::ffi::c_void;
+use std::fmt::Write;
 use std::ptr;
+
+use smallvec::SmallVec;
 
 use nginx_sys::{
     ngx_del_timer, ngx_handle_read_event, ngx_handle_write_event, ngx_http_block_reading,
@@ -37,9 +40,10 @@ use ratelimit_core::conn_fleet::Take;
 use ratelimit_core::key::EntryId;
 use ratelimit_core::params::OnError;
 use ratelimit_core::stats::Stats;
+use ratelimit_core::text;
 
 use crate::conf::module::Module;
-use crate::conf::{LocConf, MainConf};
+use crate::conf::{LocConf, MainConf, HEADERS_ON};
 use crate::engine;
 use crate::http::{request_log, Failure};
 use crate::shm::Shared;
@@ -183,6 +187,7 @@ fn take(
     held: &mut Held,
 ) -> Result<ngx_int_t, Failure> {
     let now = now_ms();
+    let mut policies: SmallVec<[(&str, u32, u32); 2]> = SmallVec::new();
     for c in lcf.conns.as_deref().unwrap_or_default().iter().take(MAX_CONNS) {
         let key = crate::http::values::key(r, mcf, c.zone)?;
         if key.is_empty() {
@@ -228,6 +233,12 @@ fn take(
                 let fleet = redis.map(|_| c.zone);
                 held.slots[held.n] = Slot { shared, id, fleet };
                 held.n += 1;
+                // what is left of the number, as this node sees it
+                let used = match fleet {
+                    Some(z) => holdings::in_use(z, id).unwrap_or_default(),
+                    None => node.unwrap_or_default(),
+                };
+                policies.push((zone.name.as_str(), c.max, c.max.saturating_sub(used)));
                 continue;
             }
             Fleet::Wait => {
@@ -259,13 +270,46 @@ fn take(
             return Ok(NGX_DECLINED as ngx_int_t);
         }
         held.outcome = ConnOutcome::Rejected;
+        policies.push((zone.name.as_str(), c.max, 0));
+        conn_headers(r, lcf, &policies)?;
         // SAFETY: the request is valid; `Request` is a transparent wrapper.
         let req = unsafe { Request::from_ngx_http_request(r) };
         // a slot frees when a request ends: a second is a hint, not a promise
         req.add_header_out("Retry-After", "1").ok_or(Failure::NoMemory)?;
         return crate::http::problem::reject(r, lcf, || vec![zone.name.clone()]);
     }
+    conn_headers(r, lcf, &policies)?;
     Ok(NGX_DECLINED as ngx_int_t)
+}
+
+/// With `redis_ratelimit_headers on`, a concurrency limit's policy and
+/// what is left of it (draft-ietf-httpapi-ratelimit-headers-11's
+/// `qu="concurrent-requests"`), one member per limit (zone, number,
+/// remaining), named `"<zone>-conn"` (apart from the zone's rate limits),
+/// in header lines of their own beside the rate limits'.
+fn conn_headers(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    policies: &[(&str, u32, u32)],
+) -> Result<(), Failure> {
+    if lcf.headers != HEADERS_ON || policies.is_empty() {
+        return Ok(());
+    }
+    let (mut policy, mut state) = (String::new(), String::new());
+    for (i, (zone, max, left)) in policies.iter().enumerate() {
+        if i > 0 {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        let name = text::sf_string(&format!("{zone}-conn"));
+        let _ = write!(policy, "{name};q={max};qu=\"concurrent-requests\"");
+        let _ = write!(state, "{name};r={left}");
+    }
+    // SAFETY: the request is valid; `Request` is a transparent wrapper.
+    let req = unsafe { Request::from_ngx_http_request(r) };
+    req.add_header_out("RateLimit-Policy", &policy).ok_or(Failure::NoMemory)?;
+    req.add_header_out("RateLimit", &state).ok_or(Failure::NoMemory)?;
+    Ok(())
 }
 
 /// The fleet's part of a slot the node's memory let through (`node` in

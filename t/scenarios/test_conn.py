@@ -28,6 +28,8 @@ SERVER = """
                          proxy_pass http://slow/missing; }
         location /both { redis_ratelimit c 2r/m; redis_ratelimit_conn c 1; proxy_pass http://slow; }
         location /free { proxy_pass http://slow; }
+        location /hdr  { redis_ratelimit c 10r/m; redis_ratelimit_conn c 2; redis_ratelimit_headers on;
+                         proxy_pass http://slow; }
         location = /metrics { redis_ratelimit_metrics; }
         location = /page.html { ssi on; root html; }
         location /inc/ { redis_ratelimit_conn c 1; proxy_pass http://slow; }
@@ -270,5 +272,39 @@ def test_subrequests_count_with_their_main_request(h):
         h.check(st == 200 and body.count(b"slow") == 3, "three includes served: %s %r" % (st, body))
         got = at_once(n, "/inc/x?k=ssi", 2, timeout=5)
         h.check(sorted(g[0] for g in got) == [200, 429], "the key's one slot, given back: %s" % got)
+    finally:
+        up.stop()
+
+
+def test_ratelimit_headers_state_the_concurrency_policy(h):
+    """`redis_ratelimit_headers on` with a rate and a concurrency limit: the
+    rate's policy, and the concurrency limit's with
+    `qu="concurrent-requests"` (draft-ietf-httpapi-ratelimit-headers-11)
+    and what is left of it, in lines of their own; a refused request's
+    says none is left."""
+    up, n = setup(h, delay=1.0)
+    try:
+        got = {}
+
+        def one(i):
+            got[i] = n.request("/hdr?k=hd", timeout=5.0)
+
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(10)
+        ok = [g for g in got.values() if g[0] == 200]
+        no = [g for g in got.values() if g[0] == 429]
+        h.check(len(ok) == 2 and len(no) == 1, "2 pass, 1 refused: %s" % [g[0] for g in got.values()])
+        for st, headers, _, _ in ok + no:
+            pol = headers.get("ratelimit-policy") or []
+            state = headers.get("ratelimit") or []
+            h.note("%d: RateLimit-Policy %s, RateLimit %s" % (st, pol, state))
+            h.check('"c-conn";q=2;qu="concurrent-requests"' in pol, "the policy: %s" % pol)
+            conn = [v for v in state if v.startswith('"c-conn"')]
+            h.check(len(conn) == 1 and re.fullmatch(r'"c-conn";r=[01]', conn[0]), "its state: %s" % state)
+        h.check(any(v == '"c-conn";r=0' for v in (no[0][1].get("ratelimit") or [])),
+                "refused: none left: %s" % no[0][1])
     finally:
         up.stop()

@@ -79,6 +79,13 @@ pub fn take(s: &Slot<'_>, waiter: Option<*mut ngx_http_request_t>) -> Take {
     taken
 }
 
+/// The key's slots in use across the fleet, as this worker last learnt
+/// them (the other leases at its last answer, and its own in use).
+pub fn in_use(zone: usize, entry: EntryId) -> Option<u32> {
+    let item = ItemId { zone: zone as u32, entry, window: 0 };
+    HOLDINGS.with(|m| m.borrow().get(&item).map(|held| held.h.others.saturating_add(held.h.mine)))
+}
+
 /// A waiting request is gone (it ended, or its wait did).
 pub fn unwait(zone: usize, entry: EntryId, r: *mut ngx_http_request_t) {
     let item = ItemId { zone: zone as u32, entry, window: 0 };
@@ -106,7 +113,7 @@ pub fn take_unsure(s: &Slot<'_>) {
 }
 
 /// A request gave its slot back. A worker that is exiting (a reload, a
-/// quit) keeps no spare: it gives back at once what it no longer uses, so
+/// quit) keeps no spare: it gives back at once the slots it does not use, so
 /// that the new workers do not wait for its leases to end.
 pub fn give(zone: usize, entry: EntryId) {
     let item = ItemId { zone: zone as u32, entry, window: 0 };
