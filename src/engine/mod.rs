@@ -348,7 +348,7 @@ fn limit(
 
 /// The nodes that count through a zone's Redis, as the zone last learnt
 /// (at least its `nodes=`).
-fn fleet_nodes(mcf: &MainConf, zone: usize) -> u32 {
+pub fn fleet_nodes(mcf: &MainConf, zone: usize) -> u32 {
     let z = &mcf.zones[zone];
     let seen = z.shared.as_ref().map_or(0, |s| Stats::get(&s.stats().fleet_nodes));
     u32::try_from(seen).unwrap_or(u32::MAX).max(z.params.as_ref().map_or(0, |p| p.nodes))

@@ -217,7 +217,7 @@ fn take(
                     strict: c.strict,
                 };
                 let may_wait = held.deadline_ms == 0 || now < held.deadline_ms;
-                let f = fleet_take(r, mcf, shared, &slot, p.on_error, node, may_wait);
+                let f = fleet_take(r, mcf, &slot, p.on_error, node, may_wait);
                 if !matches!(f, Fleet::Taken) {
                     let mut locked = shared.lock();
                     if let Some(i) = locked.table.find(id) {
@@ -320,7 +320,6 @@ fn conn_headers(
 fn fleet_take(
     r: &mut ngx_http_request_t,
     mcf: &MainConf,
-    shared: &Shared,
     slot: &holdings::Slot<'_>,
     on_error: OnError,
     node: u32,
@@ -342,8 +341,8 @@ fn fleet_take(
         OnError::Local | OnError::Allow => true,
         OnError::Deny => false,
         OnError::Share => {
-            let nodes = Stats::get(&shared.stats().fleet_nodes).clamp(1, u64::from(slot.max));
-            u64::from(node) <= (u64::from(slot.max) / nodes).max(1)
+            let nodes = engine::fleet_nodes(mcf, slot.zone).max(1);
+            node <= (slot.max / nodes).max(1)
         }
     };
     if ok {

@@ -308,3 +308,41 @@ def test_a_reload_with_requests_in_flight_leaks_nothing(h):
         h.check(c["in_flight"] == 0 and c["leased"] == 0, "nothing held: %s" % c)
     finally:
         up.stop()
+
+
+def test_redis_down_each_node_admits_its_share(h):
+    """`on_error=share nodes=2` on 2 nodes, `redis_ratelimit_conn s 4`:
+    with Redis killed, each node lets 2 of its 5 at once through (its
+    part of the number), not 4 each as `local` would."""
+    r = h.redis()
+    up = Upstream(1.0)
+    try:
+        http = ("    redis_ratelimit_zone $arg_k zone=s:1m redis=%s on_error=share nodes=2 timeout=200ms;\n"
+                "    upstream slow { server 127.0.0.1:%d; }\n" % (r.url, up.port))
+        server = ("        location /s { redis_ratelimit_conn s 4; proxy_pass http://slow; }\n"
+                  "        location = /metrics { redis_ratelimit_metrics; }\n")
+        ns = [h.nginx(http, server) for _ in range(2)]
+        r.stop(sig=signal.SIGKILL)
+
+        def down(n):
+            import json
+            return json.loads(n.request("/metrics?format=json")[2])["zones"]["s"]["redis"]["up"] is False
+
+        h.check(wait_for(lambda: all(down(n) for n in ns), 8.0), "both nodes see Redis down")
+        out, lock = [], threading.Lock()
+
+        def five(n):
+            got = at_once(n, "/s?k=" + h.key("share"), 5)
+            with lock:
+                out.append(sorted(g[0] for g in got))
+
+        ts = [threading.Thread(target=five, args=(n,)) for n in ns]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        h.note("per node: %s; upstream had %d at most" % (out, up.most))
+        h.check(out == [[200, 200, 429, 429, 429]] * 2, "2 a node: %s" % out)
+        h.check(up.most <= 4, "the fleet's 4: %d" % up.most)
+    finally:
+        up.stop()
