@@ -145,6 +145,7 @@ bench: build
 	python3 bench/run.py --with-trace
 	python3 bench/workers.py
 	python3 bench/bucket.py
+	python3 bench/conn.py
 	$(CARGO) test --release -p ratelimit-core --test multi_node_sim -- --nocapture --exact workers_per_node
 
 soak: build

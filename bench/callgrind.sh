@@ -170,6 +170,15 @@ if command -v redis-server >/dev/null; then
     # strict limit uses gets a strict link per worker)
     sed -e 's|^    }$|        location = /strict { root html; try_files /b =404; redis_ratelimit r 1000000000r/s strict; }\n    }|' \
         "$work/conf/redis.conf" > "$work/conf/strict.conf"
+    # a concurrency limit on the zone with Redis: one key far from its
+    # number, its slots taken of the worker's lease (a configuration of
+    # its own)
+    sed -e 's|^    }$|        location = /conn-redis { root html; try_files /b =404; redis_ratelimit_conn r 1000; }\n    }|' \
+        "$work/conf/redis.conf" > "$work/conf/connredis.conf"
+    if want conn-redis; then
+        cr=$(per_request /conn-redis connredis.conf)
+        echo "| /conn-redis (a concurrency limit of 1000 on a zone with Redis, one key, all threads; connredis.conf) | $cr | $(( cr - base )) |"
+    fi
     if want redis-hot; then
         hot=$(per_request /redis-hot redis.conf)
         echo "| /redis-hot (one key through Redis, all threads; redis.conf) | $hot | $(( hot - base )) |"

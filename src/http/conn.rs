@@ -233,12 +233,14 @@ fn take(
                 let fleet = redis.map(|_| c.zone);
                 held.slots[held.n] = Slot { shared, id, fleet };
                 held.n += 1;
-                // what is left of the number, as this node sees it
-                let used = match fleet {
-                    Some(z) => holdings::in_use(z, id).unwrap_or_default(),
-                    None => node.unwrap_or_default(),
-                };
-                policies.push((zone.name.as_str(), c.max, c.max.saturating_sub(used)));
+                if lcf.headers == HEADERS_ON {
+                    // what is left of the number, as this node sees it
+                    let used = match fleet {
+                        Some(z) => holdings::in_use(z, id).unwrap_or_default(),
+                        None => node.unwrap_or_default(),
+                    };
+                    policies.push((zone.name.as_str(), c.max, c.max.saturating_sub(used)));
+                }
                 continue;
             }
             Fleet::Wait => {
