@@ -346,3 +346,54 @@ def test_redis_down_each_node_admits_its_share(h):
         h.check(up.most <= 4, "the fleet's 4: %d" % up.most)
     finally:
         up.stop()
+
+
+def test_a_cluster_holds_each_key_s_number(h):
+    """A Redis Cluster of three masters, 2 nodes of 2 workers,
+    `redis_ratelimit_conn k 3` on keys spread over every master: for each
+    key, 8 requests at once over the nodes get 3 through, and each key's
+    leases live on the master of its slot."""
+    from cluster import keyslot
+    from test_cluster import _three_masters
+    masters = _three_masters(h, ())
+    up = Upstream(1.0)
+    try:
+        url = "redis://%s:%d" % (HOST, masters[0].port)
+        http = ("    redis_ratelimit_zone $arg_k zone=k:1m redis=%s cluster timeout=500ms;\n"
+                "    upstream slow { server 127.0.0.1:%d; }\n" % (url, up.port))
+        server = "        location /k { redis_ratelimit_conn k 3; proxy_pass http://slow; }\n"
+        ns = [h.nginx(http, server, workers=2) for _ in range(2)]
+        ranges = [(0, 5460), (5461, 10922), (10923, 16383)]
+        keys, owners, i = [], [], 0
+        while len(keys) < 3 and i < 500:
+            k = h.key("c%d" % i)
+            i += 1
+            owner = next(j for j, (lo, hi) in enumerate(ranges) if lo <= keyslot("k:%s" % k) <= hi)
+            if owner not in owners:
+                owners.append(owner)
+                keys.append(k)
+        out, lock = {}, threading.Lock()
+
+        def four(n, k):
+            got = at_once(n, "/k?k=" + k, 4)
+            with lock:
+                out.setdefault(k, []).extend(g[0] for g in got)
+
+        ts = [threading.Thread(target=four, args=(n, k)) for k in keys for n in ns]
+        for t in ts:
+            t.start()
+        seen = {}
+        time.sleep(0.5)
+        for k, j in zip(keys, owners):
+            got = masters[j].cmd("HGETALL", "rl:{k:%s}:conn" % k) or []
+            seen[k] = sum(int(got[x + 1].split(":")[0]) for x in range(0, len(got), 2))
+        for t in ts:
+            t.join(30)
+        h.note("per key: %s; leased on each key's master: %s" % (
+            {k: sorted(v) for k, v in out.items()}, seen))
+        for k in keys:
+            h.check(sorted(out[k]) == [200] * 3 + [429] * 5, "3 of 8 for %s: %s" % (k, out[k]))
+            h.check(seen[k] >= 3, "its leases on its master: %s" % seen)
+        h.check(up.most <= 9, "never more than 3 a key: %d" % up.most)
+    finally:
+        up.stop()

@@ -103,6 +103,8 @@ struct Link {
     ints: Vec<i64>,
     /// Requests not written yet, per key, and calls out.
     calls: Calls<Key, StrictGroup>,
+    /// A holder's ask (a conn group) may wait to be written.
+    conn_waiting: bool,
 }
 
 thread_local! {
@@ -142,6 +144,7 @@ fn make(zone: usize) -> *mut Link {
                 input: Vec::new(),
                 ints: Vec::new(),
                 calls: Calls::default(),
+                conn_waiting: false,
             }))
         })
     })
@@ -297,11 +300,13 @@ impl Link {
             return;
         };
         // a holder's ask for its lease says what it uses as it goes
-        self.calls.each_ready(|g| {
-            if g.kind == strict::Kind::Conn {
-                crate::worker::holdings::state::refresh(g);
-            }
-        });
+        if self.conn_waiting {
+            self.calls.each_ready(|g| {
+                if g.kind == strict::Kind::Conn {
+                    crate::worker::holdings::state::refresh(g);
+                }
+            });
+        }
         let now = now_ms();
         let weight = |g: &StrictGroup| 2 + g.requests.len();
         let calls = self.calls.write(mono_us(), strict::MAX_GROUPS, strict::MAX_ANSWER, weight);
@@ -315,6 +320,9 @@ impl Link {
             };
             call.write(&mut self.out, &mut self.texts);
         }
+        // a conn group behind a call out is written (and brought up to
+        // date) later
+        self.conn_waiting = self.conn_waiting && self.calls.has_waiting();
         self.arm();
         self.write_out();
     }

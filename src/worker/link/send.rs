@@ -150,5 +150,6 @@ pub fn send_conn(ch: &Channel, c: &Conn<'_>) {
         group.push(NO_TICKET, c.uses, strict::COUNTED);
         group.push(NO_TICKET, c.wants, strict::COUNTED);
     }
+    link.conn_waiting = true;
     link.post_flush();
 }
