@@ -53,7 +53,7 @@ ok
 GET /t
 --- error_code: 200
 --- response_headers
-RateLimit-Policy: "local-10r/s";q=10;w=1, "local-100r/m";q=100;w=60, "local-1000r/h";q=1000;w=3600
+RateLimit-Policy: "local-10r/s";q=10;w=1, "local-100r/m";q=100;w=60, "local-1000r/h";q=1000;w=3600, "local-conn";q=100;qu="concurrent-requests"
 --- no_error_log
 [emerg]
 secret

@@ -38,7 +38,7 @@ ok
 --- response_body_like eval
 [("^ok\n\$") x 3, (".*") x 3, "^ok\n\$", "^ok\n\$", "^ok\n\$",
  qr/# TYPE nginx_redis_ratelimit_requests_total counter\n(?s:.*)nginx_redis_ratelimit_requests_total\{zone="z",outcome="passed"\} 4\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="rejected"\} 3\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="rejected_dry_run"\} 1\nnginx_redis_ratelimit_requests_total\{zone="z",outcome="not_limited"\} 1\nnginx_redis_ratelimit_requests_total\{zone="idle",outcome="passed"\} 0\n(?s:.*)nginx_redis_ratelimit_keys\{zone="z"\} 2\n(?s:.*)nginx_redis_ratelimit_keys_capacity\{zone="z"\} \d{4,}\n(?s:.*)# TYPE nginx_redis_ratelimit_backend_up gauge\n# HELP/,
- qr/^\{"zones":\{"z":\{"requests":\{"passed":4,"rejected":3,"rejected_dry_run":1,"not_limited":1\},"delayed":0,"conn":\{"in_flight":0,"rejected":0,"rejected_dry_run":0\},"keys":2,"keys_capacity":\d{4,},"evictions":0,"breaker_trips":0,"dropped_increments":0,"redis":null\},"idle":\{"requests":\{"passed":0,"rejected":0,"rejected_dry_run":0,"not_limited":0\},"delayed":0,"conn":\{"in_flight":0,"rejected":0,"rejected_dry_run":0\},"keys":0,/]
+ qr/^\{"zones":\{"z":\{"requests":\{"passed":4,"rejected":3,"rejected_dry_run":1,"not_limited":1\},"delayed":0,"conn":\{"in_flight":0,"rejected":0,"rejected_dry_run":0,"leased":0,"leases_expired":0\},"keys":2,"keys_capacity":\d{4,},"evictions":0,"breaker_trips":0,"dropped_increments":0,"redis":null\},"idle":\{"requests":\{"passed":0,"rejected":0,"rejected_dry_run":0,"not_limited":0\},"delayed":0,"conn":\{"in_flight":0,"rejected":0,"rejected_dry_run":0,"leased":0,"leases_expired":0\},"keys":0,/]
 --- no_error_log
 [alert]
 [crit]

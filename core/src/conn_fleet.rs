@@ -138,14 +138,16 @@ impl Holding {
     }
 
     /// The spare it asks to hold beyond what it uses: its part of half the
-    /// free slots, at least one (none when `strict`).
+    /// free slots (none when `strict`, and none near the number: every
+    /// slot is then granted as it is asked for, and no holder keeps one
+    /// idle while another is refused).
     fn spare(&self, max: u32) -> u32 {
         if self.strict {
             return 0;
         }
         let used = self.mine.saturating_add(self.waiting);
         let free = max.saturating_sub(self.others.saturating_add(used));
-        (free / (2 * (self.holders + 1))).max(1)
+        free / (2 * (self.holders + 1))
     }
 
     /// What it asks to hold: what it uses, what its waiting requests
@@ -161,7 +163,8 @@ impl Holding {
     /// After a slot taken: ask now when what is left of its lease is half
     /// its spare or less (more is asked before it is needed).
     pub fn ask_after_take(&self, max: u32) -> bool {
-        !self.strict && !self.asked && self.granted.saturating_sub(self.mine) * 2 <= self.spare(max)
+        let spare = self.spare(max);
+        spare > 0 && !self.asked && self.granted.saturating_sub(self.mine) * 2 <= spare
     }
 
     /// After a slot given back: ask now (to give spare slots back) when
@@ -186,9 +189,13 @@ impl Holding {
         self.mine == 0 && self.granted == 0 && !self.asked && !self.trusted(lease_ms, now_ms)
     }
 
-    /// The call was written: what it used then was sent.
-    pub fn sent(&mut self) {
+    /// The call was written asking for `wants` while using `uses`: Redis
+    /// grants what is asked if it shrinks the lease (the slots were its
+    /// own), so the lease counts as that much from now on, not from the
+    /// answer (a slot taken between would be one Redis does not count).
+    pub fn sent(&mut self, uses: u32, wants: u32) {
         self.demand = false;
+        self.granted = self.granted.min(wants.max(uses));
     }
 
     /// Redis's answer to its call.

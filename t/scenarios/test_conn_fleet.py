@@ -22,8 +22,10 @@ HTTP = """
 SERVER = """
         add_header X-Conn $redis_ratelimit_conn_status always;
         location /slow  { redis_ratelimit_conn c 10 lease=2s; proxy_pass http://slow; }
-        location /quick { redis_ratelimit_conn c 10 lease=2s; proxy_pass http://quick; }
         location /strict { redis_ratelimit_conn c 3 strict lease=2s; proxy_pass http://slow; }
+        location /strict10 { redis_ratelimit_conn c 10 strict lease=2s; proxy_pass http://slow; }
+        location /twenty { redis_ratelimit_conn c 20 lease=2s; proxy_pass http://slow; }
+        location /quick20 { redis_ratelimit_conn c 20 lease=2s; proxy_pass http://quick; }
         location /big   { redis_ratelimit_conn c 1000 lease=2s; limit_rate 20k; }
         location = /metrics { redis_ratelimit_metrics; }
 """
@@ -83,33 +85,36 @@ def wait_for(cond, seconds, step=0.1):
 
 
 def test_four_nodes_hold_the_number_together(h):
-    """4 nodes of 2 workers, one Redis, `redis_ratelimit_conn c 10`, an
-    upstream taking 1 s that counts what it has in flight, 200 clients (50
-    a node) for 6 s on a fresh key: a worker with no lease of the key waits
-    for one (a round trip), so the upstream never has more than 10 in
-    flight, from the first request on; the slots are used (not starved),
-    and after the run every count, in Redis and on the nodes, is back to
-    0."""
+    """4 nodes of 2 workers, one Redis, `redis_ratelimit_conn c 10` (and
+    then the same `strict`), an upstream taking 1 s that counts what it
+    has in flight, 200 clients (50 a node) for 6 s on a fresh key: a
+    worker with no lease of the key waits for one (a round trip), so the
+    upstream never has more than 10 in flight, from the first request on;
+    the slots are used (not starved), and after the run every count, in
+    Redis and on the nodes, is back to 0."""
     r = h.redis()
     up = Upstream(1.0)
     try:
         ns = fleet(h, r, up, 4)
-        k = h.key("four")
-        got = clients(ns, "/slow?k=" + k, 50, 6.0)
-        ok = got.count(200)
-        other = [s for s in got if s not in (200, 429)]
-        h.note("200 clients, 6 s: %d requests, %d passed; upstream had %d at most"
-               % (len(got), ok, up.most))
-        h.check(not other, "every request answered 200 or 429: %s" % other[:5])
-        h.check(up.most <= 10, "never more than 10 in flight: %d" % up.most)
-        h.check(ok >= 45, "the fleet's 10 slots were used (6 s of 1 s requests): %d" % ok)
-        # leases given back: at the next renewal an idle key's go, and any
-        # not renewed end in Redis
-        h.check(wait_for(lambda: not leases(r, k), 5.0), "no lease left: %s" % leases(r, k))
-        for n in ns:
-            c = in_flight(n)
-            h.check(c["in_flight"] == 0, "nothing in flight on a node: %s" % c)
-            h.check(c["leased"] == 0, "nothing leased by a node: %s" % c)
+        for path in ("/slow", "/strict10"):
+            k = h.key("four" + path[1:])
+            with up.lock:
+                up.most = 0
+            got = clients(ns, "%s?k=%s" % (path, k), 50, 6.0)
+            ok = got.count(200)
+            other = [s for s in got if s not in (200, 429)]
+            h.note("%s, 200 clients, 6 s: %d requests, %d passed; upstream had %d at most"
+                   % (path, len(got), ok, up.most))
+            h.check(not other, "every request answered 200 or 429: %s" % other[:5])
+            h.check(up.most <= 10, "never more than 10 in flight: %d" % up.most)
+            h.check(ok >= 45, "the fleet's 10 slots were used (6 s of 1 s requests): %d" % ok)
+            # leases given back: at the next renewal an idle key's go, and
+            # any not renewed end in Redis
+            h.check(wait_for(lambda: not leases(r, k), 5.0), "no lease left: %s" % leases(r, k))
+            for n in ns:
+                c = in_flight(n)
+                h.check(c["in_flight"] == 0, "nothing in flight on a node: %s" % c)
+                h.check(c["leased"] == 0, "nothing leased by a node: %s" % c)
     finally:
         up.stop()
 
@@ -134,7 +139,7 @@ def signal_node(n, sig):
 
 
 def lost_node(h, how):
-    """Node A holds the 10 slots of a key (its upstream takes 30 s); B is
+    """Node A holds the 20 slots of a key (its upstream takes 30 s); B is
     refused; then A is killed (SIGKILL) or frozen (SIGSTOP): B gets slots
     of the key within the lease (2 s) and not before A's lease could end
     (renewed every third of it)."""
@@ -143,18 +148,18 @@ def lost_node(h, how):
     try:
         a, b = fleet(h, r, up, 2, workers=1, quick=quick)
         k = h.key(how)
-        hold(a, "/slow?k=" + k, 10)
-        h.check(wait_for(lambda: up.now >= 10, 5.0), "10 in flight through A: %d" % up.now)
-        h.check(wait_for(lambda: sum(leases(r, k).values()) >= 10, 3.0),
+        hold(a, "/twenty?k=" + k, 20)
+        h.check(wait_for(lambda: up.now >= 20, 5.0), "20 in flight through A: %d" % up.now)
+        h.check(wait_for(lambda: sum(leases(r, k).values()) >= 20, 3.0),
                 "A's lease holds them: %s" % leases(r, k))
-        st = b.request("/quick?k=" + k)[0]
-        h.check(st == 429, "B is refused while A holds the 10: %s" % st)
+        st = b.request("/quick20?k=" + k)[0]
+        h.check(st == 429, "B is refused while A holds the 20: %s" % st)
         signal_node(a, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         lost = time.monotonic()
         back = None
         try:
             while time.monotonic() - lost < 6.0:
-                if b.request("/quick?k=" + k)[0] == 200:
+                if b.request("/quick20?k=" + k)[0] == 200:
                     back = time.monotonic() - lost
                     break
                 time.sleep(0.05)
@@ -165,12 +170,12 @@ def lost_node(h, how):
             if how == "stop":
                 signal_node(a, signal.SIGCONT)
         if how == "stop":
-            # A is back with its 10 requests in flight: its lease is renewed
+            # A is back with its 20 requests in flight: its lease is renewed
             # with them (Redis grants no less than it uses), and it takes
             # no slot more while the fleet is over the number
-            h.check(wait_for(lambda: sum(leases(r, k).values()) >= 10, 3.0),
+            h.check(wait_for(lambda: sum(leases(r, k).values()) >= 20, 3.0),
                     "A's lease is back: %s" % leases(r, k))
-            h.check(a.request("/quick?k=" + k)[0] == 429, "A takes nothing while over")
+            h.check(a.request("/quick20?k=" + k)[0] == 429, "A takes nothing while over")
     finally:
         up.stop()
         quick.stop()

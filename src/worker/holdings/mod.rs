@@ -137,14 +137,18 @@ fn send(item: ItemId, held: &mut Held) {
         return;
     };
     held.h.asked = true;
+    let (uses, wants) = (held.h.mine, held.h.want(held.max));
+    // (through the thread these are what Redis gets; down the link they
+    // are brought up to date when the call is written)
+    held.h.sent(uses, wants);
     let c = link::Conn {
         id: item,
         namespace: &held.namespace,
         key: &held.key,
         max: held.max,
         lease_ms: held.lease_ms,
-        uses: held.h.mine,
-        wants: held.h.want(held.max),
+        uses,
+        wants,
     };
     link::send_conn(ch, &c);
 }
@@ -178,11 +182,15 @@ fn tick_soon() {
 /// any key is held.
 unsafe extern "C" fn on_tick(_ev: *mut ngx_event_t) {
     let now = now_ms();
+    let mcf = crate::worker::reply::main_conf();
     let more = HOLDINGS.with(|m| {
         let mut m = m.borrow_mut();
         m.retain(|&item, held| {
             let lease = u64::from(held.lease_ms);
             if held.h.idle(lease, now) && held.waiters.is_empty() {
+                if let Some(mcf) = mcf {
+                    state::unreport(mcf, item, held);
+                }
                 return false;
             }
             if held.h.renewal_due(lease, now) {

@@ -25,6 +25,9 @@ pub(super) struct Held {
     pub(super) h: Holding,
     /// Requests waiting for the answer to its ask (`Take::Wait`).
     pub(super) waiters: Vec<*mut ngx_http_request_t>,
+    /// Its lease as Redis last granted it, in the node's figure
+    /// (`conn_leased`).
+    pub(super) reported: u32,
 }
 
 /// The key's `Held`, new if it has none.
@@ -41,6 +44,7 @@ pub(super) fn held<'m>(
         lease_ms: ratelimit_core::conn::LEASE_MS,
         h: Holding::default(),
         waiters: Vec::new(),
+        reported: 0,
     })
 }
 
@@ -55,7 +59,7 @@ pub fn refresh(g: &mut StrictGroup) {
     let (uses, wants) = HOLDINGS.with(|m| {
         m.borrow_mut().get_mut(&g.id).map_or((0, 0), |held| {
             let w = (held.h.mine, held.h.want(held.max));
-            held.h.sent();
+            held.h.sent(w.0, w.1);
             w
         })
     });
@@ -73,9 +77,12 @@ pub fn answered(mcf: &MainConf, id: ItemId, reply: Option<Reply>) {
         let Some(held) = m.get_mut(&id) else {
             return (None, Vec::new());
         };
-        let before = held.h.granted;
+        let before = held.reported;
         match reply {
-            Some(r) => held.h.answered(r, now_ms()),
+            Some(r) => {
+                held.h.answered(r, now_ms());
+                held.reported = r.granted;
+            }
             None => held.h.unanswered(),
         }
         held.h.waiting = 0;
@@ -117,9 +124,14 @@ fn wake(r: *mut ngx_http_request_t) {
 pub fn leave(mcf: &MainConf) {
     HOLDINGS.with(|m| {
         for (id, held) in m.borrow_mut().drain() {
-            if let Some(st) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref()) {
-                Stats::sub_n(&st.stats().conn_leased, u64::from(held.h.granted));
-            }
+            unreport(mcf, id, &held);
         }
     });
+}
+
+/// A key forgotten: its lease leaves the node's figure.
+pub(super) fn unreport(mcf: &MainConf, id: ItemId, held: &Held) {
+    if let Some(st) = mcf.zones.get(id.zone as usize).and_then(|z| z.shared.as_ref()) {
+        Stats::sub_n(&st.stats().conn_leased, u64::from(held.reported));
+    }
 }
