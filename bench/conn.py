@@ -14,9 +14,10 @@ thread, 32 connections, keep-alive) for a few seconds, in turns, twice
   * /conn-redis-keys: the same over 10 000 keys (wrk picks one a request).
 
 Prints req/s and the ratio to /base, and for the Redis rows the Redis
-commands per request (calls of the script: asks and renewals). Targets:
-the Redis rows at 0.05 commands a request or less (keys far from their
-limit); exits 1 when missed.
+commands per request (calls of the script: asks and renewals). Target:
+the Redis rows at 0.1 commands a request or less (keys far from their
+limit: far below one; a key held costs a renewal every third of lease=
+per worker, whatever its traffic); exits 1 when missed.
 
     python3 bench/conn.py [--seconds 5]
 """
@@ -135,8 +136,8 @@ def main():
                                              "%.5f" % (c / max(1, n)) if redis_row else "—"))
         if redis_row:
             calls[path] = c / max(1, n)
-            checks.append(("%s: at most 0.05 Redis calls a request" % path,
-                           calls[path] <= 0.05, "%.5f" % calls[path]))
+            checks.append(("%s: at most 0.1 Redis calls a request" % path,
+                           calls[path] <= 0.1, "%.5f" % calls[path]))
     print()
     good = True
     for what, ok, detail in checks:
