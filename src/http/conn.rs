@@ -28,10 +28,8 @@ use std::ptr;
 use smallvec::SmallVec;
 
 use nginx_sys::{
-    ngx_del_timer, ngx_handle_read_event, ngx_handle_write_event, ngx_http_block_reading,
-    ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_request_t, ngx_int_t, ngx_palloc,
-    ngx_pool_cleanup_t, ngx_uint_t, NGX_AGAIN, NGX_DECLINED, NGX_DONE,
-    NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+    ngx_http_request_t, ngx_int_t, ngx_palloc, ngx_pool_cleanup_t, ngx_uint_t, NGX_AGAIN,
+    NGX_DECLINED, NGX_HTTP_INTERNAL_SERVER_ERROR,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ngx::ngx_log_error;
@@ -360,38 +358,14 @@ fn fleet_take(
 /// its deadline: then `on_error` decides) and goes on to the next phase,
 /// or is refused.
 unsafe extern "C" fn resume(r: *mut ngx_http_request_t) {
-    // SAFETY: nginx passes the request whose event fired; as in
-    // `limit_req`'s delay handler.
-    unsafe {
-        let c = (*r).connection;
-        let wev = (*c).write;
-        if (*wev).delayed() != 0 {
-            if ngx_handle_write_event(wev, 0) != NGX_OK as ngx_int_t {
-                ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
-            }
-            return;
-        }
-        if (*wev).timer_set() != 0 {
-            ngx_del_timer(wev);
-        }
-        if ngx_handle_read_event((*c).read, 0) != NGX_OK as ngx_int_t {
-            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
-            return;
-        }
-        (*r).read_event_handler = Some(ngx_http_block_reading);
-        (*r).write_event_handler = Some(ngx_http_core_run_phases);
-        let r = &mut *r;
-        let rc = resumed(r);
-        if rc == NGX_AGAIN as ngx_int_t || rc == NGX_DONE as ngx_int_t {
-            return;
-        }
-        if rc == NGX_DECLINED as ngx_int_t {
-            r.phase_handler += 1;
-            ngx_http_core_run_phases(r);
-        } else {
-            ngx_http_finalize_request(r, rc);
-        }
+    // SAFETY: nginx passes the request whose event fired.
+    if !unsafe { crate::http::delay::unpark(r) } {
+        return;
     }
+    // SAFETY: the request is alive (its event fired).
+    let r = unsafe { &mut *r };
+    let rc = resumed(r);
+    crate::http::delay::go_on(r, rc);
 }
 
 /// A waiting request's slots, taken again.

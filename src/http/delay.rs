@@ -9,10 +9,10 @@ use std::ffi::c_void;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_add_timer, ngx_handle_read_event, ngx_handle_write_event, ngx_http_block_reading,
-    ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_request_t, ngx_http_test_reading,
-    ngx_int_t, ngx_post_event, ngx_posted_events, NGX_AGAIN, NGX_DECLINED,
-    NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+    ngx_add_timer, ngx_del_timer, ngx_handle_read_event, ngx_handle_write_event,
+    ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_finalize_request,
+    ngx_http_request_t, ngx_http_test_reading, ngx_int_t, ngx_post_event, ngx_posted_events,
+    NGX_AGAIN, NGX_DECLINED, NGX_DONE, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
 };
 use ngx::http::HttpModule;
 
@@ -79,22 +79,60 @@ pub fn park(
 /// clears `delayed` then), so the phases run again; a write event before
 /// it only re-arms the event.
 unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
-    // SAFETY: nginx passes the request whose event fired; as in
-    // `limit_req`'s delay handler.
+    // SAFETY: nginx passes the request whose event fired.
     unsafe {
-        let wev = (*(*r).connection).write;
+        if unpark(r) {
+            ngx_http_core_run_phases(r);
+        }
+    }
+}
+
+/// A parked request's write event fired (`park`): false while it still
+/// waits (a write event before its time: the event is re-armed) or when it
+/// failed (it is finalized); else its timer is gone and the phases' handlers
+/// are its own again.
+///
+/// # Safety
+///
+/// `r` is the live request whose parked write event fired.
+pub unsafe fn unpark(r: *mut ngx_http_request_t) -> bool {
+    // SAFETY: as in `limit_req`'s delay handler; the caller's request.
+    unsafe {
+        let c = (*r).connection;
+        let wev = (*c).write;
         if (*wev).delayed() != 0 {
             if ngx_handle_write_event(wev, 0) != NGX_OK as ngx_int_t {
                 ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
             }
-            return;
+            return false;
         }
-        if ngx_handle_read_event((*(*r).connection).read, 0) != NGX_OK as ngx_int_t {
+        if (*wev).timer_set() != 0 {
+            ngx_del_timer(wev);
+        }
+        if ngx_handle_read_event((*c).read, 0) != NGX_OK as ngx_int_t {
             ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
-            return;
+            return false;
         }
         (*r).read_event_handler = Some(ngx_http_block_reading);
         (*r).write_event_handler = Some(ngx_http_core_run_phases);
-        ngx_http_core_run_phases(r);
+    }
+    true
+}
+
+/// What nginx's phase engine does with a preaccess handler's answer, for a
+/// request answered outside it (woken): on to the next handler, a wait (a
+/// bucket's delay, a lease), or the end.
+pub fn go_on(r: &mut ngx_http_request_t, rc: ngx_int_t) {
+    if rc == NGX_AGAIN as ngx_int_t || rc == NGX_DONE as ngx_int_t {
+        return;
+    }
+    // SAFETY: the live request, on its connection's thread.
+    unsafe {
+        if rc == NGX_DECLINED as ngx_int_t {
+            r.phase_handler += 1;
+            ngx_http_core_run_phases(r);
+        } else {
+            ngx_http_finalize_request(r, rc);
+        }
     }
 }

@@ -23,11 +23,10 @@ use std::ffi::c_void;
 use std::ptr;
 
 use nginx_sys::{
-    ngx_add_timer, ngx_del_timer, ngx_event_t, ngx_handle_read_event, ngx_handle_write_event,
-    ngx_http_block_reading, ngx_http_core_run_phases, ngx_http_finalize_request,
+    ngx_add_timer, ngx_event_t, ngx_http_core_run_phases, ngx_http_finalize_request,
     ngx_http_post_request, ngx_http_request_empty_handler, ngx_http_request_t,
-    ngx_http_run_posted_requests, ngx_int_t, ngx_pool_cleanup_add, NGX_AGAIN, NGX_DECLINED,
-    NGX_DONE, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
+    ngx_http_run_posted_requests, ngx_int_t, ngx_pool_cleanup_add, NGX_AGAIN,
+    NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_OK,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Request};
 use ratelimit_core::batch::ItemId;
@@ -376,51 +375,23 @@ unsafe extern "C" fn wake_sub(ev: *mut ngx_event_t) {
 /// still waits is only re-armed.
 unsafe extern "C" fn wake(r: *mut ngx_http_request_t) {
     // SAFETY: nginx passes the request whose event fired.
-    let r = unsafe { &mut *r };
-    // SAFETY: as in `limit_req`'s delay handler.
-    unsafe {
-        let c = r.connection;
-        let wev = (*c).write;
-        if (*wev).delayed() != 0 {
-            if ngx_handle_write_event(wev, 0) != NGX_OK as ngx_int_t {
-                ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
-            }
-            return;
-        }
-        if (*wev).timer_set() != 0 {
-            ngx_del_timer(wev);
-        }
-        let w = ctx(r);
-        if !w.is_null() {
-            waits::unregister(w);
-        }
-        if ngx_handle_read_event((*c).read, 0) != NGX_OK as ngx_int_t {
-            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
-            return;
-        }
-        r.read_event_handler = Some(ngx_http_block_reading);
-        r.write_event_handler = Some(ngx_http_core_run_phases);
-        if !w.is_null() {
-            if let Some(rc) = answer_evaluated(r, w) {
-                // a request the rates let through takes its slots
-                let rc = crate::http::conn::after_rates(r, rc);
-                // what nginx's phase engine does with a preaccess
-                // handler's answer: on to the next handler, a wait (a
-                // bucket's delay), or the end
-                if rc == NGX_AGAIN as ngx_int_t || rc == NGX_DONE as ngx_int_t {
-                    return;
-                }
-                if rc == NGX_DECLINED as ngx_int_t {
-                    r.phase_handler += 1;
-                    ngx_http_core_run_phases(r);
-                } else {
-                    ngx_http_finalize_request(r, rc);
-                }
-                return;
-            }
-        }
-        ngx_http_core_run_phases(r);
+    if !unsafe { crate::http::delay::unpark(r) } {
+        return;
     }
+    // SAFETY: the request is alive (its event fired).
+    let r = unsafe { &mut *r };
+    let w = ctx(r);
+    if !w.is_null() {
+        waits::unregister(w);
+        if let Some(rc) = answer_evaluated(r, w) {
+            // a request the rates let through takes its slots
+            let rc = crate::http::conn::after_rates(r, rc);
+            crate::http::delay::go_on(r, rc);
+            return;
+        }
+    }
+    // SAFETY: as above.
+    unsafe { ngx_http_core_run_phases(r) };
 }
 
 /// A woken request of one limit that Redis decided, answered with the

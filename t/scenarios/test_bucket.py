@@ -116,7 +116,10 @@ def limit_req_delay_t(h, redis=None):
         files={"delay.html": "XtestX"})
     h.check(status(raw_get(n.port, "/delay.html")) == 200, "request")
     second = raw_get(n.port, "/delay.html")
-    h.check(header(second, "X-Time") == "0.000", "not yet delayed: %s" % header(second, "X-Time"))
+    # on a Redis zone a request near the burst waits a round trip for the
+    # script (which may cross a millisecond): not the delay (2 s) either
+    took = float(header(second, "X-Time") or "nan")
+    h.check(took == 0.0 or redis is not None and took < 0.05, "not yet delayed: %s" % took)
     # the third waits (2 s); meanwhile a fourth is rejected
     s = socket.create_connection((harness.HOST, n.port), timeout=10)
     s.sendall(b"GET /delay.html HTTP/1.0\r\nHost: localhost\r\n\r\n")
