@@ -103,9 +103,13 @@ impl Holding {
     pub fn take(&mut self, max: u32, lease_ms: u64, now_ms: u64) -> Take {
         let holds = self.granted > 0 || self.mine > 0;
         let trusted = self.trusted(lease_ms, now_ms);
-        if !trusted && !holds {
-            // what it knew of a key it holds nothing of is old: as new
-            *self = Holding { strict: self.strict, ..Holding::default() };
+        if !trusted && !holds && self.answered_ms > 0 {
+            // what it knew of a key it holds nothing of is old: as a key
+            // never answered (an ask out, and the requests waiting for
+            // it, stay)
+            self.others = 0;
+            self.holders = 0;
+            self.answered_ms = 0;
         }
         self.demand = true;
         if !trusted {
@@ -138,11 +142,13 @@ impl Holding {
     }
 
     /// The spare it asks to hold beyond what it uses: its part of half the
-    /// free slots (none when `strict`, and none near the number: every
-    /// slot is then granted as it is asked for, and no holder keeps one
-    /// idle while another is refused).
+    /// free slots (none when `strict`; none near the number, where every
+    /// slot is granted as it is asked for and no holder keeps one idle
+    /// while another is refused; and none in a key's first ask, when it
+    /// knows nothing of the other holders, which a burst on a fresh key
+    /// has asking at the same time).
     fn spare(&self, max: u32) -> u32 {
-        if self.strict {
+        if self.strict || self.answered_ms == 0 {
             return 0;
         }
         let used = self.mine.saturating_add(self.waiting);

@@ -53,25 +53,31 @@ fn call(h: &mut Holding, id: u32, redis: &mut Redis, max: u32, now: u64) {
 #[test]
 fn a_lease_is_taken_within_then_refused_and_more_is_asked_ahead() {
     let (mut h, mut redis) = (Holding::default(), Redis::default());
-    // a key new to it: the request waits for its first answer
+    // a key new to it: the request waits for its first answer, which
+    // grants what waits and no spare (it knows nothing of the others yet)
     assert_eq!(h.take(10, LEASE, 1), Take::Wait);
+    h.waiting = 1;
     call(&mut h, 1, &mut redis, 10, 2);
-    assert_eq!((h.mine, h.granted), (0, 5), "its part of half the 10, asked ahead");
-    for _ in 0..4 {
-        assert_eq!(h.take(10, LEASE, 3), Take::Taken);
-    }
-    assert!(h.ask_after_take(10), "one left of a spare of three: ask now");
+    h.waiting = 0;
+    assert_eq!((h.mine, h.granted), (0, 1));
+    assert_eq!(h.take(10, LEASE, 3), Take::Taken);
+    // its lease used up, the fleet not full: the next waits, and its ask
+    // takes a spare (its part of half the free slots)
+    assert_eq!(h.take(10, LEASE, 3), Take::Wait);
+    h.waiting = 1;
     call(&mut h, 1, &mut redis, 10, 4);
-    assert_eq!(h.granted, 7);
-    for _ in 0..3 {
+    h.waiting = 0;
+    assert_eq!(h.granted, 6, "1 used, 1 waiting, half of the 8 free");
+    for _ in 0..4 {
         assert_eq!(h.take(10, LEASE, 5), Take::Taken);
     }
-    assert_eq!(h.take(10, LEASE, 5), Take::Wait, "7 granted, 7 in use, 3 free: it waits for more");
-    h.waiting = 1;
+    assert!(h.ask_after_take(10), "one left of a spare of two: ask now");
     call(&mut h, 1, &mut redis, 10, 6);
-    h.waiting = 0;
-    assert_eq!(h.granted, 9, "7 used, 1 waiting, a spare");
-    assert_eq!(h.take(10, LEASE, 6), Take::Taken);
+    assert_eq!(h.granted, 7, "5 used and half of the 5 free, rounded down");
+    for _ in 0..2 {
+        assert_eq!(h.take(10, LEASE, 7), Take::Taken);
+    }
+    assert_eq!(h.take(10, LEASE, 7), Take::Wait, "7 granted, 7 in use, 3 free: it waits for more");
     assert!(redis.leased() <= 10);
 }
 
@@ -93,7 +99,9 @@ fn an_unrenewed_lease_is_not_trusted_and_an_ended_one_frees_its_slots() {
     assert!(a.trusted(LEASE, 1 + LEASE * 2 / 3 - 1));
     assert_eq!(a.take(4, LEASE, 1 + LEASE * 2 / 3), Take::Unsure);
     assert_eq!(b.take(4, LEASE, 1 + LEASE + 1), Take::Wait, "b's answer is old");
+    b.waiting = 1;
     call(&mut b, 2, &mut redis, 4, 1 + LEASE + 1);
+    b.waiting = 0;
     assert_eq!(b.others, 0);
     assert_eq!(Reply::of(0, u64::from(b.granted) + CONN_SPLIT).expired, 1);
     assert_eq!(b.take(4, LEASE, LEASE + 3), Take::Taken, "a's slots are back");
@@ -103,8 +111,10 @@ fn an_unrenewed_lease_is_not_trusted_and_an_ended_one_frees_its_slots() {
 fn a_renewal_gives_an_idle_key_s_lease_back_and_spare_slots_go_when_others_are_short() {
     let (mut a, mut b, mut redis) = (Holding::default(), Holding::default(), Redis::default());
     a.take(10, LEASE, 1);
+    a.waiting = 1;
     call(&mut a, 1, &mut redis, 10, 1);
-    assert_eq!(a.granted, 5, "half of 10");
+    a.waiting = 0;
+    assert_eq!(a.granted, 1, "a first ask: what waits");
     assert_eq!(a.take(10, LEASE, 2), Take::Taken);
     a.give();
     assert_eq!(a.want(10), 5, "a slot taken since its last call: a spare kept");
@@ -205,6 +215,7 @@ fn a_lease_shrunk_by_a_call_out_counts_as_shrunk_before_the_answer() {
     for _ in 0..5 {
         assert_eq!(a.take(10, LEASE, 2), Take::Taken);
     }
+    call(&mut a, 1, &mut redis, 10, 2);
     let big = a.granted;
     assert!(big > 5, "a spare: {big}");
     // b takes the rest, then a's requests end but three and a renewal
@@ -225,4 +236,20 @@ fn a_lease_shrunk_by_a_call_out_counts_as_shrunk_before_the_answer() {
     a.answered(r, 4);
     assert!(a.mine <= a.granted, "Redis counts every slot in use: {a:?}");
     assert!(redis.leased() <= 10);
+}
+
+#[test]
+fn requests_waiting_for_a_first_answer_share_one_ask() {
+    let (mut h, mut redis) = (Holding::default(), Redis::default());
+    assert_eq!(h.take(3, LEASE, 1), Take::Wait);
+    h.asked = true;
+    h.waiting = 1;
+    assert_eq!(h.take(3, LEASE, 1), Take::Wait);
+    assert!(h.asked && h.waiting == 1, "the ask out and its waiting request stay: {h:?}");
+    h.waiting = 2;
+    call(&mut h, 1, &mut redis, 3, 2);
+    h.waiting = 0;
+    assert_eq!(h.granted, 2, "both waiting requests granted in one answer");
+    assert_eq!(h.take(3, LEASE, 2), Take::Taken);
+    assert_eq!(h.take(3, LEASE, 2), Take::Taken);
 }
