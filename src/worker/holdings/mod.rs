@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::ptr;
 
 use nginx_sys::{ngx_add_timer, ngx_cycle, ngx_event_t, ngx_exiting, ngx_http_request_t};
-use ratelimit_core::batch::ItemId;
+use ratelimit_core::batch::{ItemId, ItemMap};
 use ratelimit_core::conn_fleet::Take;
 use ratelimit_core::key::EntryId;
 
@@ -49,6 +49,16 @@ impl Slot<'_> {
     }
 }
 
+/// The slot's key in the map (new if it has none), with its line's
+/// number, lease and `strict`.
+fn held_for<'m>(m: &'m mut ItemMap<Held>, s: &Slot<'_>) -> &'m mut Held {
+    let held = state::held(m, s.item(), s.name, s.key);
+    held.max = s.max;
+    held.lease_ms = s.lease_ms;
+    held.h.strict = s.strict;
+    held
+}
+
 /// Takes a slot of the key for a request, within this worker's lease;
 /// asks Redis for more ahead of need. A request with no lease to take of
 /// (`Take::Wait`) waits for the answer to the ask if `waiter` is given
@@ -56,10 +66,7 @@ impl Slot<'_> {
 pub fn take(s: &Slot<'_>, waiter: Option<*mut ngx_http_request_t>) -> Take {
     let taken = HOLDINGS.with(|m| {
         let mut m = m.borrow_mut();
-        let held = state::held(&mut m, s.item(), s.name, s.key);
-        held.max = s.max;
-        held.lease_ms = s.lease_ms;
-        held.h.strict = s.strict;
+        let held = held_for(&mut m, s);
         let t = held.h.take(s.max, u64::from(s.lease_ms), now_ms());
         let ask = match t {
             Take::Taken => held.h.ask_after_take(s.max),
@@ -102,12 +109,7 @@ pub fn unwait(zone: usize, entry: EntryId, r: *mut ngx_http_request_t) {
 /// Redis answers again.
 pub fn take_unsure(s: &Slot<'_>) {
     HOLDINGS.with(|m| {
-        let mut m = m.borrow_mut();
-        let held = state::held(&mut m, s.item(), s.name, s.key);
-        held.max = s.max;
-        held.lease_ms = s.lease_ms;
-        held.h.strict = s.strict;
-        held.h.take_unsure();
+        held_for(&mut m.borrow_mut(), s).h.take_unsure();
     });
     tick_soon();
 }
