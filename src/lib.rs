@@ -104,7 +104,7 @@ const fn slot(
 static STATUS_POST: ngx_conf_post_t =
     ngx_conf_post_t { post_handler: Some(directives::check_status) };
 
-static mut COMMANDS: [ngx_command_t; 10] = [
+static mut COMMANDS: [ngx_command_t; 11] = [
     command(
         c"redis_ratelimit_zone",
         NGX_HTTP_MAIN_CONF | NGX_CONF_2MORE,
@@ -157,6 +157,12 @@ static mut COMMANDS: [ngx_command_t; 10] = [
         c"redis_ratelimit_headers",
         ANY_LEVEL | NGX_CONF_TAKE1,
         directives::cmd_headers,
+        NGX_HTTP_LOC_CONF_OFFSET,
+    ),
+    command(
+        c"redis_ratelimit_api",
+        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS | NGX_CONF_TAKE1,
+        crate::http::api::cmd_api,
         NGX_HTTP_LOC_CONF_OFFSET,
     ),
     command(

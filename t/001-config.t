@@ -1064,3 +1064,92 @@ redis_ratelimit_conn: invalid "lease=soon": a time of 1s to 60s expected
 --- must_die
 --- error_log
 redis_ratelimit_conn: invalid parameter "strict"
+
+
+
+=== TEST 94: redis_ratelimit_api, read-only and writable, and block= on a limit
+--- http_config
+    redis_ratelimit_zone $arg_k zone=api:1m redis=redis://127.0.0.1:1;
+    redis_ratelimit_zone $binary_remote_addr zone=ip:1m;
+--- config
+    location /login { redis_ratelimit ip 5r/m block=15m; redis_ratelimit api 10r/s block=30s strict; }
+    location /ratelimit/ { redis_ratelimit_api write=on; allow 127.0.0.1; deny all; }
+    location /ratelimit-ro/ { redis_ratelimit_api write=off; }
+    location /status/ { redis_ratelimit_api; }
+--- request
+GET /ratelimit/zones/ip
+--- error_code: 200
+--- response_body_like: "controls_capacity":\d+
+
+
+
+=== TEST 95: redis_ratelimit_api with an unknown parameter
+--- config
+    location /api/ { redis_ratelimit_api write=yes; }
+--- must_die
+--- error_log
+redis_ratelimit_api: invalid parameter "write=yes": write=on or write=off expected
+
+
+
+=== TEST 96: redis_ratelimit_api outside a location
+--- http_config
+    redis_ratelimit_api;
+--- config
+    location /t { }
+--- must_die
+--- error_log
+"redis_ratelimit_api" directive is not allowed here
+
+
+
+=== TEST 97: redis_ratelimit_api twice in a location
+--- config
+    location /api/ { redis_ratelimit_api; redis_ratelimit_api write=on; }
+--- must_die
+--- error_log
+redis_ratelimit_api: is duplicate
+
+
+
+=== TEST 98: block= out of range
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location /t { redis_ratelimit z 5r/m block=500ms; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid block "block=500ms": a time from 1s to 30d expected (30s, 15m)
+
+
+
+=== TEST 99: block= that is not a time
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location /t { redis_ratelimit z 5r/m block=later; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid block "block=later": a time from 1s to 30d expected (30s, 15m)
+
+
+
+=== TEST 100: block= twice on one line
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location /u { redis_ratelimit z 5r/m block=1m block=2m; }
+--- must_die
+--- error_log
+redis_ratelimit: duplicate parameter "block="
+
+
+
+=== TEST 101: block= over 30 days
+--- http_config
+    redis_ratelimit_zone $arg_k zone=z:1m;
+--- config
+    location /u { redis_ratelimit z 5r/m block=31d; }
+--- must_die
+--- error_log
+redis_ratelimit: invalid block "block=31d": a time from 1s to 30d expected (30s, 15m)

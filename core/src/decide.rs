@@ -199,9 +199,37 @@ pub struct Decision {
     /// the request (thousandths), for the log line.
     pub delaying: usize,
     pub delay_excess: u64,
+    /// Rejected because the key is blocked (an operator's block or a
+    /// `block=` line's penalty), not by a count.
+    pub blocked: bool,
 }
 
 impl Decision {
+    /// The rejection of a blocked key until `until`, spoken of by limit
+    /// `tightest` of `rate`.
+    pub fn blocked(tightest: usize, rate: Rate, until: u64) -> Decision {
+        let estimate = Estimate::new(0, 0, 0, rate.period_ms());
+        let check = Check {
+            allowed: false,
+            cur: 0,
+            estimate,
+            retry_at_ms: until,
+            window: 0,
+            window_start_ms: 0,
+        };
+        Decision {
+            allowed: false,
+            limit: 0,
+            retry_at_ms: until,
+            tightest,
+            checked: Checked { check, after: estimate, bucket: None },
+            delay_ms: 0,
+            delaying: 0,
+            delay_excess: 0,
+            blocked: true,
+        }
+    }
+
     /// Requests left under the tightest limit, after this one (0 when
     /// rejected).
     pub fn remaining(&self) -> u32 {
@@ -413,6 +441,7 @@ pub fn one(
         delay_ms: 0,
         delaying: 0,
         delay_excess: 0,
+        blocked: false,
     };
     (d, push)
 }
@@ -537,6 +566,7 @@ pub fn many_into<E: Entries + ?Sized>(
         delay_ms,
         delaying,
         delay_excess,
+        blocked: false,
     }
 }
 

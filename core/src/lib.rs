@@ -27,11 +27,13 @@
 //! | `resp` | the Redis protocol for a strict link: commands, bounded reply parsing |
 //! | `sha1` | SHA-1, the name Redis gives the strict script |
 
+pub mod api;
 pub mod batch;
 pub mod bucket;
 pub mod calls;
 pub mod conn;
 pub mod conn_fleet;
+pub mod control;
 pub mod cost;
 pub mod counter;
 pub mod decide;

@@ -24,6 +24,11 @@ pub struct Zone {
     pub conn_rejected_dry_run: u64,
     pub conn_leased: u64,
     pub conn_expired: u64,
+    /// Keys a `block=` line blocked on this node; keys blocked now, and
+    /// keys with an override now (operators' and penalties').
+    pub blocks: u64,
+    pub blocked_keys: u64,
+    pub overridden_keys: u64,
     /// Keys (key and period pairs) in the table, and how many it holds.
     pub keys: u64,
     pub capacity: u64,
@@ -161,6 +166,24 @@ const FAMILIES: &[Family] = &[
         kind: "counter",
         help: "Other holders' leases of the zone's slots that this node found ended unrenewed (a node gone, frozen or cut off) and dropped.",
         of: Of::Zone(|z| one(z.conn_expired)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_blocks_total",
+        kind: "counter",
+        help: "Keys a limit with block= blocked on this node after rejecting them (its penalty box).",
+        of: Of::Zone(|z| one(z.blocks)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_blocked_keys",
+        kind: "gauge",
+        help: "Keys the zone blocks now (by the API, Lua or a block= penalty), as this node sees the fleet's.",
+        of: Of::Zone(|z| one(z.blocked_keys)),
+    },
+    Family {
+        name: "nginx_redis_ratelimit_overridden_keys",
+        kind: "gauge",
+        help: "Keys the zone limits at an overriding rate now (by the API or Lua), as this node sees the fleet's.",
+        of: Of::Zone(|z| one(z.overridden_keys)),
     },
     Family {
         name: "nginx_redis_ratelimit_keys",
@@ -322,6 +345,7 @@ pub fn json(zones: &[Zone]) -> String {
             out,
             "{}:{{\"requests\":{{\"passed\":{},\"rejected\":{},\"rejected_dry_run\":{},\"not_limited\":{}}},\
              \"delayed\":{},\"conn\":{{\"in_flight\":{},\"rejected\":{},\"rejected_dry_run\":{},\"leased\":{},\"leases_expired\":{}}},\
+             \"blocks\":{},\"blocked_keys\":{},\"overridden_keys\":{},\
              \"keys\":{},\"keys_capacity\":{},\"evictions\":{},\"breaker_trips\":{},\
              \"dropped_increments\":{},\"redis\":",
             crate::text::json_string(&z.name),
@@ -335,6 +359,9 @@ pub fn json(zones: &[Zone]) -> String {
             z.conn_rejected_dry_run,
             z.conn_leased,
             z.conn_expired,
+            z.blocks,
+            z.blocked_keys,
+            z.overridden_keys,
             z.keys,
             z.capacity,
             z.evictions,

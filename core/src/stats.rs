@@ -185,6 +185,8 @@ pub struct Stats {
     /// off).
     pub conn_leased: AtomicU64,
     pub conn_expired: AtomicU64,
+    /// Keys blocked by a `block=` line's penalty (each time, on this node).
+    pub blocks: AtomicU64,
     /// Replies that closed a key's breaker.
     pub breaker_trips: AtomicU64,
     /// Increments the queue had no room for (counted on the node only).

@@ -13,7 +13,7 @@ pub const MAGIC: u64 = 0x5252_4c54_4142_4c45;
 /// Bumped whenever `Header` or `Entry` change layout, or entry ids change
 /// meaning (`key::IdHasher`): a region written by another version is
 /// formatted anew instead of being misread.
-pub const VERSION: u32 = 10;
+pub const VERSION: u32 = 11;
 
 use crate::key::EntryId;
 use crate::stats::Stats;

@@ -53,6 +53,26 @@ pub fn one_line(s: &str, max: usize) -> String {
     out
 }
 
+/// A time in ms as nginx writes one: `15m`, `1h30m`, `2d`, `500ms`
+/// (whole units, largest first; `0s` for none).
+pub fn duration(ms: u64) -> String {
+    if ms == 0 {
+        return "0s".into();
+    }
+    if !ms.is_multiple_of(1000) && ms < 60_000 {
+        return if ms < 1000 { format!("{ms}ms") } else { format!("{}s", ms.div_ceil(1000)) };
+    }
+    let mut s = ms.div_ceil(1000);
+    let mut out = String::new();
+    for (unit, n) in [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if s >= n {
+            let _ = write!(out, "{}{unit}", s / n);
+            s %= n;
+        }
+    }
+    out
+}
+
 /// A JSON string, quoted and escaped.
 pub fn json_string(v: &str) -> String {
     let mut out = String::with_capacity(v.len() + 2);
@@ -93,6 +113,16 @@ pub fn sf_string(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_as_nginx_writes_them() {
+        assert_eq!(duration(0), "0s");
+        assert_eq!(duration(500), "500ms");
+        assert_eq!(duration(1500), "2s");
+        assert_eq!(duration(900_000), "15m");
+        assert_eq!(duration(5_400_000), "1h30m");
+        assert_eq!(duration(86_400_000 + 1000), "1d1s");
+    }
 
     #[test]
     fn a_structured_field_string_is_quoted_and_escaped() {

@@ -8,6 +8,7 @@ use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use ratelimit_core::batch::ItemId;
+use ratelimit_core::control::{Held, Kind as ControlKind};
 use ratelimit_core::counter::Confirmation;
 use ratelimit_core::key::Tag;
 use ratelimit_core::params::Sentinel;
@@ -287,6 +288,21 @@ pub enum Event {
         zone: u32,
         level: Level,
         message: String,
+    },
+    /// The sender read the zone's controls in Redis (`held`: what Redis
+    /// holds, when its version moved since the last read; `version` 0:
+    /// Redis has none).
+    ControlsRead {
+        zone: u32,
+        version: u64,
+        held: Option<Vec<Held>>,
+    },
+    /// Redis took the worker's change of a control of `key` as `version`.
+    ControlWritten {
+        zone: u32,
+        key: Vec<u8>,
+        kind: ControlKind,
+        version: u64,
     },
     /// A connection to the zone's Redis for the worker's strict calls,
     /// ready (authenticated, script loaded) and non-blocking.

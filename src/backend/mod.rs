@@ -11,6 +11,7 @@
 //! (see `send.rs`): an error reply fails that item only.
 
 mod clock;
+mod controls;
 mod event;
 mod fleet;
 mod io;
@@ -36,6 +37,7 @@ use parking_lot::{Condvar, Mutex};
 
 pub use ratelimit_core::batch::Increment;
 use ratelimit_core::batch::{Batch, Bounds, Delete, ItemId};
+use ratelimit_core::control::Change;
 use ratelimit_core::counter;
 use ratelimit_core::sync::Due;
 
@@ -91,6 +93,7 @@ impl LinkLoss {
 pub struct Channel {
     counts: Counts,
     strict: StrictQueue,
+    controls: ControlQueue,
     links: LinkRequests,
     health: ZoneHealth,
     events: Events,
@@ -116,6 +119,13 @@ struct Counts {
 struct StrictQueue {
     asks: Mutex<Vec<StrictAsk>>,
     /// `asks` is not empty: the thread sends it at once.
+    pending: AtomicBool,
+}
+
+/// Changes of zones' controls the worker made, for Redis.
+struct ControlQueue {
+    changes: Mutex<Vec<(u32, Change)>>,
+    /// `changes` is not empty: the thread writes them at once.
     pending: AtomicBool,
 }
 
@@ -164,6 +174,10 @@ impl Channel {
                 sleeps_on: Mutex::new(None),
             },
             strict: StrictQueue { asks: Mutex::new(Vec::new()), pending: AtomicBool::new(false) },
+            controls: ControlQueue {
+                changes: Mutex::new(Vec::new()),
+                pending: AtomicBool::new(false),
+            },
             links: LinkRequests {
                 want: (0..zones).map(|_| AtomicBool::new(false)).collect(),
                 lost: (0..zones).map(|_| AtomicU8::new(0)).collect(),
@@ -234,6 +248,14 @@ impl Channel {
         self.strict.pending.store(true, Ordering::Release);
         // under the batch lock: the thread is either waiting (and woken) or
         // about to look at `strict_pending`
+        let _b = self.counts.batch.lock();
+        self.wake_thread();
+    }
+
+    /// Queues a change of a zone's controls for Redis (written at once).
+    pub fn push_control(&self, zone: usize, change: Change) {
+        self.controls.changes.lock().push((zone as u32, change));
+        self.controls.pending.store(true, Ordering::Release);
         let _b = self.counts.batch.lock();
         self.wake_thread();
     }

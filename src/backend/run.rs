@@ -86,6 +86,7 @@ pub(super) fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
         events.append(&mut t.events);
         let deadline = work.stopping.then(|| Instant::now() + STOP_FLUSH);
         t.strict(ch, &mut events);
+        t.controls(ch, &mut events);
         t.flush(work.items, work.deletes, deadline, &mut events);
         t.timers(ch, work.stopping, deadline, &mut events);
         t.links(ch, &mut events);
@@ -108,6 +109,20 @@ pub(super) fn run(ch: &Channel, zones: Vec<ZoneSpec>) {
 }
 
 impl Thread {
+    /// Writes the changes of controls the worker made, each to its zone's
+    /// Redis.
+    fn controls(&mut self, ch: &Channel, events: &mut Vec<Event>) {
+        if !ch.controls.pending.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let changes = std::mem::take(&mut *ch.controls.changes.lock());
+        for (zone, change) in changes {
+            if let Some(b) = self.backends.iter_mut().find(|b| b.zone() == zone) {
+                b.write_control(&change, events);
+            }
+        }
+    }
+
     /// Sleeps until there is work: increments due (or too many bytes
     /// waiting), strict calls or links, a backend's timer, or a stop.
     fn wait(&mut self, ch: &Channel) -> Work {
@@ -125,7 +140,9 @@ impl Thread {
                 let (items, deletes) = b.drain();
                 return Work { items, deletes, stopping: true };
             }
-            if ch.strict.pending.load(Ordering::Acquire) || ch.links.pending.load(Ordering::Acquire)
+            if ch.strict.pending.load(Ordering::Acquire)
+                || ch.links.pending.load(Ordering::Acquire)
+                || ch.controls.pending.load(Ordering::Acquire)
             {
                 return Work::none();
             }

@@ -9,11 +9,13 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_core::batch::{Batch, Delete, Item, ItemId, ItemMap};
+use ratelimit_core::control::Change;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::sync::FirstCounts;
 use redis::Cmd;
 
 use super::clock::unix_ms;
+use super::controls::ControlSync;
 use super::event::{Event, ZoneSpec, PIPELINE_ITEMS};
 use super::fleet::Fleet;
 use super::link::Links;
@@ -64,6 +66,8 @@ pub struct Backend {
     pub(super) set_refused: bool,
     /// The nodes counting the zone through this Redis (`on_error=share`).
     fleet: Fleet,
+    /// The zone's controls in Redis.
+    controls: ControlSync,
 }
 
 impl Backend {
@@ -80,6 +84,7 @@ impl Backend {
             first: FirstCounts::default(),
             set_refused: false,
             fleet: Fleet::new(now),
+            controls: ControlSync::new(now),
             server: Server::new(spec, now),
         }
     }
@@ -188,6 +193,9 @@ impl Backend {
             if s.spec.share && sends {
                 next = next.min(self.fleet.due);
             }
+            if sends {
+                next = next.min(self.controls.due);
+            }
         }
         next
     }
@@ -240,8 +248,16 @@ impl Backend {
             self.refresh(events);
             if self.sends() {
                 self.fleet.say_counting(&mut self.server, events);
+                self.controls.read(&mut self.server, events);
+            } else {
+                self.controls.forget();
             }
         }
+    }
+
+    /// Writes a change of the zone's controls the worker made.
+    pub(super) fn write_control(&mut self, change: &Change, events: &mut Vec<Event>) {
+        self.controls.write(&mut self.server, change, events);
     }
 
     /// Reads the keys whose refresh is due (once each), within the budget.

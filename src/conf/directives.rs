@@ -16,6 +16,7 @@ use ngx::core::{Pool, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_conf_log_error;
 use ratelimit_core::bucket::{self, Bucket, Delay, MAX_BUCKET_LIMIT, MAX_BURST};
+use ratelimit_core::control;
 use ratelimit_core::params;
 use ratelimit_core::rate::Rate;
 
@@ -33,13 +34,13 @@ use crate::shm;
 /// # Safety
 /// `cf` must be the configuration being parsed, as nginx passes it to a
 /// directive handler.
-unsafe fn args<'a>(cf: *mut ngx_conf_t) -> &'a [ngx_str_t] {
+pub(crate) unsafe fn args<'a>(cf: *mut ngx_conf_t) -> &'a [ngx_str_t] {
     // SAFETY: nginx fills `cf->args` with at least the directive name before
     // calling a handler; the array lives in the configuration pool.
     unsafe { (*(*cf).args).as_slice() }
 }
 
-fn refuse(cf: *mut ngx_conf_t, directive: &str, msg: impl Display) -> *mut c_char {
+pub(crate) fn refuse(cf: *mut ngx_conf_t, directive: &str, msg: impl Display) -> *mut c_char {
     ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{directive}: {msg}");
     NGX_CONF_ERROR
 }
@@ -200,6 +201,8 @@ pub extern "C" fn cmd_zone(
         used_at: String::new(),
         params: Some(params),
         key,
+        binary_addr: args[1].as_bytes() == b"$binary_remote_addr",
+        lines: existing.map(|i| std::mem::take(&mut mcf.zones[i].lines)).unwrap_or_default(),
         // SAFETY: `cf` is valid while the directive is read.
         cycle: unsafe { (*cf).cycle },
         shared: None,
@@ -344,6 +347,7 @@ struct LineParams {
     strict: bool,
     burst: Option<u32>,
     delay: Option<Delay>,
+    block_ms: Option<u64>,
 }
 
 impl LineParams {
@@ -406,6 +410,12 @@ fn limit_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Par
     if p.strict && mcf.zones[zone].strict_at.is_none() {
         mcf.zones[zone].strict_at = Some(position(cf));
     }
+    if let RateSpec::Fixed(r) = rate {
+        let lines = &mut mcf.zones[zone].lines;
+        if !lines.contains(&(r, bucket)) {
+            lines.push((r, bucket));
+        }
+    }
     let limits = lcf.limits.get_or_insert_with(Vec::new);
     if p.strict && limits.iter().filter(|l| l.strict).count() >= MAX_STRICT {
         return Err(format!("more than {MAX_STRICT} strict limits at one level").into());
@@ -424,6 +434,7 @@ fn limit_line(cf: *mut ngx_conf_t, lcf: &mut LocConf, args: &[ngx_str_t]) -> Par
         count_if: p.count_if,
         strict: p.strict,
         bucket,
+        block_ms: p.block_ms.unwrap_or(0),
         cache: Default::default(),
     });
     Ok(())
@@ -492,6 +503,18 @@ fn line_params(cf: *mut ngx_conf_t, args: &[ngx_str_t]) -> Parsed<LineParams> {
                 Some(v) => Delay::Above(requests(a, v)?),
                 None => Delay::Never,
             });
+        } else if let Some(v) = bytes.strip_prefix(b"block=") {
+            if p.block_ms.is_some() {
+                return Err("duplicate parameter \"block=\"".into());
+            }
+            let max_days = control::MAX_TTL_MS / 86_400_000;
+            p.block_ms = Some(
+                parse_time_ms(v)
+                    .filter(|ms| (1000..=control::MAX_TTL_MS).contains(ms))
+                    .ok_or_else(|| {
+                        format!("invalid block \"{}\": a time from 1s to {max_days}d expected (30s, 15m)", show(a))
+                    })?,
+            );
         } else if let Some(v) = bytes.strip_prefix(b"count_if=") {
             if p.count_if.is_some() {
                 return Err("duplicate parameter \"count_if=\"".into());
@@ -524,6 +547,8 @@ fn zone_used(cf: *mut ngx_conf_t, mcf: &mut MainConf, name: String) -> usize {
         used_at: position(cf),
         params: None,
         key: Source::Complex(ptr::null_mut()),
+        binary_addr: false,
+        lines: Vec::new(),
         cycle: ptr::null_mut(),
         shared: None,
         strict_at: None,

@@ -34,6 +34,12 @@ pub struct ZoneConf {
     /// complex value would copy it into the pool on every request), or text
     /// with variables.
     pub key: Source,
+    /// The key is `$binary_remote_addr`: the API writes and reads its keys
+    /// as addresses in text.
+    pub binary_addr: bool,
+    /// The distinct fixed rates (and buckets) of the `redis_ratelimit`
+    /// lines that use the zone: what the API shows of a key and resets.
+    pub lines: Vec<(Rate, Option<Bucket>)>,
     /// The cycle being configured (its log is the one `error_log` set up
     /// by the time the zone's memory is initialised).
     pub cycle: *mut ngx_cycle_t,
@@ -71,6 +77,9 @@ pub struct Limit {
     /// `burst=`, `delay=`, `nodelay`: the line is limit_req's bucket, not
     /// a sliding window.
     pub bucket: Option<Bucket>,
+    /// `block=`: a key this line rejects is blocked in the zone for this
+    /// long (ms; 0: not).
+    pub block_ms: u64,
     /// The last rate read from variables, by its text: a `map` gives the
     /// same few values again and again (read and written by the worker's
     /// own thread only).
@@ -140,7 +149,15 @@ pub struct LocConf {
     pub headers: ngx_uint_t,
     /// `redis_ratelimit_problem` (1 on, 0 off).
     pub problem: ngx_flag_t,
+    /// `redis_ratelimit_api` here: 0 (none), `API_READ` or `API_WRITE`
+    /// (not inherited: the directive's location answers).
+    pub api: u8,
 }
+
+/// `redis_ratelimit_api` (`write=off`): reads only.
+pub const API_READ: u8 = 1;
+/// `redis_ratelimit_api write=on`.
+pub const API_WRITE: u8 = 2;
 
 const UNSET: isize = NGX_CONF_UNSET as isize;
 /// nginx's `NGX_CONF_UNSET_UINT` (a macro, not in the bindings).
@@ -157,6 +174,7 @@ impl Default for LocConf {
             log_level: UNSET_UINT,
             headers: UNSET_UINT,
             problem: UNSET,
+            api: 0,
         }
     }
 }

@@ -32,8 +32,10 @@ use crate::worker::waits::LimitVerdict;
 
 mod later;
 mod mode;
+mod reset;
 
 pub use later::{in_redis, owe};
+pub use reset::reset;
 
 /// One limit to decide: a zone, the key's namespace (the zone's name, or a
 /// Lua caller's) and bytes, and the rate.

@@ -9,7 +9,7 @@ use std::ptr;
 
 use nginx_sys::{
     ngx_http_request_t, ngx_int_t, ngx_log_t, ngx_palloc, ngx_pnalloc, ngx_pool_cleanup_t,
-    ngx_uint_t, NGX_DECLINED, NGX_LOG_INFO,
+    ngx_uint_t, NGX_DECLINED, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::http::Request;
 use ngx::ngx_log_error;
@@ -17,12 +17,15 @@ use ratelimit_core::bucket;
 use ratelimit_core::params::OnError;
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Outcome;
+use ratelimit_core::stats::Stats;
 use ratelimit_core::text;
 use ratelimit_core::window::{quota_back_at, seconds_until, Estimate};
+use ratelimit_core::{api, control};
 
 use crate::conf::{Limit, LocConf, MainConf, HEADERS_LEGACY, HEADERS_OFF};
 use crate::engine::{Ask, Decision, Strict};
 use crate::http::{request_log, Failure};
+use crate::worker::controls::Asked;
 
 /// What the limiter decided for a request, kept for the variables. It hangs
 /// off the main request's pool (as a cleanup entry) rather than the module
@@ -211,6 +214,9 @@ pub(super) fn finish(
     count_outcome(mcf, limits, tightest.zone, outcome);
     if rejected {
         log_rejection(r, mcf, lcf, tightest, d);
+        if !d.blocked && !dry_run {
+            penalize(r, mcf, lcf, tightest, now);
+        }
     } else if delayed {
         log_delay(r, mcf, lcf, limits, d);
     }
@@ -305,6 +311,44 @@ fn defer(
     }
 }
 
+/// A key rejected by a line with `block=` is blocked in the line's zone
+/// for that long, on every node (`worker::controls`).
+#[cold]
+#[inline(never)]
+fn penalize(r: &ngx_http_request_t, mcf: &MainConf, lcf: &LocConf, rejecting: &Ask<'_>, now: u64) {
+    let Some(l) = lcf.limits.as_deref().and_then(|l| l.get(rejecting.line as usize)) else {
+        return;
+    };
+    if l.block_ms == 0 {
+        return;
+    }
+    let asked = Asked::Set(control::Kind::Block, l.block_ms);
+    let zone = &mcf.zones[rejecting.zone];
+    match crate::worker::controls::change(mcf, rejecting.zone, rejecting.key, asked, now) {
+        Ok(_) => {
+            if let Some(s) = zone.shared.as_ref() {
+                Stats::bump(&s.stats().blocks);
+            }
+            ngx_log_error!(
+                NGX_LOG_NOTICE,
+                request_log(r),
+                "redis_ratelimit: zone \"{}\": key \"{}\" blocked for {} (block=)",
+                zone.name,
+                api::key_text(rejecting.key, zone.binary_addr).escape_debug(),
+                text::duration(l.block_ms)
+            );
+        }
+        Err(control::Full) => {
+            ngx_log_error!(
+                NGX_LOG_WARN,
+                request_log(r),
+                "redis_ratelimit: zone \"{}\": no room for another blocked key (block=): the zone's controls are full",
+                zone.name
+            );
+        }
+    }
+}
+
 /// The log line of a rejected request (at `redis_ratelimit_log_level`).
 #[cold]
 #[inline(never)]
@@ -316,6 +360,17 @@ fn log_rejection(
     d: &Decision,
 ) {
     let zone = &mcf.zones[tightest.zone];
+    if d.blocked {
+        ngx_log_error!(
+            lcf.log_level as ngx_uint_t,
+            request_log(r),
+            "limiting requests{}, key blocked for {} more by zone \"{}\"",
+            if lcf.dry_run == 1 { ", dry run" } else { "" },
+            text::duration(d.retry_at_ms.saturating_sub(crate::worker::time::now_ms())),
+            zone.name
+        );
+        return;
+    }
     // a refusal made by on_error says so: its estimate is not Redis's
     let down = crate::worker::channel::channel()
         .is_some_and(|ch| !crate::engine::backend_up(mcf, ch, tightest.zone));

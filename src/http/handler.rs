@@ -12,8 +12,9 @@ use smallvec::SmallVec;
 
 use crate::conf::module::Module;
 use crate::conf::{Cost, Limit, LocConf, MainConf, RateSpec, Source};
-use crate::engine::{self, Ask, Strict, Take};
+use crate::engine::{self, Ask, Decision, Strict, Take};
 use crate::http::answer::{ask, debug_log, finish, state};
+use crate::http::controls::{self, Said};
 use crate::http::values::{key, read};
 use crate::http::Failure;
 use crate::http::{failed, request_log};
@@ -76,7 +77,7 @@ fn limit(
         let Some(rate) = rate(r, mcf, l)? else {
             return Ok(NGX_DECLINED as ngx_int_t);
         };
-        if !in_redis(mcf, l, rate) {
+        if !in_redis(mcf, l, rate) && !controls::any(mcf, l.zone) {
             return limit_one(r, mcf, lcf, l, rate);
         }
     }
@@ -112,46 +113,66 @@ fn limit_all(
     lcf: &LocConf,
     limits: &[Limit],
 ) -> Result<ngx_int_t, Failure> {
-    let mut asks = asks(r, mcf, limits)?;
+    let now = now_ms();
+    let (mut asks, blocked) = asks(r, mcf, limits, now)?;
     if asks.is_empty() {
         return Ok(NGX_DECLINED as ngx_int_t);
+    }
+    if let Some((i, until)) = blocked {
+        let d = Decision::blocked(i, asks[i].rate, until);
+        return finish(r, mcf, lcf, now, &asks, &d);
     }
     if asks.iter().any(|a| a.strict != Strict::Background) {
         return crate::http::strict::limit(r, mcf, lcf, &mut asks);
     }
-    let now = now_ms();
     let decision = engine::decide(mcf, &asks, now, Take::IfAllowed, debug_log(r))?;
     finish(r, mcf, lcf, now, &asks, &decision)
 }
 
+/// A request's limits for the engine, and the first whose key its zone
+/// has blocked (with the block's end).
+type Asks<'r> = (SmallVec<[Ask<'r>; INLINE]>, Option<(usize, u64)>);
+
 /// What the engine is asked for each line that applies: its rate (a line
-/// whose rate is empty or `off` does not apply), its zone's key (evaluated
-/// once per zone; an empty key is not limited) and its cost; a limit
-/// Redis decides (`in_redis`) is `Strict::Asking`.
+/// whose rate is empty or `off` does not apply; a key's override replaces
+/// it), its zone's key (evaluated once per zone; an empty key is not
+/// limited) and its cost; a limit Redis decides (`in_redis`) is
+/// `Strict::Asking`.
 fn asks<'r>(
     r: &mut ngx_http_request_t,
     mcf: &'r MainConf,
     limits: &[Limit],
-) -> Result<SmallVec<[Ask<'r>; INLINE]>, Failure> {
-    let mut keys: SmallVec<[(usize, &[u8]); INLINE]> = SmallVec::new();
+    now: u64,
+) -> Result<Asks<'r>, Failure> {
+    let mut keys: SmallVec<[(usize, &[u8], Said); INLINE]> = SmallVec::new();
     let mut asks = SmallVec::new();
+    let mut blocked = None;
     for (line, l) in limits.iter().enumerate() {
         let Some(rate) = rate(r, mcf, l)? else {
             continue;
         };
-        let key = match keys.iter().find(|(z, _)| *z == l.zone) {
-            Some((_, k)) => *k,
+        let (key, said) = match keys.iter().find(|(z, ..)| *z == l.zone) {
+            Some((_, k, s)) => (*k, *s),
             None => {
                 let k = key(r, mcf, l.zone)?;
-                keys.push((l.zone, k));
+                let said = if k.is_empty() || !controls::any(mcf, l.zone) {
+                    Said::default()
+                } else {
+                    controls::look(mcf, l.zone, k, now)
+                };
+                keys.push((l.zone, k, said));
                 if k.is_empty() {
                     not_limited(mcf, l.zone);
                 }
-                k
+                (k, said)
             }
         };
         if key.is_empty() {
             continue;
+        }
+        let rate = said.rate.unwrap_or(rate);
+        if let (Some(until), None) = (said.blocked, blocked) {
+            blocked = Some((asks.len(), until));
         }
         // a `count_if=` limit is only checked now: counted after the
         // response (`count.rs`)
@@ -162,7 +183,7 @@ fn asks<'r>(
         }
         asks.push(a);
     }
-    Ok(asks)
+    Ok((asks, blocked))
 }
 
 /// Whether Redis decides limit `l` at `rate`: `strict`, a small limit, or

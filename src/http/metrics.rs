@@ -6,10 +6,9 @@
 use std::ffi::{c_char, c_void};
 
 use nginx_sys::{
-    ngx_chain_t, ngx_command_t, ngx_conf_t, ngx_create_temp_buf, ngx_http_discard_request_body,
-    ngx_http_output_filter, ngx_http_request_t, ngx_http_send_header, ngx_int_t, ngx_str_t,
-    NGX_ERROR, NGX_HTTP_GET, NGX_HTTP_HEAD, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_HTTP_NOT_ALLOWED,
-    NGX_HTTP_OK, NGX_OK,
+    ngx_command_t, ngx_conf_t, ngx_http_discard_request_body, ngx_http_request_t, ngx_int_t,
+    NGX_HTTP_GET, NGX_HTTP_HEAD, NGX_HTTP_INTERNAL_SERVER_ERROR, NGX_HTTP_NOT_ALLOWED, NGX_HTTP_OK,
+    NGX_OK,
 };
 use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule, Request};
@@ -43,9 +42,17 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
         let Some(shared) = z.shared.as_ref() else {
             continue;
         };
-        let (keys, capacity, evictions) = {
+        let now = now_ms;
+        let (keys, capacity, evictions, blocked_keys, overridden_keys) = {
             let locked = shared.lock();
-            (locked.table.len(), locked.table.capacity(), locked.table.evictions())
+            let c = &locked.controls;
+            (
+                locked.table.len(),
+                locked.table.capacity(),
+                locked.table.evictions(),
+                c.iter().filter(|s| s.blocked(now).is_some()).count() as u64,
+                c.iter().filter(|s| s.rate(now).is_some()).count() as u64,
+            )
         };
         let st = shared.stats();
         let get = Stats::get;
@@ -93,6 +100,9 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
             conn_rejected_dry_run: get(&st.conn_rejected_dry_run),
             conn_leased: get(&st.conn_leased),
             conn_expired: get(&st.conn_expired),
+            blocks: get(&st.blocks),
+            blocked_keys,
+            overridden_keys,
             keys: keys as u64,
             capacity: capacity as u64,
             evictions,
@@ -122,37 +132,10 @@ unsafe extern "C" fn handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     };
     let zones = collect(mcf, now_ms());
     let json = metrics::wants_json(r.args.as_bytes());
-    let (body, ctype): (String, &'static [u8]) = if json {
-        (metrics::json(&zones), b"application/json")
+    let (body, ctype) = if json {
+        (metrics::json(&zones), "application/json")
     } else {
-        (metrics::prometheus(&zones), b"text/plain; version=0.0.4; charset=utf-8")
+        (metrics::prometheus(&zones), "text/plain; version=0.0.4; charset=utf-8")
     };
-
-    r.headers_out.status = NGX_HTTP_OK as usize;
-    r.headers_out.content_length_n = body.len() as i64;
-    r.headers_out.content_type_len = ctype.len();
-    r.headers_out.content_type = ngx_str_t { len: ctype.len(), data: ctype.as_ptr().cast_mut() };
-    r.headers_out.content_type_lowcase = std::ptr::null_mut();
-    // SAFETY: the request is valid and its headers are set.
-    let rc = unsafe { ngx_http_send_header(r) };
-    if rc == NGX_ERROR as ngx_int_t || rc > NGX_OK as ngx_int_t || r.header_only() != 0 {
-        return rc;
-    }
-    // SAFETY: a buffer from the request's pool, as large as the body.
-    let b = unsafe { ngx_create_temp_buf(r.pool, body.len().max(1)) };
-    // SAFETY: `ngx_create_temp_buf` returns null or a valid buffer.
-    let Some(buf) = (unsafe { b.as_mut() }) else {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t;
-    };
-    // SAFETY: the buffer holds at least `body.len()` bytes from `last`.
-    unsafe {
-        std::ptr::copy_nonoverlapping(body.as_ptr(), buf.last, body.len());
-        buf.last = buf.last.add(body.len());
-    }
-    buf.set_last_buf(u32::from(std::ptr::eq(r, r.main)));
-    buf.set_last_in_chain(1);
-    let mut out = ngx_chain_t { buf: b, next: std::ptr::null_mut() };
-    // SAFETY: the chain and its buffer live in this frame and the request's
-    // pool; nginx copies what it keeps.
-    unsafe { ngx_http_output_filter(r, &mut out) }
+    crate::http::respond::send(r, NGX_HTTP_OK as u16, ctype, body.as_bytes())
 }

@@ -13,12 +13,15 @@ use nginx_sys::{
 use ngx::ngx_log_error;
 
 pub mod answer;
+pub mod api;
 pub mod conn;
+pub mod controls;
 pub mod count;
 pub mod delay;
 pub mod handler;
 pub mod metrics;
 pub mod problem;
+pub mod respond;
 pub mod strict;
 pub mod values;
 pub mod vars;

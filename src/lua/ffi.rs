@@ -8,16 +8,13 @@ use std::ffi::c_int;
 
 use nginx_sys::{ngx_cycle, ngx_process, ngx_uint_t, NGX_PROCESS_SINGLE, NGX_PROCESS_WORKER};
 use ngx::http::HttpModuleMainConf;
-use ratelimit_core::batch::Delete;
 use ratelimit_core::bucket::{self, Bucket, Delay, MAX_BURST};
-use ratelimit_core::key::{redis_tag, MAX_NAMESPACE_BYTES};
+use ratelimit_core::key::MAX_NAMESPACE_BYTES;
 use ratelimit_core::rate::Rate;
-use ratelimit_core::window::window_index;
 
 use crate::conf::module::Module;
 use crate::conf::{MainConf, ZoneConf, MAX_COST};
 use crate::engine::{self, Ask, Strict, Take, NO_LINE};
-use crate::shm::Shared;
 use crate::worker::time::now_ms;
 
 pub const OK: c_int = 0;
@@ -79,7 +76,6 @@ struct Call<'a> {
     mcf: &'a MainConf,
     index: usize,
     zone: &'a ZoneConf,
-    shared: &'a Shared,
     ns: &'a [u8],
     key: &'a [u8],
 }
@@ -112,8 +108,8 @@ impl<'a> Call<'a> {
         let index = usize::try_from(zone).map_err(|_| ERR_ZONE)?;
         let z = mcf.zones.get(index).ok_or(ERR_ZONE)?;
         // declared, but its shared memory is not set up yet (init_by_lua*)
-        let shared = z.shared.as_ref().ok_or(ERR_NOT_READY)?;
-        Ok(Call { mcf, index, zone: z, shared, ns, key })
+        z.shared.as_ref().ok_or(ERR_NOT_READY)?;
+        Ok(Call { mcf, index, zone: z, ns, key })
     }
 }
 
@@ -396,37 +392,10 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_reset_bucket(
 /// Forgets a key's windows of `period`, or its bucket of `bucket`
 /// requests per period: its entry here, its keys in Redis.
 fn reset(call: Call<'_>, period: u32, bucket: Option<u32>) -> c_int {
-    let Call { index, zone: z, shared, ns, key, .. } = call;
-    let entry_period = match bucket {
-        Some(limit) => bucket::entry_period(Rate { limit, period }),
-        None => period,
-    };
-    let id = {
-        let mut locked = shared.lock();
-        let id = shared.ids.id(ns, entry_period, key);
-        locked.table.remove(id);
-        id
-    };
-    let has_backend = z.params.as_ref().is_some_and(|p| p.backend.is_some());
-    if has_backend {
+    let Call { mcf, index, zone: z, ns, key, .. } = call;
+    if z.params.as_ref().is_some_and(|p| p.backend.is_some()) {
         worker_started();
-        if let Some(ch) = crate::worker::channel::channel() {
-            let window = window_index(now_ms(), u64::from(period) * 1000);
-            let mut d = Delete {
-                zone: index as u32,
-                entry: id,
-                tag: redis_tag(ns, key),
-                period,
-                window,
-                bucket,
-                command: true,
-            };
-            // on a zone with a strict link the `DEL` goes down it, in order
-            // with the worker's strict calls and counts of the key (the
-            // thread then only forgets what it holds of the key)
-            d.command = !crate::worker::link::reset(index, &d);
-            ch.delete(d);
-        }
     }
+    engine::reset(mcf, index, ns, key, period, bucket);
     OK
 }

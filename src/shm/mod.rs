@@ -2,9 +2,11 @@
 //! holding the counter table (see `table.rs`), found again through the slab
 //! pool's `data` pointer when nginx reuses the zone across a reload.
 //!
-//! Region layout: `[u64 length][table header][bucket heads][entries]`, and
-//! for a zone with Redis `[ring header][ring data]` at its end (the queue
-//! from every worker's thread to the node's sender: `backend::RingRef`).
+//! Region layout: `[u64 length][table header][bucket heads][entries]`, then
+//! the zone's controls `[controls header][slots]` (`ratelimit_core::control`),
+//! and for a zone with Redis `[ring header][ring data]` at its end (the
+//! queue from every worker's thread to the node's sender:
+//! `backend::RingRef`).
 //! The length comes first and never moves, so a region written by another
 //! version of the module can still be measured and formatted anew.
 
@@ -18,6 +20,7 @@ use nginx_sys::{
 };
 use ngx::{ngx_log_debug, ngx_log_error};
 
+use ratelimit_core::control::{self, Controls};
 use ratelimit_core::key::{IdHasher, Namespace};
 use ratelimit_core::ring::ring_bytes;
 use ratelimit_core::stats::Stats;
@@ -43,12 +46,15 @@ pub struct Shared {
     pub name: Namespace,
     /// A zone with Redis: its ring (header, data, data's length).
     ring: Option<(*mut RingHeader, *mut u8, usize)>,
+    /// The zone's controls: header, slots, how many.
+    controls: (*mut control::Header, *mut control::Slot, usize),
 }
 
-/// The table, locked for the lifetime of this guard.
+/// The table and the controls, locked for the lifetime of this guard.
 pub struct Locked<'a> {
     pool: *mut ngx_slab_pool_t,
     pub table: Table<'a>,
+    pub controls: Controls<'a>,
 }
 
 impl Drop for Locked<'_> {
@@ -72,6 +78,22 @@ impl Shared {
         // for as long as the zone is mapped, which outlives `self`; `Stats`
         // is made of atomics, safe to share between processes and threads.
         unsafe { &(*self.table.cast::<Header>()).stats }
+    }
+
+    /// Whether the zone has any control (blocked or overridden keys): read
+    /// without the lock, so a zone without costs its requests nothing more.
+    #[inline(always)]
+    pub fn has_controls(&self) -> bool {
+        // SAFETY: the controls' header lies in the zone's region for as
+        // long as it is mapped, which outlives `self`; `live` is atomic.
+        unsafe { (*self.controls.0).live.load(std::sync::atomic::Ordering::Relaxed) > 0 }
+    }
+
+    /// The id of a key's controls, from the key as Redis names it
+    /// (`key::redis_key_part`: what the fleet's nodes share).
+    #[inline]
+    pub fn control_id(&self, part: &[u8]) -> ratelimit_core::key::EntryId {
+        self.ids.id_in(self.name, 0, part)
     }
 
     /// The zone's ring, for its Redis thread (a zone with Redis).
@@ -99,7 +121,13 @@ impl Shared {
                 std::slice::from_raw_parts_mut(self.entries, self.layout.capacity as usize),
             )
         };
-        Locked { pool: self.pool, table }
+        // SAFETY: as for the table: the lock is held, and the controls'
+        // parts were cut from the region by `attach`.
+        let controls = unsafe {
+            let (h, slots, n) = self.controls;
+            Controls::attach(&mut *h, std::slice::from_raw_parts_mut(slots, n))
+        };
+        Locked { pool: self.pool, table, controls }
     }
 }
 
@@ -198,7 +226,8 @@ pub unsafe fn attach(
     // the ring at the end, 8-byte aligned
     let ring_len = if ring { ring_bytes(region_len) & !7 } else { 0 };
     let ring_part = if ring { RingHeader::SIZE + ring_len } else { 0 };
-    let table_bytes = region_len.saturating_sub(LEN_PREFIX + ring_part) & !7;
+    let (controls_len, slots) = control::layout(region_len);
+    let table_bytes = region_len.saturating_sub(LEN_PREFIX + ring_part + controls_len) & !7;
     let Some(layout) = Layout::for_region(table_bytes) else {
         ngx_log_error!(NGX_LOG_EMERG, log, "redis_ratelimit_zone: zone \"{}\" is too small", name);
         return None;
@@ -227,20 +256,35 @@ pub unsafe fn attach(
                 Table::format(h, b, e, seed, table_len);
             })
         };
+        // SAFETY: the controls lie after the table, inside the region,
+        // 8-byte aligned; the master has the region to itself.
+        unsafe {
+            let (h, s) = controls_at(table.add(table_bytes));
+            Controls::format(&mut *h, std::slice::from_raw_parts_mut(s, slots as usize));
+        }
         if ring {
-            // SAFETY: the ring's header lies after the table, inside the
-            // region, 8-byte aligned; the master has the region to itself.
-            unsafe { ptr::write(table.add(table_bytes).cast::<RingHeader>(), RingHeader::new()) };
+            // SAFETY: the ring's header lies after the controls, inside
+            // the region, 8-byte aligned; the master has the region to
+            // itself.
+            unsafe {
+                ptr::write(
+                    table.add(table_bytes + controls_len).cast::<RingHeader>(),
+                    RingHeader::new(),
+                )
+            };
         }
     }
     let ring = ring.then(|| {
         // SAFETY: as just laid out (or kept from the previous cycle with the
         // same layout: the table's check covers the region's length).
         unsafe {
-            let h = table.add(table_bytes).cast::<RingHeader>();
-            (h, table.add(table_bytes + RingHeader::SIZE), ring_len)
+            let h = table.add(table_bytes + controls_len).cast::<RingHeader>();
+            (h, table.add(table_bytes + controls_len + RingHeader::SIZE), ring_len)
         }
     });
+    // SAFETY: as laid out above.
+    let (ch, cs) = unsafe { controls_at(table.add(table_bytes)) };
+    let controls = (ch, cs, slots as usize);
     ngx_log_debug!(
         log,
         "redis_ratelimit: zone \"{}\" {}: {} entries in {} bytes",
@@ -261,5 +305,16 @@ pub unsafe fn attach(
     // SAFETY: the region holds the table as checked or formatted above.
     let (buckets, entries) =
         unsafe { parts(table, layout, |_, b, e| (b.as_mut_ptr(), e.as_mut_ptr())) };
-    Some(Shared { pool, table, layout, buckets, entries, ids, name, ring })
+    Some(Shared { pool, table, layout, buckets, entries, ids, name, ring, controls })
+}
+
+/// The controls' header and slots at `at`.
+///
+/// # Safety
+/// `at` is 8-byte aligned, with `control::layout`'s bytes after it inside
+/// the region.
+unsafe fn controls_at(at: *mut u8) -> (*mut control::Header, *mut control::Slot) {
+    // SAFETY: per the function's contract; the header's size keeps the
+    // slots 8-byte aligned.
+    unsafe { (at.cast::<control::Header>(), at.add(std::mem::size_of::<control::Header>()).cast()) }
 }

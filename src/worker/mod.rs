@@ -8,6 +8,7 @@
 //! above the configuration, the shared zone and the thread.
 
 pub mod channel;
+pub mod controls;
 pub mod holdings;
 pub mod link;
 pub mod process;
