@@ -117,6 +117,16 @@ int ngx_http_redis_ratelimit_reset(int zone, const unsigned char *ns, size_t ns_
 int ngx_http_redis_ratelimit_reset_bucket(int zone, const unsigned char *ns, size_t ns_len,
                                           uint32_t limit, uint32_t period,
                                           const unsigned char *key, size_t key_len);
+int ngx_http_redis_ratelimit_control(int zone, const unsigned char *key, size_t key_len,
+                                     int op, uint32_t limit, uint32_t period, uint64_t ttl_ms);
+typedef struct {
+    uint64_t blocked_ms;
+    uint64_t override_ms;
+    uint32_t limit;
+    uint32_t period;
+} ngx_http_redis_ratelimit_controls_t;
+int ngx_http_redis_ratelimit_inspect(int zone, const unsigned char *key, size_t key_len,
+                                     ngx_http_redis_ratelimit_controls_t *out);
 ]])
 
 local DEFAULT_ZONE = "ratelimit_circuit_breaker"
@@ -145,10 +155,14 @@ local mt = { __index = _M }
 
 local ERR_ZONE = -1
 local ERR_NOT_READY = -3
+local ERR_FULL = -4
 
 local function errmsg(rc, zone)
     if rc == ERR_ZONE then
         return "zone \"" .. zone .. "\" is not available"
+    end
+    if rc == ERR_FULL then
+        return "zone \"" .. zone .. "\" holds no more blocked or overridden keys"
     end
     if rc == ERR_NOT_READY then
         return "zone \"" .. zone .. "\" is not available here: use the limiter in a worker"
@@ -440,6 +454,123 @@ function _M.reset(self, key)
         return nil, errmsg(rc, self.zone)
     end
     return true
+end
+
+-- A zone's controls: keys blocked, or limited at another rate, for a
+-- while, on every node of a zone with Redis (the same as the API's,
+-- `redis_ratelimit_api`). Keys are the zone's keys: what its
+-- `redis_ratelimit_zone` key gives, or what Lua callers of the zone pass.
+
+local CONTROL_BLOCK, CONTROL_UNBLOCK, CONTROL_OVERRIDE, CONTROL_UNOVERRIDE = 1, 2, 3, 4
+local MAX_TTL = 30 * 86400
+local controls = ffi.new("ngx_http_redis_ratelimit_controls_t")
+
+local function check_zone(zone, fn, level)
+    if type(zone) ~= "string" or zone == "" then
+        error(fn .. ": zone must be a zone's name, got " .. type(zone), level + 1)
+    end
+    local idx = C.ngx_http_redis_ratelimit_zone_index(zone, #zone)
+    if idx < 0 then
+        return nil, errmsg(idx, zone)
+    end
+    return idx
+end
+
+local function check_ttl(ttl, fn)
+    if type(ttl) ~= "number" or not (ttl >= 1 and ttl <= MAX_TTL) then
+        error(fn .. ": ttl must be a number of seconds from 1 to " .. MAX_TTL
+              .. ", got " .. tostring(ttl), 3)
+    end
+    return math.floor(ttl * 1000)
+end
+
+local function control(zone, key, op, limit, period, ttl_ms, fn)
+    local k, msg = check_key(key, fn)
+    if not k then
+        error(msg, 3)
+    end
+    local zi, err = check_zone(zone, fn, 3)
+    if not zi then
+        return nil, err
+    end
+    local rc = C.ngx_http_redis_ratelimit_control(zi, k, #k, op, limit, period, ttl_ms)
+    if rc < 0 then
+        return nil, errmsg(rc, zone)
+    end
+    return rc == 0
+end
+
+-- what a control's call returns: the answer, or nil and the message
+local function answer(ok, err)
+    if ok == nil then
+        return nil, err
+    end
+    return ok
+end
+
+-- ratelimit.block(zone, key, ttl): every limit of the zone rejects the key
+-- for ttl seconds. true, or nil, err.
+function _M.block(zone, key, ttl)
+    -- (no tail calls: an error names the caller's line)
+    local ok, err = control(zone, key, CONTROL_BLOCK, 0, 0, check_ttl(ttl, "block"), "block")
+    return answer(ok, err)
+end
+
+-- ratelimit.unblock(zone, key): lifts the key's block. true, false when it
+-- had none, or nil, err.
+function _M.unblock(zone, key)
+    local ok, err = control(zone, key, CONTROL_UNBLOCK, 0, 0, 0, "unblock")
+    return answer(ok, err)
+end
+
+-- ratelimit.override(zone, key, rate, ttl): the zone's rate limits take
+-- `rate` ("1000r/m") for the key for ttl seconds; with rate nil, lifts the
+-- override (true, or false when it had none). nil, err on failure.
+function _M.override(zone, key, rate, ttl)
+    local ok, err
+    if rate == nil then
+        ok, err = control(zone, key, CONTROL_UNOVERRIDE, 0, 0, 0, "override")
+        return answer(ok, err)
+    end
+    if type(rate) ~= "string"
+        or C.ngx_http_redis_ratelimit_parse_rate(rate, #rate, u32_a, u32_b) ~= 0 then
+        error("override: rate must be a rate such as \"1000r/m\" or nil, got "
+              .. tostring(rate), 2)
+    end
+    ok, err = control(zone, key, CONTROL_OVERRIDE, u32_a[0], u32_b[0],
+                      check_ttl(ttl, "override"), "override")
+    return answer(ok, err)
+end
+
+local UNITS = { [1] = "s", [60] = "m", [3600] = "h", [86400] = "d" }
+
+-- ratelimit.inspect(zone, key): the key's controls as this node knows them,
+-- { blocked = seconds left or nil, override = { rate = "1000r/m",
+-- ttl = seconds left } or nil }; nil, err when the zone cannot be used.
+function _M.inspect(zone, key)
+    local k, msg = check_key(key, "inspect")
+    if not k then
+        error(msg, 2)
+    end
+    local zi, err = check_zone(zone, "inspect", 2)
+    if not zi then
+        return nil, err
+    end
+    local rc = C.ngx_http_redis_ratelimit_inspect(zi, k, #k, controls)
+    if rc < 0 then
+        return nil, errmsg(rc, zone)
+    end
+    local out = {}
+    if controls.blocked_ms > 0 then
+        out.blocked = tonumber(controls.blocked_ms) / 1000
+    end
+    if controls.override_ms > 0 then
+        out.override = {
+            rate = tonumber(controls.limit) .. "r/" .. UNITS[tonumber(controls.period)],
+            ttl = tonumber(controls.override_ms) / 1000,
+        }
+    end
+    return out
 end
 
 return _M

@@ -15,6 +15,7 @@ use ratelimit_core::rate::Rate;
 use crate::conf::module::Module;
 use crate::conf::{MainConf, ZoneConf, MAX_COST};
 use crate::engine::{self, Ask, Strict, Take, NO_LINE};
+use crate::http::controls;
 use crate::worker::time::now_ms;
 
 pub const OK: c_int = 0;
@@ -37,7 +38,7 @@ pub const ERR_NOT_READY: c_int = -3;
 /// being read, in the master on a reload (refused here) and before the
 /// zones' shared memory exists (refused by the callers): nothing is
 /// answered there.
-fn main_conf() -> Option<&'static MainConf> {
+pub(super) fn main_conf() -> Option<&'static MainConf> {
     // SAFETY: plain reads of nginx globals, on the thread nginx runs Lua on.
     let (process, cycle) = unsafe { (ngx_process, ngx_cycle) };
     if process != NGX_PROCESS_WORKER as ngx_uint_t && process != NGX_PROCESS_SINGLE as ngx_uint_t {
@@ -52,7 +53,7 @@ fn main_conf() -> Option<&'static MainConf> {
 }
 
 /// Starts this worker's Redis thread if no `init_process` did yet.
-fn worker_started() {
+pub(super) fn worker_started() {
     // SAFETY: plain reads of nginx globals, on the worker's main thread.
     let (process, cycle) = unsafe { (ngx_process, ngx_cycle) };
     if process == NGX_PROCESS_WORKER as ngx_uint_t && !cycle.is_null() {
@@ -63,7 +64,7 @@ fn worker_started() {
 
 /// # Safety
 /// `ptr` must be null or point at `len` readable bytes.
-unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
+pub(super) unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> Option<&'a [u8]> {
     if ptr.is_null() {
         return if len == 0 { Some(&[]) } else { None };
     }
@@ -320,6 +321,18 @@ fn decide(
     // `init_worker_by_lua*`) go to Redis too: the thread starts now
     worker_started();
     let Call { mcf, index, ns, key, .. } = call;
+    let now = now_ms();
+    // the zone's controls of the key: a block rejects, an override is the
+    // rate
+    let said = if controls::any(mcf, index) {
+        controls::look(mcf, index, key, now)
+    } else {
+        controls::Said::default()
+    };
+    if let Some(until) = said.blocked {
+        return Ok((engine::Decision::blocked(0, rate, until), now));
+    }
+    let rate = said.rate.unwrap_or(rate);
     let how = if take == TAKE_ALWAYS { Take::Always } else { Take::IfAllowed };
     // a limit the directive has Redis decide is decided here (a Lua caller
     // does not wait), and counted down the strict link, ahead of the
@@ -340,7 +353,6 @@ fn decide(
         line: NO_LINE,
         bucket,
     };
-    let now = now_ms();
     // SAFETY: `ngx_cycle` is the running cycle (checked by `Call::new`).
     let log = unsafe { (*ngx_cycle).log };
     let d = engine::decide(mcf, &[ask], now, how, log).map_err(|_| ERR_ZONE)?;

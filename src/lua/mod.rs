@@ -2,4 +2,5 @@
 //! through LuaJIT's FFI (nginx loads modules with `RTLD_GLOBAL`, so `ffi.C`
 //! finds them). They ask the same engine as the preaccess handler.
 
+mod controls;
 mod ffi;
