@@ -30,6 +30,7 @@ use crate::conf::MainConf;
 use crate::shm::{Locked, Shared};
 use crate::worker::waits::LimitVerdict;
 
+pub mod controls;
 mod later;
 mod mode;
 mod reset;

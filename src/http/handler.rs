@@ -12,9 +12,9 @@ use smallvec::SmallVec;
 
 use crate::conf::module::Module;
 use crate::conf::{Cost, Limit, LocConf, MainConf, RateSpec, Source};
+use crate::engine::controls::{self, Said};
 use crate::engine::{self, Ask, Decision, Strict, Take};
 use crate::http::answer::{ask, debug_log, finish, state};
-use crate::http::controls::{self, Said};
 use crate::http::values::{key, read};
 use crate::http::Failure;
 use crate::http::{failed, request_log};

@@ -15,7 +15,6 @@ use ngx::ngx_log_error;
 pub mod answer;
 pub mod api;
 pub mod conn;
-pub mod controls;
 pub mod count;
 pub mod delay;
 pub mod handler;

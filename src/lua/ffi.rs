@@ -14,8 +14,8 @@ use ratelimit_core::rate::Rate;
 
 use crate::conf::module::Module;
 use crate::conf::{MainConf, ZoneConf, MAX_COST};
+use crate::engine::controls;
 use crate::engine::{self, Ask, Strict, Take, NO_LINE};
-use crate::http::controls;
 use crate::worker::time::now_ms;
 
 pub const OK: c_int = 0;
