@@ -11,6 +11,8 @@ use crate::text::json_string;
 
 /// Most bytes of a write's body.
 pub const MAX_BODY: usize = 4096;
+/// Most keys `top` lists (a zone's sketch holds at most 64).
+pub const MAX_TOP: usize = 64;
 
 /// What a path under the API's location names.
 #[derive(Debug, PartialEq, Eq)]
@@ -21,6 +23,8 @@ pub enum Route {
     Zones,
     /// `zones/{zone}`.
     Zone(String),
+    /// `zones/{zone}/top`.
+    Top(String),
     /// `zones/{zone}/keys/{key}`, its `block` or its `override`.
     Key(String, Vec<u8>, Part),
 }
@@ -101,6 +105,7 @@ pub fn route(path: &[u8]) -> Result<Route, Problem> {
     match parts.as_slice() {
         [b"zones"] => Ok(Route::Zones),
         [b"zones", z] => Ok(Route::Zone(zone(z)?)),
+        [b"zones", z, b"top"] => Ok(Route::Top(zone(z)?)),
         [b"zones", z, b"keys", k, rest @ ..] => {
             let part = match rest {
                 [] => Part::Key,
@@ -165,6 +170,22 @@ pub fn key_bytes(given: Vec<u8>, binary_addr: bool) -> Result<Vec<u8>, Problem> 
         Some(IpAddr::V6(a)) => Ok(a.octets().to_vec()),
         None => Err(Problem::bad("key", "is not an IP address (the zone's key is an address)")),
     }
+}
+
+/// `n=` of `top`'s query: 20 by default, 1 to `MAX_TOP`.
+pub fn top_n(query: &[u8]) -> Result<usize, Problem> {
+    let mut n = 20;
+    for pair in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
+        if let Some(v) = pair.strip_prefix(b"n=") {
+            n = std::str::from_utf8(v)
+                .ok()
+                .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) && t.len() < 6)
+                .and_then(|t| t.parse::<usize>().ok())
+                .filter(|n| (1..=MAX_TOP).contains(n))
+                .ok_or_else(|| Problem::bad("n", format!("is a number from 1 to {MAX_TOP}")))?;
+        }
+    }
+    Ok(n)
 }
 
 /// A write's body: what it sets.

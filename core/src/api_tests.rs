@@ -6,6 +6,7 @@ fn paths_name_resources_with_percent_encoded_keys() {
     assert_eq!(route(b"zones"), Ok(Route::Zones));
     assert_eq!(route(b"/zones/"), Ok(Route::Zones));
     assert_eq!(route(b"zones/login"), Ok(Route::Zone("login".into())));
+    assert_eq!(route(b"zones/login/top"), Ok(Route::Top("login".into())));
     assert_eq!(
         route(b"zones/api/keys/a%2Fb%00c"),
         Ok(Route::Key("api".into(), b"a/b\0c".to_vec(), Part::Key))
@@ -86,6 +87,15 @@ fn bodies_are_read_strictly() {
         body(br#"{"rate":"5r\/s","ttl":"\u0031h"}"#, true, None).unwrap(),
         Body { rate: Some(Rate { limit: 5, period: 1 }), ttl_ms: Some(3_600_000) }
     );
+}
+
+#[test]
+fn top_takes_n_within_bounds() {
+    assert_eq!(top_n(b""), Ok(20));
+    assert_eq!(top_n(b"n=5&x=1"), Ok(5));
+    for bad in [&b"n=0"[..], b"n=65", b"n=-1", b"n=", b"n=1e3", b"n=99999999999999999999"] {
+        assert_eq!(top_n(bad).unwrap_err().field, Some("n"), "{bad:?}");
+    }
 }
 
 #[test]

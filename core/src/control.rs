@@ -77,7 +77,7 @@ pub struct Slot {
     flags: u16,
     key_len: u16,
     _pad: u32,
-    /// The key as Redis names it (`key::redis_key_part`).
+    /// The key (`key_form`).
     key: [u8; MAX_KEY_BYTES],
 }
 
@@ -503,6 +503,17 @@ impl Change {
             Kind::Block => String::new(),
             Kind::Override(rate) => rate.to_string(),
         }
+    }
+}
+
+/// A key as the controls keep it: as given, or `sha256:<hex>` of it when
+/// longer than `MAX_KEY_BYTES` (`key::redis_key_part`'s digest); the fleet's
+/// nodes name a key's controls by it.
+pub fn key_form(key: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if key.len() <= MAX_KEY_BYTES {
+        std::borrow::Cow::Borrowed(key)
+    } else {
+        crate::key::redis_key_part(key)
     }
 }
 

@@ -55,4 +55,5 @@ pub mod table;
 pub mod text;
 pub mod tickets;
 pub mod tls;
+pub mod top;
 pub mod window;

@@ -2,7 +2,7 @@
 //! or limited at another rate (`ratelimit_core::control`). Looked at only
 //! while the zone has any (`Shared::has_controls`).
 
-use ratelimit_core::key::redis_key_part;
+use ratelimit_core::control::key_form;
 use ratelimit_core::rate::Rate;
 
 use crate::conf::MainConf;
@@ -31,7 +31,7 @@ pub fn look(mcf: &MainConf, zone: usize, key: &[u8], now: u64) -> Said {
     if !shared.has_controls() {
         return Said::default();
     }
-    let id = shared.control_id(&redis_key_part(key));
+    let id = shared.control_id(&key_form(key));
     let locked = shared.lock();
     match locked.controls.get(id) {
         Some(s) => Said { blocked: s.blocked(now), rate: s.rate(now) },

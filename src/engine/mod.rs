@@ -34,6 +34,7 @@ pub mod controls;
 mod later;
 mod mode;
 mod reset;
+pub mod top;
 
 pub use later::{in_redis, owe};
 pub use reset::reset;

@@ -212,6 +212,7 @@ pub(super) fn finish(
     };
     let tightest = limits.get(d.tightest).ok_or(Failure::NoLimit)?;
     count_outcome(mcf, limits, tightest.zone, outcome);
+    crate::engine::top::sample(mcf, limits, now);
     if rejected {
         log_rejection(r, mcf, lcf, tightest, d);
         if !d.blocked && !dry_run {

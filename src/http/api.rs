@@ -18,8 +18,7 @@ use ngx::core::{NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule, Request};
 use ngx::ngx_log_error;
 use ratelimit_core::api::{self, Part, Problem, Route};
-use ratelimit_core::control::{Kind, Slot};
-use ratelimit_core::key::redis_key_part;
+use ratelimit_core::control::{key_form, Kind, Slot};
 use ratelimit_core::rate::Rate;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::text::{duration, json_string};
@@ -203,11 +202,25 @@ fn route(
             let (_, z) = zone(mcf, &name)?;
             Ok((200, zone_json(z, now) + "\n"))
         }
+        Route::Top(name) if reading => {
+            let (_, z) = zone(mcf, &name)?;
+            let n = api::top_n(r.args.as_bytes())?;
+            let busiest = shared(z)?.lock().top.busiest(n);
+            let mut out = String::from("[");
+            for (i, (key, share)) in busiest.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                let _ = write!(out, "{{\"share\":{share:.3},\"state\":{}}}", key_json(z, key, now));
+            }
+            out.push_str("]\n");
+            Ok((200, out))
+        }
         Route::Key(name, given, part) => {
             let (index, z) = zone(mcf, &name)?;
             let key = api::key_bytes(given, z.binary_addr)?;
             if reading {
-                return Ok((200, key_json(z, &key, now)));
+                return Ok((200, key_json(z, &key, now) + "\n"));
             }
             let put = method & NGX_HTTP_PUT as usize != 0;
             write(r, mcf, index, z, &key, part, put.then_some(body), now)
@@ -276,7 +289,7 @@ fn write(
             };
             log_change(r, z, key, &said);
             match what {
-                Asked::Set(..) => Ok((200, key_json(z, key, now))),
+                Asked::Set(..) => Ok((200, key_json(z, key, now) + "\n")),
                 Asked::Lift(_) => Ok((204, String::new())),
             }
         }
@@ -409,9 +422,9 @@ fn line_json(rate: Rate, burst: Option<u32>) -> String {
 /// limits (written out in the configuration) against its counts.
 fn key_json(z: &ZoneConf, key: &[u8], now: u64) -> String {
     let Ok(shared) = shared(z) else {
-        return "null\n".into();
+        return "null".into();
     };
-    let part = redis_key_part(key);
+    let part = key_form(key);
     let locked = shared.lock();
     let slot = locked.controls.get(shared.control_id(&part)).copied();
     let mut out = String::with_capacity(512);
@@ -464,6 +477,6 @@ fn key_json(z: &ZoneConf, key: &[u8], now: u64) -> String {
         }
         out.push('}');
     }
-    out.push_str("]}\n");
+    out.push_str("]}");
     out
 }

@@ -4,8 +4,7 @@
 
 use std::ffi::c_int;
 
-use ratelimit_core::control::{Kind, MAX_TTL_MS};
-use ratelimit_core::key::redis_key_part;
+use ratelimit_core::control::{key_form, Kind, MAX_TTL_MS};
 use ratelimit_core::rate::Rate;
 
 use super::ffi::{bytes, main_conf, worker_started, ERR_ARGS, ERR_NOT_READY, ERR_ZONE, OK};
@@ -110,7 +109,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_inspect(
     };
     *out = Controls { blocked_ms: 0, override_ms: 0, limit: 0, period: 0 };
     let now = now_ms();
-    let id = shared.control_id(&redis_key_part(key));
+    let id = shared.control_id(&key_form(key));
     if let Some(s) = shared.lock().controls.get(id) {
         if let Some(until) = s.blocked(now) {
             out.blocked_ms = until - now;

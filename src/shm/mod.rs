@@ -3,7 +3,8 @@
 //! pool's `data` pointer when nginx reuses the zone across a reload.
 //!
 //! Region layout: `[u64 length][table header][bucket heads][entries]`, then
-//! the zone's controls `[controls header][slots]` (`ratelimit_core::control`),
+//! the zone's controls `[controls header][slots]` (`ratelimit_core::control`)
+//! and its busiest keys `[top header][slots]` (`ratelimit_core::top`),
 //! and for a zone with Redis `[ring header][ring data]` at its end (the
 //! queue from every worker's thread to the node's sender:
 //! `backend::RingRef`).
@@ -25,6 +26,7 @@ use ratelimit_core::key::{IdHasher, Namespace};
 use ratelimit_core::ring::ring_bytes;
 use ratelimit_core::stats::Stats;
 use ratelimit_core::table::{Entry, Header, Layout, Table};
+use ratelimit_core::top::{self, Top};
 
 use crate::backend::{RingHeader, RingRef};
 
@@ -48,6 +50,8 @@ pub struct Shared {
     ring: Option<(*mut RingHeader, *mut u8, usize)>,
     /// The zone's controls: header, slots, how many.
     controls: (*mut control::Header, *mut control::Slot, usize),
+    /// The zone's busiest keys: header, slots, how many.
+    top: (*mut top::Header, *mut top::Slot, usize),
 }
 
 /// The table and the controls, locked for the lifetime of this guard.
@@ -55,6 +59,7 @@ pub struct Locked<'a> {
     pool: *mut ngx_slab_pool_t,
     pub table: Table<'a>,
     pub controls: Controls<'a>,
+    pub top: Top<'a>,
 }
 
 impl Drop for Locked<'_> {
@@ -90,7 +95,7 @@ impl Shared {
     }
 
     /// The id of a key's controls, from the key as Redis names it
-    /// (`key::redis_key_part`: what the fleet's nodes share).
+    /// (`control::key_form`: what the fleet's nodes share).
     #[inline]
     pub fn control_id(&self, part: &[u8]) -> ratelimit_core::key::EntryId {
         self.ids.id_in(self.name, 0, part)
@@ -127,7 +132,12 @@ impl Shared {
             let (h, slots, n) = self.controls;
             Controls::attach(&mut *h, std::slice::from_raw_parts_mut(slots, n))
         };
-        Locked { pool: self.pool, table, controls }
+        // SAFETY: as for the controls.
+        let top = unsafe {
+            let (h, slots, n) = self.top;
+            Top::attach(&mut *h, std::slice::from_raw_parts_mut(slots, n))
+        };
+        Locked { pool: self.pool, table, controls, top }
     }
 }
 
@@ -227,7 +237,9 @@ pub unsafe fn attach(
     let ring_len = if ring { ring_bytes(region_len) & !7 } else { 0 };
     let ring_part = if ring { RingHeader::SIZE + ring_len } else { 0 };
     let (controls_len, slots) = control::layout(region_len);
-    let table_bytes = region_len.saturating_sub(LEN_PREFIX + ring_part + controls_len) & !7;
+    let (top_len, top_slots) = top::layout(slots);
+    let extras = controls_len + top_len;
+    let table_bytes = region_len.saturating_sub(LEN_PREFIX + ring_part + extras) & !7;
     let Some(layout) = Layout::for_region(table_bytes) else {
         ngx_log_error!(NGX_LOG_EMERG, log, "redis_ratelimit_zone: zone \"{}\" is too small", name);
         return None;
@@ -261,16 +273,15 @@ pub unsafe fn attach(
         unsafe {
             let (h, s) = controls_at(table.add(table_bytes));
             Controls::format(&mut *h, std::slice::from_raw_parts_mut(s, slots as usize));
+            let (h, s) = top_at(table.add(table_bytes + controls_len));
+            Top::format(&mut *h, std::slice::from_raw_parts_mut(s, top_slots as usize));
         }
         if ring {
             // SAFETY: the ring's header lies after the controls, inside
             // the region, 8-byte aligned; the master has the region to
             // itself.
             unsafe {
-                ptr::write(
-                    table.add(table_bytes + controls_len).cast::<RingHeader>(),
-                    RingHeader::new(),
-                )
+                ptr::write(table.add(table_bytes + extras).cast::<RingHeader>(), RingHeader::new())
             };
         }
     }
@@ -278,13 +289,16 @@ pub unsafe fn attach(
         // SAFETY: as just laid out (or kept from the previous cycle with the
         // same layout: the table's check covers the region's length).
         unsafe {
-            let h = table.add(table_bytes + controls_len).cast::<RingHeader>();
-            (h, table.add(table_bytes + controls_len + RingHeader::SIZE), ring_len)
+            let h = table.add(table_bytes + extras).cast::<RingHeader>();
+            (h, table.add(table_bytes + extras + RingHeader::SIZE), ring_len)
         }
     });
     // SAFETY: as laid out above.
     let (ch, cs) = unsafe { controls_at(table.add(table_bytes)) };
     let controls = (ch, cs, slots as usize);
+    // SAFETY: as laid out above.
+    let (th, ts) = unsafe { top_at(table.add(table_bytes + controls_len)) };
+    let top = (th, ts, top_slots as usize);
     ngx_log_debug!(
         log,
         "redis_ratelimit: zone \"{}\" {}: {} entries in {} bytes",
@@ -305,7 +319,7 @@ pub unsafe fn attach(
     // SAFETY: the region holds the table as checked or formatted above.
     let (buckets, entries) =
         unsafe { parts(table, layout, |_, b, e| (b.as_mut_ptr(), e.as_mut_ptr())) };
-    Some(Shared { pool, table, layout, buckets, entries, ids, name, ring, controls })
+    Some(Shared { pool, table, layout, buckets, entries, ids, name, ring, controls, top })
 }
 
 /// The controls' header and slots at `at`.
@@ -317,4 +331,15 @@ unsafe fn controls_at(at: *mut u8) -> (*mut control::Header, *mut control::Slot)
     // SAFETY: per the function's contract; the header's size keeps the
     // slots 8-byte aligned.
     unsafe { (at.cast::<control::Header>(), at.add(std::mem::size_of::<control::Header>()).cast()) }
+}
+
+/// The busiest keys' header and slots at `at`.
+///
+/// # Safety
+/// `at` is 8-byte aligned, with `top::layout`'s bytes after it inside the
+/// region.
+unsafe fn top_at(at: *mut u8) -> (*mut top::Header, *mut top::Slot) {
+    // SAFETY: per the function's contract; the header's size keeps the
+    // slots 8-byte aligned.
+    unsafe { (at.cast::<top::Header>(), at.add(std::mem::size_of::<top::Header>()).cast()) }
 }

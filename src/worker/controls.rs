@@ -5,8 +5,7 @@
 //! still lacks of this node's changes is handed again
 //! (`ratelimit_core::control`).
 
-use ratelimit_core::control::{Change, Full, Held, Kind};
-use ratelimit_core::key::redis_key_part;
+use ratelimit_core::control::{key_form, Change, Full, Held, Kind};
 
 use crate::conf::{MainConf, ZoneConf};
 use crate::shm::Shared;
@@ -34,7 +33,7 @@ pub fn change(
     let Some((z, shared)) = zone_of(mcf, zone) else {
         return Err(Full);
     };
-    let part = redis_key_part(key);
+    let part = key_form(key);
     let id = shared.control_id(&part);
     let fleet = has_redis(z);
     let (changed, left) = {

@@ -6,7 +6,6 @@ bad requests change nothing."""
 
 import http.client
 import json
-import os
 import re
 import time
 
@@ -230,7 +229,8 @@ def test_bad_requests_change_nothing_and_crash_nothing(h):
         ("DELETE", "/api/zones/api/keys/%s/override" % k, None),
         ("GET", "/api/zones/api/keys/..%2F..%2Fetc%2Fpasswd/other", None),
         ("GET", "/api/zones/nope", None), ("GET", "/api/other", None),
-        ("GET", "/api/zones/api/top", None),
+        ("GET", "/api/zones/api/top?n=0", None), ("GET", "/api/zones/api/top?n=x", None),
+        ("PUT", "/api/zones/api/top", "{}"),
     ]
     big = ("PUT", base + "/block", "y" * (2 << 20))
     answers = {}
@@ -331,4 +331,25 @@ def test_address_keys_and_resets(h):
     h.check(state(a, "api", k)["limits"][0]["remaining"] == 5, "counts forgotten")
     h.check(wait_for(lambda: not r.keys("rl:{api:%s}*" % k), 2.0), "and in Redis: %s" % r.keys("*%s*" % k))
     h.check(status(a, "/t?k=" + k) == 200, "it passes again")
-    h.check(os.path.exists(a.conf_path), "sanity")
+
+
+def test_top_lists_the_busiest_keys_this_node_sees(h):
+    """`GET .../top?n=3` after 600 requests of one key and 5 of each of
+    60 others (two workers): that key first, with most of the sampled
+    share, and each listed key's state."""
+    r = h.redis()
+    (a,) = fleet(h, r, count=1)
+    hot = h.key("hot")
+    paths = ["/wide?k=" + hot] * 600 + ["/wide?k=%s-%d" % (h.key("cold"), i % 60) for i in range(300)]
+    a.burst(paths, threads=16)
+    st, _, got = call(a, "GET", "/api/zones/api/top?n=3")
+    top = json.loads(got)
+    h.check(st == 200 and 1 <= len(top) <= 3, "top: %s %s" % (st, got))
+    h.note("top: %s" % [(t["state"]["key"], t["share"]) for t in top])
+    h.check(top[0]["state"]["key"] == hot and top[0]["share"] > 0.4, "the hot key first: %s" % got)
+    h.check(top[0]["state"]["limits"][0]["rate"] == "5r/m", "with its state: %s" % top[0])
+    st, _, got = call(a, "GET", "/api/zones/api/top")
+    h.check(st == 200 and len(json.loads(got)) > 3, "20 by default: %s" % got[:200])
+    a.burst(["/ip"] * 64, threads=4)
+    st, _, got = call(a, "GET", "/api/zones/ip/top?n=1")
+    h.check(st == 200 and json.loads(got)[0]["state"]["key"] == "127.0.0.1", "an address as text: %s" % got)
