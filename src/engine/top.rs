@@ -22,7 +22,7 @@ pub fn sample(mcf: &MainConf, asks: &[Ask<'_>], now: u64) {
         s.set(n);
         n
     });
-    if n % SAMPLE_EVERY == 0 {
+    if n.is_multiple_of(SAMPLE_EVERY) {
         record(mcf, asks, now);
     }
 }
