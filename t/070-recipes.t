@@ -236,3 +236,38 @@ X-API-Key: acme
 [200, 200, 200, 429]
 --- response_headers eval
 ["X-Conn: [PASSED]", "X-Conn: [PASSED]", "X-Conn: [PASSED]", "X-Conn: []"]
+
+
+
+=== TEST 8: scrapers: the request over the limit blocks the address for the block's time (Retry-After counts it, every limit of the zone rejects it); the API shows it and lifts it, and the count still holds
+--- init
+my $s = time % 60; sleep(61 - $s) if $s > 50;
+--- http_config
+    redis_ratelimit_zone $binary_remote_addr zone=scrapers:1m redis=redis://127.0.0.1:$TEST_NGINX_REDIS_PORT prefix=t070h:;
+    server {
+        listen 127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+        location / { return 200 "backend\n"; }
+    }
+--- config
+    location /catalog/ {
+        redis_ratelimit scrapers 3r/m block=10m;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+    }
+    location /catalog-wide/ {
+        redis_ratelimit scrapers 100r/m;
+        proxy_pass http://127.0.0.1:$TEST_NGINX_RAND_PORT_1;
+    }
+    location /ratelimit-admin/ {
+        redis_ratelimit_api write=on;
+        allow 127.0.0.1;
+        allow 10.0.1.0/24;
+        deny all;
+    }
+--- request eval
+["GET /catalog/a", "GET /catalog/a", "GET /catalog/a", "GET /catalog/a", "GET /catalog-wide/a", "GET /ratelimit-admin/zones/scrapers", "DELETE /ratelimit-admin/zones/scrapers/keys/127.0.0.1/block", "GET /catalog-wide/a", "GET /catalog/a"]
+--- error_code eval
+[200, 200, 200, 429, 429, 200, 204, 200, 429]
+--- response_headers_like eval
+["", "", "", "Retry-After: [1-6]?[0-9]", "Retry-After: (599|600)", "", "", "", "Retry-After: [1-6]?[0-9]"]
+--- response_body_like eval
+["backend", "backend", "backend", "429", "429", '"blocked":\[\{"key":"127\.0\.0\.1","ttl_s":(599|600)', "^\$", "backend", "429"]

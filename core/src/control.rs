@@ -147,12 +147,10 @@ pub struct Header {
 }
 
 /// The bytes of the controls' part of a zone of `region_len` bytes, and
-/// its slots: a sixteenth of the zone, at least 16 slots, a power of two.
+/// its slots: a sixteenth of the zone, 16 to 65 536 slots.
 pub fn layout(region_len: usize) -> (usize, u32) {
     let room = (region_len / 16).saturating_sub(std::mem::size_of::<Header>());
-    let fit = (room / std::mem::size_of::<Slot>()).max(16);
-    let slots = 1usize << (usize::BITS - 1 - fit.leading_zeros());
-    let slots = slots.min(1 << 16);
+    let slots = (room / std::mem::size_of::<Slot>()).clamp(16, 1 << 16);
     (std::mem::size_of::<Header>() + slots * std::mem::size_of::<Slot>(), slots as u32)
 }
 
@@ -193,7 +191,7 @@ impl<'a> Controls<'a> {
         Controls { hdr, slots }
     }
 
-    /// Wraps parts formatted before (`slots` a power of two).
+    /// Wraps parts formatted before.
     pub fn attach(hdr: &'a mut Header, slots: &'a mut [Slot]) -> Controls<'a> {
         Controls { hdr, slots }
     }
@@ -210,12 +208,16 @@ impl<'a> Controls<'a> {
         self.hdr
     }
 
-    fn mask(&self) -> usize {
-        self.slots.len() - 1
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.slots.len() {
+            0
+        } else {
+            i + 1
+        }
     }
 
     fn home(&self, id: EntryId) -> usize {
-        id.0[0] as usize & self.mask()
+        (id.0[0] % self.slots.len() as u64) as usize
     }
 
     fn find(&self, id: EntryId) -> Option<usize> {
@@ -231,7 +233,7 @@ impl<'a> Controls<'a> {
             if s.id == id {
                 return Some(i);
             }
-            i = (i + 1) & self.mask();
+            i = self.next(i);
         }
         None
     }
@@ -263,7 +265,7 @@ impl<'a> Controls<'a> {
         }
         let mut i = self.home(id);
         while self.slots[i].used() {
-            i = (i + 1) & self.mask();
+            i = self.next(i);
         }
         let n = key.len().min(MAX_KEY_BYTES);
         let s = &mut self.slots[i];
@@ -449,12 +451,11 @@ impl<'a> Controls<'a> {
     /// Empties slot `i`, moving back the slots of its probe cluster that
     /// belong before it (linear probing's deletion without tombstones).
     fn remove(&mut self, mut i: usize) {
-        let mask = self.mask();
         self.slots[i] = Slot::EMPTY;
         self.hdr.live.fetch_sub(1, Ordering::Relaxed);
         let mut j = i;
         loop {
-            j = (j + 1) & mask;
+            j = self.next(j);
             if !self.slots[j].used() {
                 return;
             }
