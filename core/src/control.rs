@@ -559,26 +559,32 @@ pub fn redis_key(prefix: &[u8], zone: &str, version: bool) -> Vec<u8> {
 
 /// The script that writes one change (KEYS: the hash, the version;
 /// ARGV: the field, the time left in ms or 0 to lift, the payload, the
-/// version's TTL). Ends already past are dropped on the way; the hash
-/// lives until its last control ends. Answers the new version.
+/// version's TTL). The hash lives until its last control ends (its TTL
+/// only grows); every 64th change drops the controls already ended (the
+/// reads skip them meanwhile), so a write costs O(1) but for those.
+/// Answers the new version.
 pub const WRITE_SCRIPT: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local left = tonumber(ARGV[2])
+local v = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 if left > 0 then
-  redis.call('HSET', KEYS[1], ARGV[1], string.format('%.0f', now + left) .. '|' .. ARGV[3])
+  local ends = now + left
+  redis.call('HSET', KEYS[1], ARGV[1], string.format('%.0f', ends) .. '|' .. ARGV[3])
+  if redis.call('PTTL', KEYS[1]) < left then
+    redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', ends))
+  end
 else
   redis.call('HDEL', KEYS[1], ARGV[1])
 end
-local all = redis.call('HGETALL', KEYS[1])
-local last = 0
-for i = 1, #all, 2 do
-  local u = tonumber(string.match(all[i + 1], '^(%d+)|')) or 0
-  if u <= now then redis.call('HDEL', KEYS[1], all[i]) elseif u > last then last = u end
+if v % 64 == 0 then
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    local u = tonumber(string.match(all[i + 1], '^(%d+)|')) or 0
+    if u <= now then redis.call('HDEL', KEYS[1], all[i]) end
+  end
 end
-if last > 0 then redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', last)) end
-local v = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return v
 "#;
 

@@ -91,6 +91,8 @@ def test_an_override_set_on_one_node_holds_on_every_node_until_it_ends(h):
     h.note("B and C saw the override %.2f s after the PUT" % (time.monotonic() - t0))
     got = [status(n, "/t?k=" + k) for n in (b, c) for _ in range(5)]
     h.check(got.count(200) == 10, "10 requests of a 5r/m key pass under 20r/m: %s" % got)
+    got = [status(a, "/strict?k=" + k) for _ in range(3)]
+    h.check(got == [200] * 3, "a strict 2r/h line takes the override too (20r/m): %s" % got)
     still = state(c, "api", k)["override"]
     h.check(still is not None and still["ttl_s"] > 1.5, "held until its end: %s" % still)
     # ends on time: 4 s after the PUT (nodes count it from when they saw it)
@@ -353,3 +355,29 @@ def test_top_lists_the_busiest_keys_this_node_sees(h):
     a.burst(["/ip"] * 64, threads=4)
     st, _, got = call(a, "GET", "/api/zones/ip/top?n=1")
     h.check(st == 200 and json.loads(got)[0]["state"]["key"] == "127.0.0.1", "an address as text: %s" % got)
+
+
+def test_many_controls_and_their_ends_in_redis(h):
+    """128 blocks through the API on two nodes: every node holds them all;
+    Redis's hash lives as long as its last control, and drops the ended
+    ones as changes go on (64 of 1 s, then 64 of an hour: 64 left)."""
+    r = h.redis()
+    a, b = fleet(h, r, count=2)
+    for i in range(64):
+        st, _, got = call(a if i % 2 else b, "PUT", "/api/zones/api/keys/%s/block" % h.key("s%d" % i),
+                          '{"ttl":"1s"}')
+        h.check(st == 200, "PUT %d: %s %s" % (i, st, got))
+    time.sleep(1.3)
+    for i in range(64):
+        st, _, got = call(a if i % 2 else b, "PUT", "/api/zones/api/keys/%s/block" % h.key("l%d" % i),
+                          '{"ttl":"1h"}')
+        h.check(st == 200, "PUT %d: %s %s" % (i, st, got))
+    zone = lambda n: json.loads(call(n, "GET", "/api/zones/api")[2])
+    h.check(wait_for(lambda: all(zone(n)["blocked_keys"] == 64 for n in (a, b)), 2.0),
+            "both nodes hold the 64 in force: %s" % [zone(n)["blocked_keys"] for n in (a, b)])
+    h.check(wait_for(lambda: r.cmd("HLEN", "rl:{api}:ctl") == 64, 2.0),
+            "Redis dropped the ended ones: %s" % r.cmd("HLEN", "rl:{api}:ctl"))
+    ttl = r.cmd("PTTL", "rl:{api}:ctl")
+    h.check(3_590_000 < ttl <= 3_600_000, "the hash lives to its last end: %s" % ttl)
+    h.check(status(b, "/wide?k=" + h.key("l7")) == 429 and status(b, "/wide?k=" + h.key("s7")) == 200,
+            "the hour's blocks hold, the second's ended")
