@@ -31,6 +31,7 @@ an upstream) belongs in the block, marked `main` or `http`. There is no
 "skip": a block nginx cannot check is not an nginx block.
 """
 
+import json
 import os
 import re
 import shutil
@@ -434,3 +435,35 @@ def test_the_two_node_example_runs_as_written(h):
         for pid in pids:
             if not harness.wait_for(lambda: not harness.servers.pid_alive(pid), 5.0):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_api_examples_run_as_written(h):
+    """operations.md's API locations, and its two runbook scripts run as
+    written (on this test's Redis and a free port in place of 8081): the
+    customer's override is in force, the attacker's block was set and
+    lifted, each change logged."""
+    found = blocks("docs/operations.md")
+    conf = next(b[3] for b in found if b[0] == "nginx" and "location /ratelimit-admin/" in b[3])
+    scripts = [b[3] for b in found if b[0] == "sh" and "/ratelimit-admin/" in b[3]]
+    h.check(len(scripts) == 2, "two runbook scripts: %d" % len(scripts))
+    r = h.redis()
+    port = harness.free_port()
+    n = h.nginx(conf.replace("6379", str(r.port)).replace("8081", str(port)), "")
+    outs = []
+    for sh in scripts:
+        out = subprocess.run(["bash", "-e", "-c", sh.replace("8081", str(port))],
+                             capture_output=True, text=True, timeout=30)
+        h.check(out.returncode == 0, "the script ran: %s" % out.stderr[-300:])
+        outs.append(out.stdout)
+    h.check('"key":"cust-42"' in outs[0] and '"rate":"10000r/m"' in outs[0],
+            "the customer's state, then the override: %s" % outs[0][:400])
+    state = json.loads(harness.servers.http_get(port, "/ratelimit/zones/api/keys/cust-42")[2])
+    h.check(state["override"]["rate"] == "10000r/m" and state["override"]["ttl_s"] > 3500,
+            "the override holds: %s" % state)
+    h.check(outs[1].startswith("[") and '"blocked":{"ttl_s":900' in outs[1], "top, then the block: %s" % outs[1][:400])
+    state = json.loads(harness.servers.http_get(port, "/ratelimit/zones/per_ip/keys/203.0.113.7")[2])
+    h.check(state["blocked"] is None, "and lifted: %s" % state)
+    log = n.error_log_text()
+    for line in ('key "cust-42" limited at 10000r/m for 1h (API)', 'key "203.0.113.7" blocked for 15m (API)',
+                 'key "203.0.113.7" unblocked (API)'):
+        h.check(line in log, "logged: %s" % line)
