@@ -32,8 +32,8 @@ pub fn look(mcf: &MainConf, zone: usize, key: &[u8], now: u64) -> Said {
         return Said::default();
     }
     let id = shared.control_id(&key_form(key));
-    let locked = shared.lock();
-    match locked.controls.get(id) {
+    let mut locked = shared.lock();
+    match locked.controls().get(id) {
         Some(s) => Said { blocked: s.blocked(now), rate: s.rate(now) },
         None => Said::default(),
     }

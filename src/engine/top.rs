@@ -36,7 +36,7 @@ fn record(mcf: &MainConf, asks: &[Ask<'_>], now: u64) {
             continue;
         }
         if let Some(shared) = mcf.zones.get(a.zone).and_then(|z| z.shared.as_ref()) {
-            shared.lock().top.record(&key_form(a.key), now);
+            shared.lock().top().record(&key_form(a.key), now);
         }
     }
 }

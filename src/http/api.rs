@@ -205,7 +205,7 @@ fn route(
         Route::Top(name) if reading => {
             let (_, z) = zone(mcf, &name)?;
             let n = api::top_n(r.args.as_bytes())?;
-            let busiest = shared(z)?.lock().top.busiest(n);
+            let busiest = shared(z)?.lock().top().busiest(n);
             let mut out = String::from("[");
             for (i, (key, share)) in busiest.iter().enumerate() {
                 if i > 0 {
@@ -339,7 +339,7 @@ fn zone_json(z: &ZoneConf, now: u64) -> String {
     let limits: Vec<String> =
         z.lines.iter().map(|(r, b)| line_json(*r, b.map(|b| b.burst))).collect();
     let st = shared.stats();
-    let locked = shared.lock();
+    let mut locked = shared.lock();
     let _ = write!(
         out,
         "{{\"limits\":[{}],\"keys\":{},\"keys_capacity\":{},\"evictions\":{},",
@@ -359,13 +359,13 @@ fn zone_json(z: &ZoneConf, now: u64) -> String {
                 ago(now, last),
                 ago(
                     now,
-                    locked.controls.header().synced_ms.load(std::sync::atomic::Ordering::Relaxed)
+                    locked.controls().header().synced_ms.load(std::sync::atomic::Ordering::Relaxed)
                 )
             );
         }
         None => out.push_str("\"redis\":null,"),
     }
-    let c = &locked.controls;
+    let c = locked.controls();
     let blocked: Vec<&Slot> = c.iter().filter(|s| s.blocked(now).is_some()).collect();
     let overridden: Vec<&Slot> = c.iter().filter(|s| s.rate(now).is_some()).collect();
     let _ = write!(
@@ -425,8 +425,8 @@ fn key_json(z: &ZoneConf, key: &[u8], now: u64) -> String {
         return "null".into();
     };
     let part = key_form(key);
-    let locked = shared.lock();
-    let slot = locked.controls.get(shared.control_id(&part)).copied();
+    let mut locked = shared.lock();
+    let slot = locked.controls().get(shared.control_id(&part)).copied();
     let mut out = String::with_capacity(512);
     let _ = write!(out, "{{\"key\":{},", json_string(&api::key_text(key, z.binary_addr)));
     match slot.as_ref().and_then(|s| Some((s, s.blocked(now)?))) {

@@ -44,12 +44,14 @@ fn collect(mcf: &MainConf, now_ms: u64) -> Vec<Zone> {
         };
         let now = now_ms;
         let (keys, capacity, evictions, blocked_keys, overridden_keys) = {
-            let locked = shared.lock();
-            let c = &locked.controls;
+            let mut locked = shared.lock();
+            let (len, capacity) = (locked.table.len(), locked.table.capacity());
+            let evictions = locked.table.evictions();
+            let c = locked.controls();
             (
-                locked.table.len(),
-                locked.table.capacity(),
-                locked.table.evictions(),
+                len,
+                capacity,
+                evictions,
                 c.iter().filter(|s| s.blocked(now).is_some()).count() as u64,
                 c.iter().filter(|s| s.rate(now).is_some()).count() as u64,
             )

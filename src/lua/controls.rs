@@ -110,7 +110,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_inspect(
     *out = Controls { blocked_ms: 0, override_ms: 0, limit: 0, period: 0 };
     let now = now_ms();
     let id = shared.control_id(&key_form(key));
-    if let Some(s) = shared.lock().controls.get(id) {
+    if let Some(s) = shared.lock().controls().get(id) {
         if let Some(until) = s.blocked(now) {
             out.blocked_ms = until - now;
         }

@@ -54,12 +54,29 @@ pub struct Shared {
     top: (*mut top::Header, *mut top::Slot, usize),
 }
 
-/// The table and the controls, locked for the lifetime of this guard.
+/// The table (and the zone's controls and busiest keys, cut from the
+/// region when asked for), locked for the lifetime of this guard.
 pub struct Locked<'a> {
     pool: *mut ngx_slab_pool_t,
     pub table: Table<'a>,
-    pub controls: Controls<'a>,
-    pub top: Top<'a>,
+    shared: &'a Shared,
+}
+
+impl Locked<'_> {
+    /// The zone's controls (`ratelimit_core::control`).
+    pub fn controls(&mut self) -> Controls<'_> {
+        let (h, slots, n) = self.shared.controls;
+        // SAFETY: the lock is held for as long as `self` (borrowed
+        // mutably here); the parts were cut from the region by `attach`.
+        unsafe { Controls::attach(&mut *h, std::slice::from_raw_parts_mut(slots, n)) }
+    }
+
+    /// The zone's busiest keys (`ratelimit_core::top`).
+    pub fn top(&mut self) -> Top<'_> {
+        let (h, slots, n) = self.shared.top;
+        // SAFETY: as for `controls`.
+        unsafe { Top::attach(&mut *h, std::slice::from_raw_parts_mut(slots, n)) }
+    }
 }
 
 impl Drop for Locked<'_> {
@@ -126,18 +143,7 @@ impl Shared {
                 std::slice::from_raw_parts_mut(self.entries, self.layout.capacity as usize),
             )
         };
-        // SAFETY: as for the table: the lock is held, and the controls'
-        // parts were cut from the region by `attach`.
-        let controls = unsafe {
-            let (h, slots, n) = self.controls;
-            Controls::attach(&mut *h, std::slice::from_raw_parts_mut(slots, n))
-        };
-        // SAFETY: as for the controls.
-        let top = unsafe {
-            let (h, slots, n) = self.top;
-            Top::attach(&mut *h, std::slice::from_raw_parts_mut(slots, n))
-        };
-        Locked { pool: self.pool, table, controls, top }
+        Locked { pool: self.pool, table, shared: self }
     }
 }
 

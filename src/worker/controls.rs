@@ -41,10 +41,10 @@ pub fn change(
         match asked {
             Asked::Set(kind, ttl) => {
                 let until = now.saturating_add(ttl);
-                locked.controls.set(id, &part, kind, until, fleet, now)?;
+                locked.controls().set(id, &part, kind, until, fleet, now)?;
                 (true, Some(ttl))
             }
-            Asked::Lift(kind) => (locked.controls.clear(id, &part, kind, fleet, now), None),
+            Asked::Lift(kind) => (locked.controls().clear(id, &part, kind, fleet, now), None),
         }
     };
     if fleet {
@@ -71,14 +71,14 @@ pub(super) fn read(mcf: &MainConf, zone: usize, version: u64, held: Option<Vec<H
         let mut locked = shared.lock();
         if let Some(held) = held {
             if version == 0 {
-                locked.controls.rewrite_all(now);
+                locked.controls().rewrite_all(now);
             }
             let held: Vec<_> = held.into_iter().map(|h| (shared.control_id(&h.key), h)).collect();
-            locked.controls.apply(&held, version, now);
+            locked.controls().apply(&held, version, now);
         } else {
-            locked.controls.read_at(now);
+            locked.controls().read_at(now);
         }
-        locked.controls.unwritten(now)
+        locked.controls().unwritten(now)
     };
     if let Some(ch) = channel() {
         for c in unwritten {
@@ -91,7 +91,7 @@ pub(super) fn read(mcf: &MainConf, zone: usize, version: u64, held: Option<Vec<H
 pub(super) fn written(mcf: &MainConf, zone: usize, key: &[u8], kind: Kind, version: u64) {
     if let Some((_, shared)) = zone_of(mcf, zone) {
         let id = shared.control_id(key);
-        shared.lock().controls.written(id, kind, version);
+        shared.lock().controls().written(id, kind, version);
     }
 }
 
