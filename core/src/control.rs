@@ -589,16 +589,16 @@ return v
 "#;
 
 /// The script that reads the controls when their version is not the one
-/// known (KEYS: the hash, the version; ARGV: the known version, empty for
-/// none). Answers `{version}` when nothing changed, else the version
-/// (empty when Redis has none) and, per control in force, its field, its
-/// time left in ms and its payload.
+/// known (KEYS: the hash, the version; ARGV: the known version, empty
+/// when Redis had none). Answers `{version}` when nothing changed, else
+/// the version (empty when Redis has none) and, per control in force, its
+/// field, its time left in ms and its payload.
 pub const READ_SCRIPT: &str = r#"
-local v = redis.call('GET', KEYS[2])
-if v and v == ARGV[1] then return {v} end
+local v = redis.call('GET', KEYS[2]) or ''
+if v == ARGV[1] then return {v} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {v or ''}
+local out = {v}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local u, p = string.match(all[i + 1], '^(%d+)|(.*)$')

@@ -17,45 +17,9 @@ fn size(s: &[u8]) -> Option<usize> {
     std::str::from_utf8(num).ok()?.parse::<usize>().ok()?.checked_mul(scale)
 }
 
-/// Stand-in for `ngx_parse_time`: `100ms`, `2s`, `1m30s`, `1h`, `1d`; a
-/// bare number is seconds.
-fn time_ms(s: &[u8]) -> Option<u64> {
-    if s.is_empty() {
-        return None;
-    }
-    let mut total: u64 = 0;
-    let mut i = 0;
-    while i < s.len() {
-        let start = i;
-        while i < s.len() && s[i].is_ascii_digit() {
-            i += 1;
-        }
-        if i == start || i - start > 12 {
-            return None;
-        }
-        let n: u64 = std::str::from_utf8(&s[start..i]).ok()?.parse().ok()?;
-        let scale = if s[i..].starts_with(b"ms") {
-            i += 2;
-            1
-        } else {
-            let unit = s.get(i).copied();
-            if unit.is_some() {
-                i += 1;
-            }
-            match unit {
-                None | Some(b's') => 1000,
-                Some(b'm') => 60_000,
-                Some(b'h') => 3_600_000,
-                Some(b'd') => 86_400_000,
-                _ => return None,
-            }
-        };
-        total = total.checked_add(n.checked_mul(scale)?)?;
-    }
-    Some(total)
-}
-
-const UNITS: Units = Units { size, time_ms };
+/// `ngx_parse_time`'s syntax (`100ms`, `2s`, `1m30s`, `1h`, `1d`; a bare
+/// number is seconds), as the API reads it.
+const UNITS: Units = Units { size, time_ms: crate::api::time_ms };
 
 fn parse(s: &str) -> Result<ZoneParams, String> {
     let args: Vec<&[u8]> = s.split_whitespace().map(str::as_bytes).collect();

@@ -9,7 +9,7 @@ import json
 import re
 import time
 
-from harness import HOST
+from harness import HOST, wait_for
 
 HTTP = """
     redis_ratelimit_zone $arg_k zone=api:1m redis=%s timeout=300ms;
@@ -57,15 +57,6 @@ def state(n, zone, key):
 
 def status(n, path):
     return n.request(path)[0]
-
-
-def wait_for(cond, seconds, step=0.05):
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(step)
-    return cond()
 
 
 def fleet(h, r, count=3, workers=2):
