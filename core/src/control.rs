@@ -46,6 +46,9 @@ impl Kind {
         }
     }
 
+    /// A key's override when its rate does not matter (a lift).
+    pub const ANY_OVERRIDE: Kind = Kind::Override(Rate { limit: 1, period: 1 });
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::Block => "block",
@@ -142,8 +145,6 @@ pub struct Header {
     pub slots: u32,
     /// When the sender last read Redis's controls (ms since the epoch).
     pub synced_ms: AtomicU64,
-    /// Controls Redis holds that did not fit, at the last read.
-    pub dropped: u64,
 }
 
 /// The bytes of the controls' part of a zone of `region_len` bytes, and
@@ -185,7 +186,6 @@ impl<'a> Controls<'a> {
             live: AtomicU32::new(0),
             slots: slots.len() as u32,
             synced_ms: AtomicU64::new(0),
-            dropped: 0,
         };
         slots.fill(Slot::EMPTY);
         Controls { hdr, slots }
@@ -308,7 +308,8 @@ impl<'a> Controls<'a> {
         Ok(())
     }
 
-    /// Lifts a control of the key (`Kind::Override`'s rate is not read);
+    /// Lifts a control of the key (an override's rate is not read:
+    /// `Kind::ANY_OVERRIDE`);
     /// `pending` as for `set`. Whether the key had it in force.
     pub fn clear(&mut self, id: EntryId, key: &[u8], kind: Kind, pending: bool, now: u64) -> bool {
         let had = self.get(id).is_some_and(|s| match kind {
@@ -425,7 +426,6 @@ impl<'a> Controls<'a> {
                 dropped += 1;
             }
         }
-        self.hdr.dropped = dropped as u64;
         self.hdr.synced_ms.store(now, Ordering::Relaxed);
         dropped
     }

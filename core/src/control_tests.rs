@@ -1,12 +1,7 @@
 use super::*;
 
 fn table(n: usize) -> (Box<Header>, Vec<Slot>) {
-    let hdr = Box::new(Header {
-        live: AtomicU32::new(0),
-        slots: 0,
-        synced_ms: AtomicU64::new(0),
-        dropped: 0,
-    });
+    let hdr = Box::new(Header { live: AtomicU32::new(0), slots: 0, synced_ms: AtomicU64::new(0) });
     (hdr, vec![Slot::EMPTY; n])
 }
 

@@ -13,17 +13,23 @@ use super::event::Event;
 use super::io::Reply;
 use super::server::Server;
 
+/// How often the sender tries again to read controls Redis refused it
+/// (an ACL without their commands).
+const REFUSED_RETRY: Duration = Duration::from_secs(60);
+
 /// What the thread knows of its zone's controls in Redis.
 pub(super) struct ControlSync {
     /// When the sender reads them next.
     pub(super) due: Instant,
     /// The version read last (`None`: not read yet; empty: Redis had none).
     known: Option<Vec<u8>>,
+    /// Redis refused the last read (said once, tried every `REFUSED_RETRY`).
+    refused: bool,
 }
 
 impl ControlSync {
     pub(super) fn new(now: Instant) -> ControlSync {
-        ControlSync { due: now, known: None }
+        ControlSync { due: now, known: None, refused: false }
     }
 
     /// Forgets the version read (the sender changed hands: the new one
@@ -68,17 +74,25 @@ impl ControlSync {
                     .and_then(|t| t.parse::<u64>().ok())
                     .unwrap_or(0);
                 self.known = Some(version);
+                self.refused = false;
                 events.push(Event::ControlsRead { zone, version: version_n, held });
             }
-            Some(Reply::Refused { text, .. }) => events.push(Event::Log {
-                zone,
-                level: super::Level::Error,
-                message: format!(
-                    "redis_ratelimit: zone \"{}\": reading the controls: {}",
-                    server.spec.name,
-                    ratelimit_core::text::one_line(text, 200)
-                ),
-            }),
+            Some(Reply::Refused { text, .. }) => {
+                self.due = now + REFUSED_RETRY;
+                if !self.refused {
+                    self.refused = true;
+                    events.push(Event::Log {
+                        zone,
+                        level: super::Level::Error,
+                        message: format!(
+                            "redis_ratelimit: zone \"{}\": Redis refuses the read of the zone's blocked and overridden keys ({}): those set on other nodes are not seen here, tried again every {} s; a Redis user with an ACL needs HGETALL, HSET, HDEL, INCR, PEXPIRE, PEXPIREAT and PTTL beside EVAL, GET and TIME",
+                            server.spec.name,
+                            ratelimit_core::text::one_line(text, 200),
+                            REFUSED_RETRY.as_secs()
+                        ),
+                    });
+                }
+            }
             _ => {}
         }
         server.exchanged(node.as_deref(), broken, events);

@@ -12,7 +12,7 @@ use crate::worker::time::now_ms;
 
 /// Forgets `key` (in namespace `ns`) of zone `index`: its windows of
 /// `period`, or with `bucket` its bucket of that many requests per
-/// period. `false`: the zone has no shared memory here.
+/// period (nothing when the zone has no shared memory here).
 pub fn reset(
     mcf: &MainConf,
     index: usize,
@@ -20,12 +20,12 @@ pub fn reset(
     key: &[u8],
     period: u32,
     bucket: Option<u32>,
-) -> bool {
+) {
     let Some(z) = mcf.zones.get(index) else {
-        return false;
+        return;
     };
     let Some(shared) = z.shared.as_ref() else {
-        return false;
+        return;
     };
     let entry_period = match bucket {
         Some(limit) => bucket::entry_period(Rate { limit, period }),
@@ -38,7 +38,7 @@ pub fn reset(
         id
     };
     if z.params.as_ref().is_none_or(|p| p.backend.is_none()) {
-        return true;
+        return;
     }
     if let Some(ch) = crate::worker::channel::channel() {
         let window = window_index(now_ms(), u64::from(period) * 1000);
@@ -57,5 +57,4 @@ pub fn reset(
         d.command = !crate::worker::link::reset(index, &d);
         ch.delete(d);
     }
-    true
 }

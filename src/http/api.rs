@@ -188,15 +188,11 @@ fn route(
     match route {
         Route::Root if reading => Ok((200, "[\"zones\"]\n".into())),
         Route::Zones if reading => {
-            let mut out = String::from("{");
-            for (i, z) in mcf.zones.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
+            let mut out = String::new();
+            list(&mut out, "{}", &mcf.zones, |out, z| {
                 let _ = write!(out, "{}:{}", json_string(&z.name), zone_json(z, now));
-            }
-            out.push_str("}\n");
-            Ok((200, out))
+            });
+            Ok((200, out + "\n"))
         }
         Route::Zone(name) if reading => {
             let (_, z) = zone(mcf, &name)?;
@@ -206,15 +202,12 @@ fn route(
             let (_, z) = zone(mcf, &name)?;
             let n = api::top_n(r.args.as_bytes())?;
             let busiest = shared(z)?.lock().top().busiest(n);
-            let mut out = String::from("[");
-            for (i, (key, share)) in busiest.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                let _ = write!(out, "{{\"share\":{share:.3},\"state\":{}}}", key_json(z, key, now));
-            }
-            out.push_str("]\n");
-            Ok((200, out))
+            let mut out = String::new();
+            list(&mut out, "[]", busiest, |out, (key, share)| {
+                let _ =
+                    write!(out, "{{\"share\":{share:.3},\"state\":{}}}", key_json(z, &key, now));
+            });
+            Ok((200, out + "\n"))
         }
         Route::Key(name, given, part) => {
             let (index, z) = zone(mcf, &name)?;
@@ -269,7 +262,7 @@ fn write(
             Asked::Set(Kind::Override(rate), b.ttl_ms.unwrap_or(0))
         }
         (Part::Block, None) => Asked::Lift(Kind::Block),
-        (Part::Override, None) => Asked::Lift(Kind::Override(Rate { limit: 1, period: 1 })),
+        (Part::Override, None) => Asked::Lift(Kind::ANY_OVERRIDE),
     };
     match change(mcf, index, key, what, now) {
         Err(_) => Err(Problem::new(
@@ -336,14 +329,13 @@ fn zone_json(z: &ZoneConf, now: u64) -> String {
         return "null".into();
     };
     let mut out = String::with_capacity(512);
-    let limits: Vec<String> =
-        z.lines.iter().map(|(r, b)| line_json(*r, b.map(|b| b.burst))).collect();
+    out.push_str("{\"limits\":");
+    list(&mut out, "[]", &z.lines, |out, (r, b)| line_json(out, *r, b.map(|b| b.burst)));
     let st = shared.stats();
     let mut locked = shared.lock();
     let _ = write!(
         out,
-        "{{\"limits\":[{}],\"keys\":{},\"keys_capacity\":{},\"evictions\":{},",
-        limits.join(","),
+        ",\"keys\":{},\"keys_capacity\":{},\"evictions\":{},",
         locked.table.len(),
         locked.table.capacity(),
         locked.table.evictions()
@@ -370,37 +362,46 @@ fn zone_json(z: &ZoneConf, now: u64) -> String {
     let overridden: Vec<&Slot> = c.iter().filter(|s| s.rate(now).is_some()).collect();
     let _ = write!(
         out,
-        "\"blocked_keys\":{},\"overridden_keys\":{},\"controls_capacity\":{},\"blocked\":[",
+        "\"blocked_keys\":{},\"overridden_keys\":{},\"controls_capacity\":{},\"blocked\":",
         blocked.len(),
         overridden.len(),
         ratelimit_core::control::capacity(c.header().slots)
     );
-    for (i, s) in blocked.iter().take(LISTED).enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        let _ = write!(
-            out,
-            "{{\"key\":{},\"ttl_s\":{}}}",
-            json_string(&api::key_text(s.key(), z.binary_addr)),
-            secs(now, s.block_until)
-        );
-    }
-    out.push_str("],\"overrides\":[");
-    for (i, s) in overridden.iter().take(LISTED).enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
+    let key = |s: &Slot| json_string(&api::key_text(s.key(), z.binary_addr));
+    list(&mut out, "[]", blocked.iter().take(LISTED), |out, s| {
+        let _ = write!(out, "{{\"key\":{},\"ttl_s\":{}}}", key(s), secs(now, s.block_until));
+    });
+    out.push_str(",\"overrides\":");
+    list(&mut out, "[]", overridden.iter().take(LISTED), |out, s| {
         let rate = s.rate(now).map(|r| r.to_string()).unwrap_or_default();
         let _ = write!(
             out,
             "{{\"key\":{},\"rate\":\"{rate}\",\"ttl_s\":{}}}",
-            json_string(&api::key_text(s.key(), z.binary_addr)),
+            key(s),
             secs(now, s.override_until)
         );
-    }
-    out.push_str("]}");
+    });
+    out.push('}');
     out
+}
+
+/// `items` written by `each` between the two brackets of `brackets`,
+/// separated by commas.
+fn list<T>(
+    out: &mut String,
+    brackets: &str,
+    items: impl IntoIterator<Item = T>,
+    mut each: impl FnMut(&mut String, T),
+) {
+    let (open, close) = brackets.split_at(1);
+    out.push_str(open);
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        each(out, item);
+    }
+    out.push_str(close);
 }
 
 fn ago(now: u64, at: u64) -> String {
@@ -411,11 +412,11 @@ fn ago(now: u64, at: u64) -> String {
     }
 }
 
-fn line_json(rate: Rate, burst: Option<u32>) -> String {
-    match burst {
-        Some(b) => format!("{{\"rate\":\"{rate}\",\"burst\":{b}}}"),
-        None => format!("{{\"rate\":\"{rate}\"}}"),
-    }
+fn line_json(out: &mut String, rate: Rate, burst: Option<u32>) {
+    let _ = match burst {
+        Some(b) => write!(out, "{{\"rate\":\"{rate}\",\"burst\":{b}}}"),
+        None => write!(out, "{{\"rate\":\"{rate}\"}}"),
+    };
 }
 
 /// A key as this node sees it: its controls, and each of its zone's
@@ -452,11 +453,8 @@ fn key_json(z: &ZoneConf, key: &[u8], now: u64) -> String {
         }
         _ => out.push_str("\"override\":null,"),
     }
-    out.push_str("\"limits\":[");
-    for (i, &(line_rate, bucket)) in z.lines.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
+    out.push_str("\"limits\":");
+    list(&mut out, "[]", &z.lines, |out, &(line_rate, bucket)| {
         let applied = rate.unwrap_or(line_rate);
         let _ = write!(out, "{{\"rate\":\"{line_rate}\",\"applied\":\"{applied}\"");
         if let Some(b) = bucket {
@@ -476,7 +474,7 @@ fn key_json(z: &ZoneConf, key: &[u8], now: u64) -> String {
             );
         }
         out.push('}');
-    }
-    out.push_str("]}");
+    });
+    out.push('}');
     out
 }

@@ -155,7 +155,7 @@ fn asks<'r>(
             Some((_, k, s)) => (*k, *s),
             None => {
                 let k = key(r, mcf, l.zone)?;
-                let said = if k.is_empty() || !controls::any(mcf, l.zone) {
+                let said = if k.is_empty() {
                     Said::default()
                 } else {
                     controls::look(mcf, l.zone, k, now)

@@ -57,7 +57,7 @@ pub unsafe extern "C" fn ngx_http_redis_ratelimit_control(
         BLOCK if ttl_ok => Asked::Set(Kind::Block, ttl_ms),
         OVERRIDE if ttl_ok && rate_ok => Asked::Set(Kind::Override(Rate { limit, period }), ttl_ms),
         UNBLOCK => Asked::Lift(Kind::Block),
-        UNOVERRIDE => Asked::Lift(Kind::Override(Rate { limit: 1, period: 1 })),
+        UNOVERRIDE => Asked::Lift(Kind::ANY_OVERRIDE),
         _ => return ERR_ARGS,
     };
     // the change goes to Redis through this worker's thread

@@ -324,11 +324,7 @@ fn decide(
     let now = now_ms();
     // the zone's controls of the key: a block rejects, an override is the
     // rate
-    let said = if controls::any(mcf, index) {
-        controls::look(mcf, index, key, now)
-    } else {
-        controls::Said::default()
-    };
+    let said = controls::look(mcf, index, key, now);
     if let Some(until) = said.blocked {
         return Ok((engine::Decision::blocked(0, rate, until), now));
     }

@@ -5,6 +5,8 @@
 //! still lacks of this node's changes is handed again
 //! (`ratelimit_core::control`).
 
+use nginx_sys::{ngx_log_t, NGX_LOG_WARN};
+use ngx::ngx_log_error;
 use ratelimit_core::control::{key_form, Change, Full, Held, Kind};
 
 use crate::conf::{MainConf, ZoneConf};
@@ -63,23 +65,45 @@ pub fn change(
 /// have are handed to the thread again. Redis without a version while
 /// this node holds controls lost them (a restart without its data): the
 /// node writes back what it holds.
-pub(super) fn read(mcf: &MainConf, zone: usize, version: u64, held: Option<Vec<Held>>, now: u64) {
-    let Some((_, shared)) = zone_of(mcf, zone) else {
+/// Controls of the fleet's the zone has no room for are said at `warn`
+/// (at most once a second per zone).
+pub(super) fn read(
+    mcf: &MainConf,
+    log: *mut ngx_log_t,
+    zone: usize,
+    version: u64,
+    held: Option<Vec<Held>>,
+    now: u64,
+) {
+    let Some((z, shared)) = zone_of(mcf, zone) else {
         return;
     };
-    let unwritten = {
+    let (unwritten, dropped) = {
         let mut locked = shared.lock();
+        let mut dropped = 0;
         if let Some(held) = held {
             if version == 0 {
                 locked.controls().rewrite_all(now);
             }
             let held: Vec<_> = held.into_iter().map(|h| (shared.control_id(&h.key), h)).collect();
-            locked.controls().apply(&held, version, now);
+            dropped = locked.controls().apply(&held, version, now);
+            if dropped > 0 && !locked.table.claim_log(true, now / 1000) {
+                dropped = 0;
+            }
         } else {
             locked.controls().read_at(now);
         }
-        locked.controls().unwritten(now)
+        (locked.controls().unwritten(now), dropped)
     };
+    if dropped > 0 {
+        ngx_log_error!(
+            NGX_LOG_WARN,
+            log,
+            "redis_ratelimit: zone \"{}\": {} of the fleet's blocked or overridden keys do not fit in this node's zone: they are not in force here (a larger zone holds more)",
+            z.name,
+            dropped
+        );
+    }
     if let Some(ch) = channel() {
         for c in unwritten {
             ch.push_control(zone, c);

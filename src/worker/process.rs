@@ -302,7 +302,7 @@ fn apply(log: *mut ngx_log_t) {
             Event::Orphaned { zone, pid } => reply::orphaned(mcf, log, zone, pid),
             Event::Log { zone, level, message } => zone_log(mcf, log, zone, level, &message),
             Event::ControlsRead { zone, version, held } => {
-                crate::worker::controls::read(mcf, zone as usize, version, held, now)
+                crate::worker::controls::read(mcf, log, zone as usize, version, held, now)
             }
             Event::ControlWritten { zone, key, kind, version } => {
                 crate::worker::controls::written(mcf, zone as usize, &key, kind, version)

@@ -22,6 +22,7 @@ test API and the test-specific configs.
 """
 
 import atexit
+import http.client
 import os
 import random
 import re
@@ -125,6 +126,26 @@ def window(t, period):
 # --------------------------------------------------------------------------
 # HTTP (the client: servers.http_get)
 # --------------------------------------------------------------------------
+
+
+def http_call(port, method, path, body=None, timeout=3.0):
+    """One request of any method over a fresh connection, with `body`
+    (str or bytes) when given: (status, headers {lower-case name: value},
+    body bytes)."""
+    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        c.putrequest(method, path, skip_accept_encoding=True)
+        data = body if isinstance(body, bytes) else (body or "").encode()
+        if body is not None:
+            c.putheader("Content-Length", str(len(data)))
+        c.putheader("Connection", "close")
+        c.endheaders()
+        if body is not None:
+            c.send(data)
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        c.close()
 
 
 def burst(port, paths, threads=64, timeout=2.0):

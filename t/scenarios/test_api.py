@@ -4,12 +4,11 @@ the fleet within a second, for as long as asked, through Redis outages,
 restarts and reloads; writes need `write=on` and nginx's access control;
 bad requests change nothing."""
 
-import http.client
 import json
 import re
 import time
 
-from harness import HOST, wait_for
+from harness import http_call, wait_for
 
 HTTP = """
     redis_ratelimit_zone $arg_k zone=api:1m redis=%s timeout=300ms;
@@ -32,21 +31,8 @@ NASTY_RE = r"\[(alert|crit|emerg)\]|exited on signal|panick"
 
 
 def call(n, method, path, body=None, timeout=3.0):
-    """(status, headers {lower: value}, body bytes) of one request."""
-    c = http.client.HTTPConnection(HOST, n.port, timeout=timeout)
-    try:
-        c.putrequest(method, path, skip_accept_encoding=True)
-        data = body if isinstance(body, bytes) else (body or "").encode()
-        if body is not None:
-            c.putheader("Content-Length", str(len(data)))
-        c.putheader("Connection", "close")
-        c.endheaders()
-        if body is not None:
-            c.send(data)
-        r = c.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-    finally:
-        c.close()
+    """(status, headers {lower: value}, body bytes) of one request to `n`."""
+    return http_call(n.port, method, path, body, timeout)
 
 
 def state(n, zone, key):

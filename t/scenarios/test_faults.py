@@ -10,6 +10,7 @@ read over ONE persistent monitoring connection (``Mon``), so that the test's
 own INFO calls neither add connections nor (INFO being excluded) commands.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -18,7 +19,7 @@ import time
 import urllib.parse
 
 import harness
-from harness import HOST, free_port, wait_for, window
+from harness import HOST, ROOT, free_port, http_call, wait_for, window
 from cluster import NODE_ARGS, cluster_port
 from servers import HttpConn, RedisConn
 
@@ -335,28 +336,64 @@ def test_acl_without_set(h):
 
 
 def test_acl_as_the_readme_writes_it(h):
-    """The README's ACL for the module's Redis user (its example, verbatim):
-    background counts of new and known keys and strict decisions over the
-    worker's link all run without a single NOPERM."""
+    """The ACL operations.md gives the module's Redis user (its example,
+    read from the page): background counts of new and known keys, strict
+    decisions over the worker's link, and a block through the API (written
+    and read back) all run without a single refused command."""
     r = h.redis()
-    r.cmd("ACL", "SETUSER", "rl", "on", ">secret", "~rl:*", "+incrby", "+set", "+expire", "+get",
-          "+ping", "+del", "+evalsha", "+eval", "+script|load", "+client|setname", "+mget", "+role", "+time")
+    doc = open(os.path.join(ROOT, "docs", "operations.md")).read()
+    acl = re.search(r"^    ACL SETUSER (rl .*)$", doc, re.M).group(1).split()
+    r.cmd("ACL", "SETUSER", *acl)
     ng = h.nginx(zone("z", "redis://rl:secret@%s:%d" % (HOST, r.port)),
-                 loc("/t", "redis_ratelimit z 100r/h;") + loc("/s", "redis_ratelimit z 5r/h strict;"),
+                 loc("/t", "redis_ratelimit z 100r/h;") + loc("/s", "redis_ratelimit z 5r/h strict;")
+                 + "        location /api/ { redis_ratelimit_api write=on; }\n",
                  files={"t": "ok\n", "s": "ok\n"})
+    st, _, _ = http_call(ng.port, "PUT", "/api/zones/z/keys/blk-%s/block" % h.uid, '{"ttl":"1h"}')
+    h.expect(st == 200, "a block through the API: %s" % st)
+    h.expect(wait_for(lambda: r.cmd("HLEN", "rl:{z}:ctl") == 1, 3.0, 0.05), "the block is in Redis")
     statuses = []
     for rnd in range(3):
         for i in range(5):
             statuses.append(ng.get("/t?k=acl%d-%s" % (i, h.uid))[0])
         time.sleep(0.2)
     strict = [ng.get("/s?k=st-%s" % h.uid)[0] for _ in range(7)]
-    landed = wait_for(lambda: sum(int(r.cmd("GET", c) or 0) for c in r.keys("rl:*")) == 15 + 5, 5.0, 0.05)
+    landed = wait_for(lambda: sum(int(r.cmd("GET", c) or 0) for c in r.keys("rl:{z:*")) == 15 + 5, 5.0, 0.05)
     errs = r.cmd("INFO", "errorstats")
     h.note("background %s, strict %s; errorstats %s" % (statuses, strict, errs.split()[1:]))
     h.expect(statuses == [200] * 15, "background requests far below the limit pass: %s" % statuses)
     h.expect(strict == [200] * 5 + [429] * 2, "strict 5r/h: exactly 5 pass: %s" % strict)
     h.expect(landed, "every count lands in Redis")
-    h.expect("NOPERM" not in errs, "a command the README's ACL does not allow: %s" % errs)
+    h.expect("NOPERM" not in errs, "a command the documented ACL does not allow: %s" % errs)
+    h.expect(ng.get("/t?k=blk-%s" % h.uid)[0] == 429, "the blocked key is refused")
+    # a script's refusal reads ERR, as does the client library's own
+    # CLIENT SETINFO at each connection: the controls' read is checked by
+    # its age and by the absence of the refusal's line
+    seen = json.loads(http_call(ng.port, "GET", "/api/zones/z")[2])["redis"]
+    h.expect(seen["controls_synced_s_ago"] is not None and seen["controls_synced_s_ago"] < 2,
+             "the controls are read: %s" % seen)
+    h.expect("refuses the read" not in ng.error_log_text(), "no refusal of the controls' read")
+
+
+def test_acl_without_the_controls_commands(h):
+    """An ACL written for the counting commands alone (without the hash
+    commands of the zones' controls): requests are limited and counted as
+    before; Redis's refusal of the controls' read is said once, not every
+    half second; a block made on this node holds here."""
+    r = h.redis()
+    r.cmd("ACL", "SETUSER", "rl", "on", ">secret", "~rl:*", "+incrby", "+set", "+expire", "+get",
+          "+ping", "+del", "+evalsha", "+eval", "+script|load", "+client|setname", "+mget", "+role", "+time")
+    ng = h.nginx(zone("z", "redis://rl:secret@%s:%d" % (HOST, r.port)),
+                 loc("/t", "redis_ratelimit z 3r/h;")
+                 + "        location /api/ { redis_ratelimit_api write=on; }\n")
+    k = "acl-old-%s" % h.uid
+    statuses = [ng.get("/t?k=" + k)[0] for _ in range(4)]
+    st, _, _ = http_call(ng.port, "PUT", "/api/zones/z/keys/b-%s/block" % h.uid, '{"ttl":"1h"}')
+    time.sleep(3.0)
+    said = ng.error_log_text().count("refuses the read of the zone's blocked and overridden keys")
+    h.note("statuses %s, block %s, refusal said %d times in 3 s" % (statuses, st, said))
+    h.expect(statuses == [200, 200, 200, 429], "3r/h as before: %s" % statuses)
+    h.expect(st == 200 and ng.get("/t?k=b-%s" % h.uid)[0] == 429, "the block holds on its node")
+    h.expect(said == 1, "the refusal said once: %d" % said)
 
 
 def test_readonly_replica(h):
